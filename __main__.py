@@ -1,0 +1,37 @@
+"""tpu-fallback: GKE TPU training with on-demand capacity first (plan A) and DWS flex-start second (plan B).
+
+Settings → cluster → TPU pools → Kueue → workloads → outputs.
+"""
+
+import pulumi
+
+from infra.cluster import GkeCluster
+from infra.kueue import Kueue
+from infra.settings import ConfigReader, DEFAULTS, read_platform_settings
+from infra.tpu_pool import TpuNodePool
+
+# Settings: every key validated before any resource is declared.
+reader = ConfigReader(pulumi.Config())
+platform = read_platform_settings(reader, pulumi.Config("gcp"))
+reader.unknown_keys(set(DEFAULTS))
+reader.raise_if_failed()
+
+# Cluster, with the CPU pool `default-pool` and the Kubernetes provider.
+cluster = GkeCluster("platform", platform)
+
+# TPU pools: plan A then plan B. They create in parallel with Kueue: nothing below waits for them.
+pools = {
+    plan.config_key: TpuNodePool(f"{plan.flavor}-tpu", platform, plan, cluster.cluster,
+                                 cluster.node_service_account.email)
+    for plan in platform.plans
+}
+
+# Kueue: the release and the queues that try plan A, then plan B.
+kueue = Kueue("kueue", platform, cluster.provider)
+
+# Outputs.
+pulumi.export("clusterName", cluster.cluster.name)
+pulumi.export("kubeconfig", cluster.kubeconfig)
+pulumi.export("nodePools", {key: pool.pool_names for key, pool in pools.items()})
+pulumi.export("flexStart", pools["flexStart"].flex_start if "flexStart" in pools else {})
+pulumi.export("localQueue", kueue.local_queue_name)

@@ -1,0 +1,322 @@
+"""Run the real program with no cloud and no Pulumi CLI, and record every resource it declares.
+
+The recording engine of the tests and of the offline plan: Pulumi's mock monitor, extended to keep what the
+engine would see (type, inputs, parent, dependencies, provider, options), with a stack's config loaded the
+way the CLI loads it (stack file over Pulumi.yaml defaults).
+
+    python -m infra.offline dev            # print the resource tree, write build/plan/dev/manifests.yaml
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import runpy
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pulumi
+import yaml
+from pulumi.runtime import mocks as pulumi_mocks
+
+ROOT = Path(__file__).resolve().parent.parent
+PROJECT = "tpu-fallback"
+SECRET_MARK = "[secret]"
+PLACEHOLDER_PROJECT = "example-project"
+
+
+@dataclass
+class Recorded:
+    """One resource as the engine saw it."""
+
+    urn: str
+    type: str
+    name: str
+    custom: bool
+    inputs: dict[str, Any]
+    parent: str
+    provider: str
+    dependencies: list[str]
+    property_dependencies: dict[str, list[str]]
+    options: dict[str, Any]
+    outputs: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def provider_urn(self) -> str:
+        return self.provider.rsplit("::", 1)[0] if self.provider else ""
+
+
+@dataclass
+class Plan:
+    resources: list[Recorded]
+    outputs: dict[str, Any]
+    secret_outputs: set[str]
+
+    def by_urn(self) -> dict[str, Recorded]:
+        return {r.urn: r for r in self.resources}
+
+    def of_type(self, typ: str) -> list[Recorded]:
+        return [r for r in self.resources if r.type == typ]
+
+    def named(self, name: str) -> Recorded:
+        matches = [r for r in self.resources if r.name == name]
+        if len(matches) != 1:
+            raise KeyError(f"{len(matches)} resources named {name!r}")
+        return matches[0]
+
+    def ancestors_and_dependencies(self, resource: Recorded) -> set[str]:
+        """Every URN this resource waits for, directly or through what it waits for (parents included)."""
+        index, seen, todo = self.by_urn(), set(), [resource.urn]
+        while todo:
+            current = index.get(todo.pop())
+            if current is None:
+                continue
+            for urn in (*current.dependencies, *(u for us in current.property_dependencies.values() for u in us),
+                        current.parent, current.provider_urn):
+                if urn and urn not in seen:
+                    seen.add(urn)
+                    todo.append(urn)
+        return seen
+
+    def kubernetes_manifests(self) -> list[dict]:
+        """Every Kubernetes object the program declares, as it would be applied."""
+        manifests = []
+        for r in self.resources:
+            if not r.type.startswith("kubernetes:") or r.type.startswith("kubernetes:helm.sh"):
+                continue
+            body = {k: v for k, v in r.outputs.items() if k not in ("id", "urn", "status")}
+            manifests.append(body)
+        return manifests
+
+    def helm_releases(self) -> list[Recorded]:
+        return self.of_type("kubernetes:helm.sh/v3:Release")
+
+
+def _stable_suffix(name: str) -> str:
+    # Pulumi auto-names with a random 7-character suffix; a hash keeps the offline plan reproducible.
+    return hashlib.sha256(name.encode()).hexdigest()[:7]
+
+
+class RecordingMocks(pulumi.runtime.Mocks):
+    """Echo inputs and invent what the cloud would compute, as plausible fixed values."""
+
+    def __init__(self, project_id: str = PLACEHOLDER_PROJECT):
+        self.project_id = project_id
+
+    def new_resource(self, args: pulumi.runtime.MockResourceArgs):
+        outputs = dict(args.inputs)
+        typ = args.typ
+        if typ == "gcp:container/cluster:Cluster":
+            outputs.update(
+                endpoint="203.0.113.10",
+                masterAuth={"clusterCaCertificate": "LS0tLS1CRUdJTi1FWEFNUExFLUNBLS0tLS0="},
+            )
+            resource_id = f"projects/{outputs.get('project')}/locations/{outputs['location']}/clusters/{outputs['name']}"
+            return resource_id, outputs
+        if typ == "gcp:serviceaccount/account:Account":
+            outputs["email"] = f"{outputs['accountId']}@{outputs.get('project')}.iam.gserviceaccount.com"
+            outputs["name"] = f"projects/{outputs.get('project')}/serviceAccounts/{outputs['email']}"
+        elif typ == "gcp:storage/bucket:Bucket":
+            outputs.setdefault("name", f"{args.name}-{_stable_suffix(args.name)}")
+            outputs["url"] = f"gs://{outputs['name']}"
+        elif typ.startswith("kubernetes:") and not typ.startswith("kubernetes:helm.sh"):
+            metadata = dict(outputs.get("metadata") or {})
+            metadata.setdefault("name", f"{args.name}-{_stable_suffix(args.name)}")
+            outputs["metadata"] = metadata
+        elif typ == "kubernetes:helm.sh/v3:Release":
+            outputs["status"] = {"name": outputs.get("name"), "namespace": outputs.get("namespace"),
+                                 "status": "deployed", "version": outputs.get("version")}
+        return f"{args.name}-id", outputs
+
+    def call(self, args: pulumi.runtime.MockCallArgs):
+        if args.token == "gcp:organizations/getProject:getProject":
+            return {"projectId": self.project_id, "number": "123456789012"}
+        return {}
+
+
+class RecordingMonitor(pulumi_mocks.MockMonitor):
+    """The mock monitor, keeping each registration's graph fields, which MockResourceArgs drops."""
+
+    def __init__(self, mocks: RecordingMocks):
+        super().__init__(mocks)
+        self.recorded: list[Recorded] = []
+
+    def RegisterResource(self, request):
+        response = super().RegisterResource(request)
+        if request.type == "pulumi:pulumi:Stack":
+            return response
+        registration = self.resources[response.urn]
+        self.recorded.append(Recorded(
+            urn=response.urn,
+            type=request.type,
+            name=request.name,
+            custom=request.custom,
+            inputs=_plain(pulumi.runtime.rpc.deserialize_properties(request.object, keep_unknowns=True)),
+            parent=request.parent,
+            provider=request.provider,
+            dependencies=list(request.dependencies),
+            property_dependencies={k: list(v.urns) for k, v in request.propertyDependencies.items()},
+            options={
+                "deleteBeforeReplace": request.deleteBeforeReplace,
+                "ignoreChanges": list(request.ignoreChanges),
+                "protect": request.protect,
+                "customTimeouts": {"create": request.customTimeouts.create,
+                                   "update": request.customTimeouts.update,
+                                   "delete": request.customTimeouts.delete},
+            },
+            outputs=_plain(registration.state),
+        ))
+        return response
+
+
+def _plain(value: Any) -> Any:
+    """Inputs as plain data, with secrets shown as a mark (the plan is for review, not for credentials)."""
+    if isinstance(value, dict):
+        if value.get(pulumi.runtime.rpc._special_sig_key) == pulumi.runtime.rpc._special_secret_sig:
+            return SECRET_MARK
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and value.is_integer():
+        return int(value)  # the wire format carries every number as a double
+    return value
+
+
+def _config_value(value: Any) -> str:
+    """Config values reach the program as strings; objects and arrays as JSON, as the CLI passes them."""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value)
+    return str(value)
+
+
+def _namespaced(key: str) -> str:
+    return key if ":" in key else f"{PROJECT}:{key}"
+
+
+def stack_config(stack: str, root: Path = ROOT) -> dict[str, str]:
+    """A stack's config as the CLI hands it to the program: the stack file over Pulumi.yaml's defaults."""
+    project = yaml.safe_load((root / "Pulumi.yaml").read_text())
+    config = {
+        _namespaced(key): _config_value(decl["default"])
+        for key, decl in (project.get("config") or {}).items()
+        if isinstance(decl, dict) and "default" in decl
+    }
+    stack_file = root / f"Pulumi.{stack}.yaml"
+    if not stack_file.exists():
+        raise FileNotFoundError(f"no stack file {stack_file.name}")
+    for key, value in (yaml.safe_load(stack_file.read_text()).get("config") or {}).items():
+        config[_namespaced(key)] = _config_value(value)
+    return config
+
+
+def run_program(config: dict[str, str], stack: str = "dev", preview: bool = False) -> Plan:
+    """Run __main__.py under the recording engine; exceptions from the program propagate."""
+    pulumi.runtime.set_all_config(config)
+    mocks = RecordingMocks()
+    monitor = RecordingMonitor(mocks)
+    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor)
+    collected: dict[str, Any] = {}
+    secret: set[str] = set()
+
+    @pulumi.runtime.test
+    def _run():
+        runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+        exports = pulumi.runtime.settings.get_root_resource().outputs
+
+        def keep(values):
+            collected.update(values)
+
+        async def find_secrets():
+            for key, value in exports.items():
+                if await pulumi.Output.from_input(value).is_secret():
+                    secret.add(key)
+
+        return pulumi.Output.all(pulumi.Output.all(**exports).apply(keep), find_secrets())
+
+    _run()
+    return Plan(monitor.recorded, collected, secret)
+
+
+def _block(value: Any, indent: str) -> list[str]:
+    """A value as indented YAML lines: scalars inline, structures on the lines below."""
+    text = yaml.safe_dump(value, sort_keys=True, default_flow_style=False, width=110).rstrip("\n")
+    if not isinstance(value, (dict, list)) or not value:
+        return [" " + text.removesuffix("\n...")]
+    return [""] + [f"{indent}  {line}" for line in text.splitlines()]
+
+
+def render_tree(plan: Plan) -> str:
+    """The resource tree with each resource's inputs, one line per top-level input."""
+    children: dict[str, list[Recorded]] = {}
+    for r in sorted(plan.resources, key=lambda r: (r.type, r.name)):
+        children.setdefault(r.parent, []).append(r)
+    index = plan.by_urn()
+    lines: list[str] = []
+
+    def walk(parent: str, depth: int) -> None:
+        for r in children.get(parent, []):
+            indent = "  " * depth
+            deps = sorted(index[d].name for d in r.dependencies if d in index and d != r.parent)
+            lines.append(f"{indent}+ {r.type} {r.name}" + (f"  (after: {', '.join(deps)})" if deps else ""))
+            if r.custom:
+                for key in sorted(r.inputs):
+                    block = _block(r.inputs[key], indent + "    ")
+                    lines.append(f"{indent}    {key}:{block[0]}")
+                    lines.extend(block[1:])
+            walk(r.urn, depth + 1)
+
+    roots = {r.parent for r in plan.resources if r.parent not in index}
+    for root in sorted(roots):
+        walk(root, 0)
+    lines.append("")
+    lines.append("Outputs:")
+    for key in sorted(plan.outputs):
+        block = [" " + SECRET_MARK] if key in plan.secret_outputs else _block(plan.outputs[key], "    ")
+        lines.append(f"    {key}:{block[0]}")
+        lines.extend(block[1:])
+    return "\n".join(lines) + "\n"
+
+
+def render_manifests(plan: Plan) -> str:
+    """Every Kubernetes object as YAML, the Helm releases as their chart and values (like `helm template`)."""
+    docs = []
+    for release in plan.helm_releases():
+        docs.append({"# helm release": {key: release.inputs.get(key)
+                                        for key in ("name", "chart", "version", "namespace", "values")}})
+    docs.extend(plan.kubernetes_manifests())
+    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
+
+
+def write_plan(stack: str, config: dict[str, str], out_dir: Path) -> Plan:
+    plan = run_program(config, stack=stack)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "plan.txt").write_text(render_tree(plan))
+    (out_dir / "manifests.yaml").write_text(render_manifests(plan))
+    return plan
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("stack", nargs="?", default="dev", help="stack name: reads Pulumi.<stack>.yaml")
+    parser.add_argument("--out", type=Path, default=None, help="folder for plan.txt and manifests.yaml "
+                                                                "(default build/plan/<stack>)")
+    args = parser.parse_args(argv)
+    config = stack_config(args.stack)
+    if "gcp:project" not in config:
+        # Stack files leave the project to `pulumi config set gcp:project`; the offline plan needs one.
+        print(f"(gcp:project is not set in Pulumi.{args.stack}.yaml; planning with {PLACEHOLDER_PROJECT})")
+        config["gcp:project"] = PLACEHOLDER_PROJECT
+    out_dir = args.out or ROOT / "build" / "plan" / args.stack
+    plan = write_plan(args.stack, config, out_dir)
+    sys.stdout.write((out_dir / "plan.txt").read_text())
+    print(f"\n{len(plan.resources)} resources; Kubernetes objects written to {out_dir / 'manifests.yaml'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

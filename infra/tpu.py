@@ -1,0 +1,162 @@
+"""The TPU catalogue: the one table every pool, quota, selector and resource request derives from.
+
+Like xpk's `system_characteristics.py`, but frozen and typed. Nothing else in the project types a
+number about a TPU slice: chips, hosts, labels and zones all come from here.
+
+Sources (read 2026-11-29):
+- Machine types, chips per VM, topologies, GKE node labels: AI-Hypercomputer/xpk
+  `src/xpk/core/system_characteristics.py`; Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus
+- vCPUs and memory (GiB) per VM: the GKE cluster autoscaler's machine table (NewMachineTypeInfo entries),
+  agreeing with Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus
+- Peak bf16 per chip: Ref: https://cloud.google.com/tpu/docs/v6e, https://cloud.google.com/tpu/docs/v5e,
+  https://cloud.google.com/tpu/docs/v5p
+- Zones: Ref: https://cloud.google.com/tpu/docs/regions-zones (as of 2026-04); flex-start zones: GKE
+  "About flex-start provisioning" (as of 2026-04). Zones added later are accepted with
+  `tpu.allowUnlistedZone: true`.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from types import MappingProxyType
+
+# The date the zone lists below were read from Google's pages; error messages quote it.
+ZONES_AS_OF = "2026-04"
+
+
+@dataclass(frozen=True)
+class TpuGeneration:
+    name: str
+    accelerator_label: str  # value of the GKE node label cloud.google.com/gke-tpu-accelerator
+    ray_accelerator_type: str  # ray.train ScalingConfig(accelerator_type=...)
+    peak_bf16_tflops_per_chip: float
+    topology_rank: int  # 2D torus (v5e, v6e) or 3D torus (v5p)
+    multi_host_topologies: tuple[str, ...]
+    zones: frozenset[str]
+    flex_start_zones: frozenset[str]
+    min_gke_version: str
+
+
+@dataclass(frozen=True)
+class TpuMachineType:
+    name: str
+    generation: TpuGeneration
+    chips_per_host: int
+    vcpus: int
+    memory_gib: int
+    single_host_topology: str
+    multi_host: bool  # only the 4-chip VMs can form multi-host slices
+
+    def topologies(self) -> tuple[str, ...]:
+        extra = self.generation.multi_host_topologies if self.multi_host else ()
+        return (self.single_host_topology, *extra)
+
+
+@dataclass(frozen=True)
+class TpuSlice:
+    """One slice shape: a machine type and a topology, with everything a pool or a job needs."""
+
+    machine_type: TpuMachineType
+    topology: str
+
+    @property
+    def generation(self) -> TpuGeneration:
+        return self.machine_type.generation
+
+    @property
+    def chips(self) -> int:
+        return math.prod(int(d) for d in self.topology.split("x"))
+
+    @property
+    def chips_per_host(self) -> int:
+        return self.machine_type.chips_per_host
+
+    @property
+    def hosts(self) -> int:
+        return self.chips // self.chips_per_host
+
+    @property
+    def is_multi_host(self) -> bool:
+        return self.hosts > 1
+
+    @property
+    def accelerator_label(self) -> str:
+        return self.generation.accelerator_label
+
+    @property
+    def pod_type(self) -> str:
+        """The name Google and Ray give this slice, e.g. v6e-16."""
+        return f"{self.generation.name}-{self.chips}"
+
+
+V6E = TpuGeneration(
+    name="v6e",
+    accelerator_label="tpu-v6e-slice",
+    ray_accelerator_type="TPU-V6E",
+    peak_bf16_tflops_per_chip=918.0,
+    topology_rank=2,
+    multi_host_topologies=("2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    zones=frozenset({
+        "us-central1-b", "us-east1-d", "us-east5-a", "us-east5-b",
+        "europe-west4-a", "asia-northeast1-b",
+    }),
+    flex_start_zones=frozenset({"us-east5-a", "us-east5-b", "asia-northeast1-b"}),
+    min_gke_version="1.31.2-gke.1115000",
+)
+V5E = TpuGeneration(
+    name="v5e",
+    accelerator_label="tpu-v5-lite-podslice",
+    ray_accelerator_type="TPU-V5LITEPOD",
+    peak_bf16_tflops_per_chip=197.0,
+    topology_rank=2,
+    multi_host_topologies=("2x4", "4x4", "4x8", "8x8", "8x16", "16x16"),
+    zones=frozenset({"us-central1-a", "us-south1-a", "us-west1-c", "us-west4-a"}),
+    flex_start_zones=frozenset({"us-west4-a"}),
+    min_gke_version="1.27.6",
+)
+V5P = TpuGeneration(
+    name="v5p",
+    accelerator_label="tpu-v5p-slice",
+    ray_accelerator_type="TPU-V5P",
+    peak_bf16_tflops_per_chip=459.0,
+    topology_rank=3,
+    multi_host_topologies=(
+        "2x2x2", "2x2x4", "2x4x4", "4x4x4", "4x4x8", "4x8x8", "8x8x8",
+        "8x8x16", "8x16x16", "16x16x16", "16x16x24",
+    ),
+    zones=frozenset({"us-central1-a", "us-east5-a"}),
+    flex_start_zones=frozenset({"us-east5-a"}),
+    min_gke_version="1.28.7-gke.1020000",
+)
+
+MACHINE_TYPES: MappingProxyType[str, TpuMachineType] = MappingProxyType({
+    m.name: m
+    for m in (
+        TpuMachineType("ct6e-standard-1t", V6E, 1, 44, 176, "1x1", multi_host=False),
+        TpuMachineType("ct6e-standard-4t", V6E, 4, 180, 720, "2x2", multi_host=True),
+        TpuMachineType("ct6e-standard-8t", V6E, 8, 180, 1440, "2x4", multi_host=False),
+        TpuMachineType("ct5lp-hightpu-1t", V5E, 1, 24, 48, "1x1", multi_host=False),
+        TpuMachineType("ct5lp-hightpu-4t", V5E, 4, 112, 192, "2x2", multi_host=True),
+        TpuMachineType("ct5lp-hightpu-8t", V5E, 8, 224, 384, "2x4", multi_host=False),
+        TpuMachineType("ct5p-hightpu-4t", V5P, 4, 208, 448, "2x2x1", multi_host=True),
+    )
+})
+
+# GKE node labels and taints that GKE itself puts on TPU nodes.
+# Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/tpus
+ACCELERATOR_LABEL_KEY = "cloud.google.com/gke-tpu-accelerator"
+TOPOLOGY_LABEL_KEY = "cloud.google.com/gke-tpu-topology"
+TPU_RESOURCE = "google.com/tpu"
+
+
+def lookup_slice(machine_type: str, topology: str) -> TpuSlice:
+    """The slice for a machine type and topology, or ValueError saying what is allowed."""
+    machine = MACHINE_TYPES.get(machine_type)
+    if machine is None:
+        raise ValueError(f"unknown TPU machine type {machine_type!r}; known: {', '.join(MACHINE_TYPES)}")
+    if topology not in machine.topologies():
+        raise ValueError(
+            f"topology {topology!r} is not valid for {machine_type}; allowed: {', '.join(machine.topologies())}"
+        )
+    return TpuSlice(machine, topology)
