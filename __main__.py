@@ -6,6 +6,7 @@ Settings → cluster → TPU pools → Kueue → workloads → outputs.
 import pulumi
 
 from infra.cluster import GkeCluster
+from infra.commands import next_steps
 from infra.kueue import Kueue
 from infra.settings import ConfigReader, DEFAULTS, read_platform_settings
 from infra.tpu_pool import TpuNodePool
@@ -35,3 +36,4 @@ pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("nodePools", {key: pool.pool_names for key, pool in pools.items()})
 pulumi.export("flexStart", pools["flexStart"].flex_start if "flexStart" in pools else {})
 pulumi.export("localQueue", kueue.local_queue_name)
+pulumi.export("nextSteps", next_steps(platform))

@@ -185,7 +185,7 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def _config_value(value: Any) -> str:
+def config_value(value: Any) -> str:
     """Config values reach the program as strings; objects and arrays as JSON, as the CLI passes them."""
     if isinstance(value, bool):
         return "true" if value else "false"
@@ -194,7 +194,7 @@ def _config_value(value: Any) -> str:
     return str(value)
 
 
-def _namespaced(key: str) -> str:
+def namespaced(key: str) -> str:
     return key if ":" in key else f"{PROJECT}:{key}"
 
 
@@ -202,7 +202,7 @@ def stack_config(stack: str, root: Path = ROOT) -> dict[str, str]:
     """A stack's config as the CLI hands it to the program: the stack file over Pulumi.yaml's defaults."""
     project = yaml.safe_load((root / "Pulumi.yaml").read_text())
     config = {
-        _namespaced(key): _config_value(decl["default"])
+        namespaced(key): config_value(decl["default"])
         for key, decl in (project.get("config") or {}).items()
         if isinstance(decl, dict) and "default" in decl
     }
@@ -210,41 +210,51 @@ def stack_config(stack: str, root: Path = ROOT) -> dict[str, str]:
     if not stack_file.exists():
         raise FileNotFoundError(f"no stack file {stack_file.name}")
     for key, value in (yaml.safe_load(stack_file.read_text()).get("config") or {}).items():
-        config[_namespaced(key)] = _config_value(value)
+        config[namespaced(key)] = config_value(value)
     return config
+
+
+class OfflineEngine:
+    """Runs __main__.py under the recording engine. `recorded` keeps what was registered, even when the
+    program fails, so tests can check that a bad config registers nothing."""
+
+    def __init__(self, stack: str = "dev", preview: bool = False):
+        self.stack, self.preview = stack, preview
+        self.recorded: list[Recorded] = []
+
+    def run(self, config: dict[str, str]) -> Plan:
+        pulumi.runtime.set_all_config(config)
+        mocks = RecordingMocks()
+        monitor = RecordingMonitor(mocks)
+        self.recorded = monitor.recorded
+        pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=self.stack, preview=self.preview, monitor=monitor)
+        collected: dict[str, Any] = {}
+        secret: set[str] = set()
+
+        @pulumi.runtime.test
+        def _run():
+            runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
+            exports = pulumi.runtime.settings.get_root_resource().outputs
+
+            async def find_secrets():
+                for key, value in exports.items():
+                    if await pulumi.Output.from_input(value).is_secret():
+                        secret.add(key)
+
+            return pulumi.Output.all(pulumi.Output.all(**exports).apply(collected.update), find_secrets())
+
+        _run()
+        return Plan(monitor.recorded, collected, secret)
 
 
 def run_program(config: dict[str, str], stack: str = "dev", preview: bool = False) -> Plan:
     """Run __main__.py under the recording engine; exceptions from the program propagate."""
-    pulumi.runtime.set_all_config(config)
-    mocks = RecordingMocks()
-    monitor = RecordingMonitor(mocks)
-    pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=stack, preview=preview, monitor=monitor)
-    collected: dict[str, Any] = {}
-    secret: set[str] = set()
-
-    @pulumi.runtime.test
-    def _run():
-        runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
-        exports = pulumi.runtime.settings.get_root_resource().outputs
-
-        def keep(values):
-            collected.update(values)
-
-        async def find_secrets():
-            for key, value in exports.items():
-                if await pulumi.Output.from_input(value).is_secret():
-                    secret.add(key)
-
-        return pulumi.Output.all(pulumi.Output.all(**exports).apply(keep), find_secrets())
-
-    _run()
-    return Plan(monitor.recorded, collected, secret)
+    return OfflineEngine(stack, preview).run(config)
 
 
 def _block(value: Any, indent: str) -> list[str]:
     """A value as indented YAML lines: scalars inline, structures on the lines below."""
-    text = yaml.safe_dump(value, sort_keys=True, default_flow_style=False, width=110).rstrip("\n")
+    text = yaml.safe_dump(value, sort_keys=True, default_flow_style=False, width=200).rstrip("\n")
     if not isinstance(value, (dict, list)) or not value:
         return [" " + text.removesuffix("\n...")]
     return [""] + [f"{indent}  {line}" for line in text.splitlines()]

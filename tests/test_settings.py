@@ -1,0 +1,116 @@
+"""Settings: every bad value stops the program, names its key, and leaves nothing registered."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from infra.offline import OfflineEngine
+from infra.settings import DEFAULTS, SettingsError, gke_version_at_least
+from tests.conftest import REPO, config_with, plan_for
+
+V6E_4X4 = {"machineType": "ct6e-standard-4t", "topology": "4x4"}
+
+# (id, overrides of the dev stack, the key the message must name)
+BAD_CONFIGS = [
+    ("project-missing", {"gcp:project": None}, "gcp:project"),
+    ("project-malformed", {"gcp:project": "My_Project"}, "gcp:project"),
+    ("zone-malformed", {"zone": "useast5b"}, "tpu-fallback:zone"),
+    ("zone-without-v6e", {"zone": "europe-west1-b"}, "tpu-fallback:zone"),
+    ("zone-without-flex-start", {"zone": "us-central1-b"}, "tpu-fallback:zone"),
+    ("cluster-name-uppercase", {"clusterName": "TPU_Cluster"}, "tpu-fallback:clusterName"),
+    ("cluster-name-too-long", {"clusterName": "a" * 41}, "tpu-fallback:clusterName"),
+    ("gke-version-malformed", {"gkeVersion": "latest"}, "tpu-fallback:gkeVersion"),
+    ("gke-too-old-for-queued-tpu", {"gkeVersion": "1.33"}, "tpu-fallback:gkeVersion"),
+    ("gke-too-old-for-v6e", {"gkeVersion": "1.31.1-gke.100", "flexStart": {"maxSlices": 0}},
+     "tpu-fallback:gkeVersion"),
+    ("deletion-protection-not-boolean", {"deletionProtection": "yes"}, "tpu-fallback:deletionProtection"),
+    ("system-machine-unknown", {"systemPool": {"machineType": "n2-standard-15"}}, "tpu-fallback:systemPool.machineType"),
+    ("system-node-count-zero", {"systemPool": {"nodeCount": 0}}, "tpu-fallback:systemPool.nodeCount"),
+    ("system-node-count-string", {"systemPool": {"nodeCount": "3"}}, "tpu-fallback:systemPool.nodeCount"),
+    ("system-field-typo", {"systemPool": {"machinetype": "n2-standard-8"}}, "tpu-fallback:systemPool.machinetype"),
+    ("system-not-object", {"systemPool": "n2-standard-16"}, "tpu-fallback:systemPool"),
+    ("tpu-machine-unknown", {"tpu": {"machineType": "ct6e-standard-2t"}}, "tpu-fallback:tpu.machineType"),
+    ("tpu-topology-invalid", {"tpu": {"topology": "4x5"}}, "tpu-fallback:tpu.topology"),
+    ("tpu-8t-cannot-be-multi-host", {"tpu": {"machineType": "ct6e-standard-8t", "topology": "4x4"}},
+     "tpu-fallback:tpu.topology"),
+    ("tpu-v5p-needs-3d-topology", {"tpu": {"machineType": "ct5p-hightpu-4t", "topology": "4x4"}},
+     "tpu-fallback:tpu.topology"),
+    ("on-demand-negative", {"onDemand": {"maxSlices": -1}}, "tpu-fallback:onDemand.maxSlices"),
+    ("flex-too-many", {"flexStart": {"maxSlices": 65}}, "tpu-fallback:flexStart.maxSlices"),
+    ("both-plans-off", {"onDemand": {"maxSlices": 0}, "flexStart": {"maxSlices": 0}}, "tpu-fallback:onDemand.maxSlices"),
+    ("pool-name-invalid", {"flexStart": {"nodePool": "DWS pool"}}, "tpu-fallback:flexStart.nodePool"),
+    ("pool-names-clash", {"flexStart": {"nodePool": "on-demand-pool"}}, "tpu-fallback:flexStart.nodePool"),
+    ("pool-named-default-pool", {"onDemand": {"nodePool": "default-pool"}}, "tpu-fallback:onDemand.nodePool"),
+    ("derived-pool-name-too-long", {"onDemand": {"nodePool": "p" * 39, "maxSlices": 2}},
+     "tpu-fallback:onDemand.nodePool"),
+    ("kueue-version-with-v", {"kueue": {"version": "v0.19.2"}}, "tpu-fallback:kueue.version"),
+    ("kueue-before-v1beta2-storage", {"kueue": {"version": "0.15.3"}}, "tpu-fallback:kueue.version"),
+    ("unknown-top-level-key", {"zonee": "us-east5-b"}, "tpu-fallback:zonee"),
+]
+
+
+@pytest.mark.parametrize("overrides, key", [pytest.param(o, k, id=i) for i, o, k in BAD_CONFIGS])
+def test_bad_config_is_rejected_by_key_before_any_resource(overrides, key):
+    engine = OfflineEngine()
+    with pytest.raises(SettingsError) as raised:
+        engine.run(config_with(overrides))
+    assert any(problem.startswith(f"{key}:") for problem in raised.value.problems), raised.value.problems
+    assert engine.recorded == [], "a resource was registered after a bad value"
+
+
+def test_enough_distinct_bad_configs_are_covered():
+    assert len({key for _, _, key in BAD_CONFIGS}) >= 15
+    assert len(BAD_CONFIGS) == len({i for i, _, _ in BAD_CONFIGS})
+
+
+def test_all_problems_are_reported_at_once():
+    with pytest.raises(SettingsError) as raised:
+        OfflineEngine().run(config_with({"zone": "nowhere", "clusterName": "X", "kueue": {"version": "1"}}))
+    named = {problem.split(":", 2)[1] for problem in raised.value.problems}
+    assert {"zone", "clusterName", "kueue.version"} <= named
+
+
+def test_allowed_values_are_listed_in_the_message():
+    with pytest.raises(SettingsError, match="allowed: 2x2, 2x4, 4x4"):
+        OfflineEngine().run(config_with({"tpu": {"topology": "3x3"}}))
+
+
+def test_unlisted_zone_is_accepted_when_asked():
+    plan = plan_for(overrides={"zone": "europe-west1-b", "tpu": {**V6E_4X4, "allowUnlistedZone": True}})
+    cluster = plan.of_type("gcp:container/cluster:Cluster")[0]
+    assert cluster.inputs["location"] == "europe-west1-b"
+
+
+def test_older_gke_is_fine_without_plan_b():
+    plan = plan_for(overrides={"gkeVersion": "1.33", "flexStart": {"maxSlices": 0}})
+    assert plan.of_type("gcp:container/cluster:Cluster")[0].inputs["minMasterVersion"] == "1.33"
+
+
+def test_object_keys_merge_field_by_field():
+    plan = plan_for(overrides={"onDemand": {"maxSlices": 2}})
+    names = sorted(p.inputs["name"] for p in plan.of_type("gcp:container/nodePool:NodePool"))
+    assert names == ["dws-pool", "on-demand-pool-1", "on-demand-pool-2"]
+
+
+@pytest.mark.parametrize("version, minimum, expected", [
+    ("1.34", "1.34", True),
+    ("1.35.0-gke.1", "1.34", True),
+    ("1.33.9-gke.9", "1.34", False),
+    ("1.31", "1.31.2-gke.1115000", True),  # a prefix lets GKE pick a current patch
+    ("1.31.1-gke.100", "1.31.2-gke.1115000", False),
+    ("1.31.2-gke.1115000", "1.31.2-gke.1115000", True),
+])
+def test_gke_version_comparison(version, minimum, expected):
+    assert gke_version_at_least(version, minimum) is expected
+
+
+def test_pulumi_yaml_documents_every_key_with_the_code_default():
+    declared = yaml.safe_load((REPO / "Pulumi.yaml").read_text())["config"]
+    project_keys = {key.split(":", 1)[1]: decl for key, decl in declared.items() if key.startswith("tpu-fallback:")}
+    assert set(project_keys) == set(DEFAULTS)
+    for key, decl in project_keys.items():
+        assert decl["default"] == DEFAULTS[key], key
+        assert len(decl.get("description", "")) > 20, key
+        # Pulumi's project schema types only scalars and arrays; objects must stay untyped.
+        assert ("type" in decl) == (not isinstance(DEFAULTS[key], dict)), key
