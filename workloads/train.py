@@ -1,0 +1,536 @@
+"""Data-parallel training of a small decoder-only transformer LM with JAX under Ray Train.
+
+The same file runs in three places:
+
+* on the cluster, as the RayJob entrypoint (mounted from a ConfigMap as a single file, so it imports
+  nothing from this repository): ``python train.py --use-tpu --topology 4x4 --accelerator-type TPU-V6E
+  --num-workers 4 --chips-per-host 4 --storage-path gs://BUCKET/ray --checkpoint-dir gs://BUCKET/orbax/RUN ...``;
+* locally, ``python workloads/train.py``: two CPU worker processes, one JAX device each, joined by
+  ``jax.distributed`` so that they behave like two TPU hosts (2 global devices);
+* in tests and benchmarks, imported as a module from its path (importing does no work; JAX is imported
+  inside functions so that the Ray driver never initialises a JAX backend, which on a TPU VM would take
+  the TPU lock away from the workers).
+
+What it trains: a GPT-style model (token + position embeddings, pre-LayerNorm blocks with causal
+multi-head attention and a GELU MLP, output head tied to the token embedding) on synthetic text from a
+fixed random first-order Markov chain over ``vocab`` tokens. Each token has 4 likely successors, and with
+probability 0.1 the next token is uniform noise, so the best achievable loss is about 1.9 nats against
+log(vocab) = 4.85 for the uniform guess at the default vocab of 128.
+
+Parallelism: one ``Mesh`` over every device of every host with a single axis ``"data"``; parameters and
+optimizer state are replicated, the batch is sharded on ``"data"``. Every host generates only its own
+slice of the global batch, which is a pure function of (seed, step, process index): a resumed run sees
+exactly the batches an uninterrupted run would have seen.
+
+Fault tolerance: the orbax ``CheckpointManager`` under ``--checkpoint-dir`` (shared by all hosts) holds
+the model state and is the source of truth; every process saves collectively. Rank 0 also reports a tiny
+Ray checkpoint (``meta.json`` with the step) so that Ray's bookkeeping and ``Result`` stay consistent.
+A restarted worker group (``FailureConfig(max_failures)``) and a new ``fit()`` with the same
+``--run-name``/``--storage-path`` both continue from the newest orbax step.
+
+Metrics, reported through ``ray.train.report`` every ``--report-every`` steps and at every checkpoint:
+loss, global tokens/s, step time, model TFLOP/s per device and, given ``--peak-tflops-per-device``, MFU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import math
+import os
+import socket
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+# --------------------------------------------------------------------------------------------------
+# Synthetic data
+# --------------------------------------------------------------------------------------------------
+
+# Probabilities of a token's 4 successors, used when the next token is not noise.
+SUCCESSOR_PROBS = (0.5, 0.25, 0.15, 0.10)
+NOISE_PROB = 0.1  # probability that the next token is uniform over the vocabulary
+
+
+def markov_successors(seed: int, vocab: int) -> np.ndarray:
+    """The "language": for each token, its 4 likely successors. Fixed by the seed alone."""
+    rng = np.random.default_rng([seed, 0x5EED])
+    return rng.integers(0, vocab, size=(vocab, len(SUCCESSOR_PROBS)), dtype=np.int64)
+
+
+def synthetic_batch(seed: int, step: int, process_index: int, batch_size: int, seq_len: int,
+                    vocab: int) -> np.ndarray:
+    """This process's slice of the batch of global step ``step``: int32 [batch_size, seq_len + 1].
+
+    A pure function of its arguments (no hidden state), which is what makes resume exact.
+    """
+    successors = markov_successors(seed, vocab)
+    rng = np.random.default_rng([seed, step, process_index])
+    tokens = np.empty((batch_size, seq_len + 1), dtype=np.int32)
+    tokens[:, 0] = rng.integers(0, vocab, size=batch_size)
+    choice = rng.choice(len(SUCCESSOR_PROBS), size=(batch_size, seq_len), p=SUCCESSOR_PROBS)
+    noise = rng.random((batch_size, seq_len)) < NOISE_PROB
+    noise_tokens = rng.integers(0, vocab, size=(batch_size, seq_len))
+    for t in range(seq_len):
+        follow = successors[tokens[:, t], choice[:, t]]
+        tokens[:, t + 1] = np.where(noise[:, t], noise_tokens[:, t], follow)
+    return tokens
+
+
+# --------------------------------------------------------------------------------------------------
+# Model
+# --------------------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab: int = 128
+    seq_len: int = 64
+    d_model: int = 64
+    layers: int = 2
+    heads: int = 4
+    mlp_ratio: int = 4
+    dtype: str = "float32"  # matmul dtype; parameters, LayerNorm, softmax and loss stay float32
+
+    @property
+    def d_mlp(self) -> int:
+        return self.mlp_ratio * self.d_model
+
+
+def init_params(cfg: ModelConfig, key) -> dict:
+    """GPT-2 style initialisation: N(0, 0.02), residual projections scaled by 1/sqrt(2 * layers)."""
+    import jax
+    import jax.numpy as jnp
+
+    d, f = cfg.d_model, cfg.d_mlp
+    keys = iter(jax.random.split(key, 2 + 4 * cfg.layers))
+    std, proj_std = 0.02, 0.02 / math.sqrt(2 * cfg.layers)
+
+    def dense(n_in, n_out, scale):
+        return {"w": scale * jax.random.normal(next(keys), (n_in, n_out), jnp.float32),
+                "b": jnp.zeros((n_out,), jnp.float32)}
+
+    def norm():
+        return {"scale": jnp.ones((d,), jnp.float32), "bias": jnp.zeros((d,), jnp.float32)}
+
+    return {
+        "tok_emb": std * jax.random.normal(next(keys), (cfg.vocab, d), jnp.float32),
+        "pos_emb": std * jax.random.normal(next(keys), (cfg.seq_len, d), jnp.float32),
+        "blocks": [{"ln1": norm(), "qkv": dense(d, 3 * d, std), "attn_out": dense(d, d, proj_std),
+                    "ln2": norm(), "mlp_in": dense(d, f, std), "mlp_out": dense(f, d, proj_std)}
+                   for _ in range(cfg.layers)],
+        "ln_f": norm(),
+    }
+
+
+def _layer_norm(x, p, eps=1e-5):
+    import jax
+    mean = x.mean(-1, keepdims=True)
+    var = ((x - mean) ** 2).mean(-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def _dense(x, p, dtype):
+    import jax.numpy as jnp
+    # Matmul in `dtype` (bf16 on accelerators) with a float32 accumulator and residual stream.
+    return jnp.dot(x.astype(dtype), p["w"].astype(dtype), preferred_element_type=jnp.float32) + p["b"]
+
+
+def _attention(x, p, cfg: ModelConfig, dtype):
+    import jax
+    import jax.numpy as jnp
+    b, t, d = x.shape
+    hd = d // cfg.heads
+    q, k, v = jnp.split(_dense(x, p["qkv"], dtype), 3, axis=-1)
+    q, k, v = (a.reshape(b, t, cfg.heads, hd).astype(dtype) for a in (q, k, v))
+    scores = jnp.einsum("bqhd,bkhd->bhqk", q, k, preferred_element_type=jnp.float32) / math.sqrt(hd)
+    causal = jnp.tril(jnp.ones((t, t), dtype=bool))  # query q sees keys k <= q only
+    scores = jnp.where(causal, scores, jnp.finfo(jnp.float32).min)
+    weights = jax.nn.softmax(scores, axis=-1).astype(dtype)
+    out = jnp.einsum("bhqk,bkhd->bqhd", weights, v, preferred_element_type=jnp.float32)
+    return _dense(out.reshape(b, t, d), p["attn_out"], dtype)
+
+
+def forward(params: dict, tokens, cfg: ModelConfig):
+    """Logits float32 [B, T, vocab] for int tokens [B, T] (T <= cfg.seq_len)."""
+    import jax
+    import jax.numpy as jnp
+    dtype = jnp.dtype(cfg.dtype)
+    x = params["tok_emb"][tokens] + params["pos_emb"][: tokens.shape[1]]
+    for blk in params["blocks"]:
+        x = x + _attention(_layer_norm(x, blk["ln1"]), blk, cfg, dtype)
+        h = jax.nn.gelu(_dense(_layer_norm(x, blk["ln2"]), blk["mlp_in"], dtype))
+        x = x + _dense(h, blk["mlp_out"], dtype)
+    x = _layer_norm(x, params["ln_f"])
+    # Tied output head: the token embedding matrix, transposed.
+    return jnp.einsum("btd,vd->btv", x.astype(dtype), params["tok_emb"].astype(dtype),
+                      preferred_element_type=jnp.float32)
+
+
+def loss_fn(params: dict, batch, cfg: ModelConfig):
+    """Mean next-token cross-entropy (nats) on int [B, T + 1] token windows."""
+    import jax
+    import jax.numpy as jnp
+    inputs, targets = batch[:, :-1], batch[:, 1:]
+    logp = jax.nn.log_softmax(forward(params, inputs, cfg), axis=-1)
+    return -jnp.take_along_axis(logp, targets[..., None], axis=-1).mean()
+
+
+def num_params(cfg: ModelConfig, include_position_embedding: bool = True) -> int:
+    """Exact parameter count of ``init_params(cfg)``, from the shapes."""
+    d, f = cfg.d_model, cfg.d_mlp
+    per_block = (2 * 2 * d              # two LayerNorms (scale, bias)
+                 + d * 3 * d + 3 * d     # qkv
+                 + d * d + d             # attention output
+                 + d * f + f + f * d + d)  # MLP
+    total = cfg.vocab * d + cfg.layers * per_block + 2 * d  # embedding (= tied head), blocks, final LN
+    return total + (cfg.seq_len * d if include_position_embedding else 0)
+
+
+def flops_per_token(cfg: ModelConfig) -> int:
+    """Model FLOPs of one training token (forward + backward), as in PaLM appendix B / nanoGPT:
+
+        6 * N  +  12 * layers * seq_len * d_model
+
+    6 * N: each parameter takes part in one multiply-add (2 FLOPs) per token in the forward pass and two in
+    the backward pass. N counts every parameter except the position embedding (a lookup, not a matmul);
+    the token embedding counts once, because it is the tied output head's matmul. Biases and LayerNorm
+    are included as nanoGPT does (they are O(d) against O(d^2)).
+    12 * L * T * d: attention scores Q.K^T and the weighted sum A.V, 2 * T * d FLOPs each per token and
+    layer forward, times 3 for forward + backward. The causal half is not subtracted because this
+    implementation computes the full T x T score matrix.
+    Remat would add work that this model-FLOPs count deliberately ignores (MFU, not HFU).
+    """
+    return 6 * num_params(cfg, include_position_embedding=False) + 12 * cfg.layers * cfg.seq_len * cfg.d_model
+
+
+# --------------------------------------------------------------------------------------------------
+# Optimizer, sharding and the jitted train step
+# --------------------------------------------------------------------------------------------------
+
+
+def make_optimizer(lr: float, warmup_steps: int, weight_decay: float = 0.01):
+    """AdamW with linear warmup, then a constant rate.
+
+    Constant rather than cosine on purpose: the schedule does not depend on --steps, so a run extended
+    with more steps (a second fit() with the same run name) continues on the same curve.
+    """
+    import jax
+    import optax
+    schedule = optax.join_schedules(
+        [optax.linear_schedule(0.0, lr, max(warmup_steps, 1)), optax.constant_schedule(lr)],
+        boundaries=[max(warmup_steps, 1)])
+    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)  # no decay on biases/LN
+    return optax.chain(optax.clip_by_global_norm(1.0),
+                       optax.adamw(schedule, b1=0.9, b2=0.95, weight_decay=weight_decay, mask=decay_mask))
+
+
+def make_mesh(devices=None):
+    """1-D mesh named "data" over the given devices (default: every device of every process)."""
+    import jax
+    from jax.sharding import Mesh
+    return Mesh(np.array(devices if devices is not None else jax.devices()), ("data",))
+
+
+def create_state(cfg: ModelConfig, optimizer, seed: int, mesh) -> dict:
+    """{"step", "params", "opt_state"}, created replicated over the mesh.
+
+    Initialising inside jit with replicated out_shardings works identically with one process or many;
+    every process computes the same values from the same seed.
+    """
+    import jax
+    import jax.numpy as jnp
+    from jax.sharding import NamedSharding, PartitionSpec as P
+
+    def init():
+        params = init_params(cfg, jax.random.PRNGKey(seed))
+        return {"step": jnp.zeros((), jnp.int32), "params": params, "opt_state": optimizer.init(params)}
+
+    return jax.jit(init, out_shardings=NamedSharding(mesh, P()))()
+
+
+def make_train_step(cfg: ModelConfig, optimizer, mesh):
+    """Jitted ``(state, batch) -> (state, loss)``; state replicated, batch sharded on "data".
+
+    XLA inserts the gradient all-reduce across devices (and hosts) because the batch is sharded and the
+    parameters are not. The loss is that of the parameters before the update.
+    """
+    import jax
+    import optax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    replicated, sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+    def step(state, batch):
+        loss, grads = jax.value_and_grad(loss_fn)(state["params"], batch, cfg)
+        updates, opt_state = optimizer.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        return {"step": state["step"] + 1, "params": params, "opt_state": opt_state}, loss
+
+    return jax.jit(step, in_shardings=(replicated, sharded), out_shardings=(replicated, replicated),
+                   donate_argnums=0)
+
+
+def shard_batch(local_tokens: np.ndarray, mesh):
+    """Global batch array from each process's local slice (rows ordered by process index)."""
+    import jax
+    from jax.sharding import NamedSharding, PartitionSpec as P
+    return jax.make_array_from_process_local_data(NamedSharding(mesh, P("data")), local_tokens)
+
+
+# --------------------------------------------------------------------------------------------------
+# Checkpoints
+# --------------------------------------------------------------------------------------------------
+
+
+def checkpoint_manager(directory: str):
+    import orbax.checkpoint as ocp
+    # max_to_keep=3 bounds storage; save() is only called on checkpoint steps, so no interval policy.
+    return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=3, create=True))
+
+
+def load_checkpoint(directory: str, cfg: ModelConfig, step: int | None = None, lr: float = 1e-2,
+                    warmup_steps: int = 10, seed: int = 0) -> dict:
+    """Read one orbax step (default: the newest) into host numpy arrays, in a single local process.
+
+    The optimizer arguments only shape the restore target; they must match the run's for opt_state.
+    """
+    import jax
+    import orbax.checkpoint as ocp
+    mngr = checkpoint_manager(directory)
+    step = mngr.latest_step() if step is None else step
+    target = create_state(cfg, make_optimizer(lr, warmup_steps), seed, make_mesh(jax.local_devices()[:1]))
+    state = mngr.restore(step, args=ocp.args.StandardRestore(target))
+    mngr.close()
+    return jax.tree.map(np.asarray, state)
+
+
+def _fail_once(checkpoint_dir: str, step: int) -> None:
+    """Failure injection: kill this worker process the first time any attempt reaches ``step``.
+
+    The marker file lives next to the checkpoints (shared storage), so the restarted worker group and
+    later fit() calls find it and go on.
+    """
+    from etils import epath  # orbax's own path layer; handles local paths and gs://
+    marker = epath.Path(checkpoint_dir) / f"injected-failure-at-step-{step}"
+    if marker.exists():
+        return
+    marker.write_text(str(time.time()))
+    print(f"[fail-at-step] worker exits at step {step} (marker {marker})", flush=True)
+    sys.stdout.flush()
+    os._exit(1)  # like a killed pod: no exception handling, no cleanup
+
+
+# --------------------------------------------------------------------------------------------------
+# The per-worker training loop
+# --------------------------------------------------------------------------------------------------
+
+
+def _free_address() -> str:
+    import ray.util
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return f"{ray.util.get_node_ip_address()}:{s.getsockname()[1]}"
+
+
+def _init_jax_distributed_cpu(rank: int, world: int) -> None:
+    """Join CPU workers into one multi-process JAX, as JaxTrainer does for TPU hosts.
+
+    JaxTrainer only calls jax.distributed.initialize for use_tpu/use_gpu, so CPU runs do it here, with
+    rank 0's address shared through Ray Train's collective.
+    """
+    import jax
+    from ray.train.collective import broadcast_from_rank_zero
+    address = broadcast_from_rank_zero(_free_address() if rank == 0 else None)
+    jax.distributed.initialize(address, num_processes=world, process_id=rank)
+
+
+def model_config(config: dict) -> ModelConfig:
+    return ModelConfig(vocab=config["vocab"], seq_len=config["seq_len"], d_model=config["d_model"],
+                       layers=config["layers"], heads=config["heads"], dtype=config["dtype"])
+
+
+def train_loop_per_worker(config: dict) -> None:
+    """Runs on every worker (one per host). ``config`` is ``vars(args)`` from the CLI."""
+    import jax
+    import orbax.checkpoint as ocp
+    import ray.train
+
+    logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO through absl
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    if not config["use_tpu"] and world > 1:
+        _init_jax_distributed_cpu(rank, world)  # on TPU, JaxTrainer has already done it
+
+    cfg = model_config(config)
+    mesh = make_mesh()
+    n_dev, n_proc, proc = jax.device_count(), jax.process_count(), jax.process_index()
+    if config["batch_size"] % n_dev:
+        raise ValueError(f"--batch-size {config['batch_size']} is not a multiple of {n_dev} devices")
+    local_batch = config["batch_size"] // n_proc
+
+    optimizer = make_optimizer(config["lr"], config["warmup_steps"])
+    state = create_state(cfg, optimizer, config["seed"], mesh)
+    train_step = make_train_step(cfg, optimizer, mesh)
+
+    mngr = checkpoint_manager(config["checkpoint_dir"])
+    start = 0
+    if mngr.latest_step() is not None:  # every process sees the same shared directory
+        state = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(state))
+        start = int(state["step"])
+    ray_ckpt = ray.train.get_checkpoint()
+    if rank == 0:
+        print(f"[train] {n_proc} processes, {n_dev} {jax.devices()[0].platform} devices; start at step "
+              f"{start} (Ray checkpoint: {ray_ckpt.path if ray_ckpt else None})", flush=True)
+
+    total, every = config["steps"], config["checkpoint_every"]
+    step_flops = flops_per_token(cfg) * config["batch_size"] * cfg.seq_len
+    common = {"start_step": start, "processes": n_proc, "devices": n_dev}
+    first_loss, t0, timed_steps, loss = None, 0.0, 0, None
+    for step in range(start, total):  # state["step"] == step here
+        local = synthetic_batch(config["seed"], step, proc, local_batch, cfg.seq_len, cfg.vocab)
+        state, loss = train_step(state, shard_batch(local, mesh))
+        done = step + 1
+        if first_loss is None:
+            first_loss = float(loss)  # blocks: the compile is kept out of the timed window
+            t0, timed_steps = time.perf_counter(), 0
+        else:
+            timed_steps += 1
+        if config["fail_at_step"] == done and rank == world - 1:
+            _fail_once(config["checkpoint_dir"], done)
+
+        is_ckpt = done % every == 0 or done == total
+        if not (is_ckpt or done % config["report_every"] == 0):
+            continue
+        metrics = {"step": done, "loss": float(loss), "first_loss": first_loss, **common}
+        if timed_steps:
+            dt = (time.perf_counter() - t0) / timed_steps
+            tflops = step_flops / dt / n_dev / 1e12
+            metrics.update(step_time_s=dt, tokens_per_s=config["batch_size"] * cfg.seq_len / dt,
+                           tflops_per_device=tflops)
+            if config["peak_tflops_per_device"]:
+                metrics["mfu"] = tflops / config["peak_tflops_per_device"]
+        if rank == 0:
+            print("[train] " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                        for k, v in metrics.items()), flush=True)
+        if is_ckpt:
+            mngr.save(done, args=ocp.args.StandardSave(state))  # collective: every process calls it
+            mngr.wait_until_finished()  # the Ray marker must not point at a step orbax has not finished
+        _report(metrics, done if (is_ckpt and rank == 0) else None, config["checkpoint_dir"])
+        t0, timed_steps = time.perf_counter(), 0
+
+    if start >= total:  # nothing left to do; still report once so every run has a result line
+        _report({"step": start, **common}, None, config["checkpoint_dir"])
+    mngr.wait_until_finished()
+    mngr.close()
+
+
+def _report(metrics: dict, marker_step: int | None, checkpoint_dir: str) -> None:
+    """ray.train.report on every worker (it is a barrier); only rank 0 attaches the marker checkpoint."""
+    import ray.train
+    if marker_step is None:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory() as d:
+        with open(os.path.join(d, "meta.json"), "w") as f:
+            json.dump({"step": marker_step, "orbax_dir": checkpoint_dir}, f)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+
+
+# --------------------------------------------------------------------------------------------------
+# Driver
+# --------------------------------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    a = p.add_argument
+    a("--num-workers", type=int, default=2, help="worker processes = hosts (TPU: hosts in the slice)")
+    a("--steps", type=int, default=40, help="total training steps (a resumed run stops here too)")
+    a("--batch-size", type=int, default=32, help="global batch, in sequences")
+    a("--seq-len", type=int, default=64)
+    a("--vocab", type=int, default=128)
+    a("--d-model", type=int, default=64)
+    a("--layers", type=int, default=2)
+    a("--heads", type=int, default=4)
+    a("--dtype", default="float32", choices=["float32", "bfloat16"], help="matmul dtype")
+    a("--lr", type=float, default=1e-2)
+    a("--warmup-steps", type=int, default=10)
+    a("--seed", type=int, default=0)
+    a("--storage-path", default=os.path.join(tempfile.gettempdir(), "tpu-fallback-train"),
+      help="Ray Train storage (local dir or gs://...), shared by all nodes")
+    a("--run-name", default="tpu-fallback-train",
+      help="fixed Ray Train run name: a new fit() with the same name resumes")
+    a("--checkpoint-dir", default=None,
+      help="orbax directory shared by all hosts (default: <storage-path>/<run-name>-orbax)")
+    a("--checkpoint-every", type=int, default=10)
+    a("--report-every", type=int, default=10)
+    a("--max-failures", type=int, default=2, help="worker-group restarts allowed (-1: unlimited)")
+    a("--fail-at-step", type=int, default=None,
+      help="testing: the last rank exits after this step, once (marker file in --checkpoint-dir)")
+    a("--use-tpu", action="store_true")
+    a("--topology", default=None, help='TPU slice topology, e.g. "4x4"')
+    a("--accelerator-type", default=None, help='Ray TPU type: "TPU-V6E", "TPU-V5LITEPOD", "TPU-V5P"')
+    a("--chips-per-host", type=int, default=4)
+    a("--peak-tflops-per-device", type=float, default=None,
+      help="peak dense bf16 TFLOP/s of one chip, to report MFU")
+    return p
+
+
+def _is_uri(path: str) -> bool:
+    return "://" in path
+
+
+def resolve_config(args: argparse.Namespace) -> dict:
+    config = vars(args).copy()
+    if not _is_uri(config["storage_path"]):
+        config["storage_path"] = os.path.abspath(config["storage_path"])
+    if config["checkpoint_dir"] is None:
+        config["checkpoint_dir"] = f"{config['storage_path'].rstrip('/')}/{config['run_name']}-orbax"
+    elif not _is_uri(config["checkpoint_dir"]):
+        config["checkpoint_dir"] = os.path.abspath(config["checkpoint_dir"])  # orbax wants absolute paths
+    return config
+
+
+def main(argv=None):
+    """Train with JaxTrainer; returns the ``ray.train.Result`` (``.metrics``: last checkpoint's metrics)."""
+    config = resolve_config(build_parser().parse_args(argv))
+    from ray import cloudpickle
+    from ray.train import FailureConfig, RunConfig, ScalingConfig
+    from ray.train.v2.jax import JaxTrainer
+
+    if __name__ != "__main__":
+        # Imported from a file path (tests, bench): workers cannot import this module by name, so ship
+        # its functions by value, as happens anyway when it runs as __main__.
+        cloudpickle.register_pickle_by_value(sys.modules[__name__])
+
+    if config["use_tpu"]:
+        scaling = ScalingConfig(num_workers=config["num_workers"], use_tpu=True, topology=config["topology"],
+                                accelerator_type=config["accelerator_type"],
+                                resources_per_worker={"TPU": config["chips_per_host"]})
+        worker_env = {}
+    else:
+        scaling = ScalingConfig(num_workers=config["num_workers"], use_tpu=False,
+                                resources_per_worker={"CPU": 1})
+        # One CPU device per worker process even where an accelerator is present.
+        worker_env = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
+
+    trainer = JaxTrainer(
+        train_loop_per_worker,
+        train_loop_config=config,
+        scaling_config=scaling,
+        run_config=RunConfig(name=config["run_name"], storage_path=config["storage_path"],
+                             failure_config=FailureConfig(max_failures=config["max_failures"]),
+                             worker_runtime_env=worker_env),
+    )
+    result = trainer.fit()
+    print("[train] final metrics: " + json.dumps(result.metrics, sort_keys=True, default=str), flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
