@@ -88,8 +88,10 @@ class Plan:
             if not r.type.startswith("kubernetes:") or r.type.startswith("kubernetes:helm.sh"):
                 continue
             body = {k: v for k, v in r.outputs.items() if k not in ("id", "urn", "status")}
-            manifests.append(body)
-        return manifests
+            head = {k: body.pop(k) for k in ("apiVersion", "kind", "metadata") if k in body}
+            manifests.append({**head, **body})
+        # Registration order varies run to run; review and golden files need one order.
+        return sorted(manifests, key=lambda m: (m["kind"], m["metadata"].get("namespace", ""), m["metadata"]["name"]))
 
     def helm_releases(self) -> list[Recorded]:
         return self.of_type("kubernetes:helm.sh/v3:Release")
@@ -299,7 +301,7 @@ def render_manifests(plan: Plan) -> str:
         docs.append({"# helm release": {key: release.inputs.get(key)
                                         for key in ("name", "chart", "version", "namespace", "values")}})
     docs.extend(plan.kubernetes_manifests())
-    return yaml.safe_dump_all(docs, sort_keys=False, default_flow_style=False)
+    return yaml.safe_dump_all(docs, sort_keys=True, default_flow_style=False)  # struct key order is random
 
 
 def write_plan(stack: str, config: dict[str, str], out_dir: Path) -> Plan:

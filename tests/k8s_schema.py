@@ -37,6 +37,9 @@ def _strict(node: Any) -> Any:
         node["type"] = [node["type"], "null"]
     preserve = node.pop("x-kubernetes-preserve-unknown-fields", False)
     node.pop("x-kubernetes-int-or-string", None)  # the CRDs already spell it as anyOf integer/string
+    pattern = node.get("pattern")
+    if isinstance(pattern, str) and pattern.startswith("^(?i)"):
+        node["pattern"] = "(?i)^" + pattern[len("^(?i)"):]  # Go allows inline flags anywhere, Python at the start
     if "properties" in node and "additionalProperties" not in node and not preserve:
         node["additionalProperties"] = False
     return node
