@@ -8,13 +8,16 @@ import pulumi
 from infra.cluster import GkeCluster
 from infra.commands import next_steps
 from infra.kueue import Kueue
-from infra.settings import ConfigReader, DEFAULTS, read_platform_settings
+from infra.settings import DEFAULTS, ConfigReader, read_platform_settings
 from infra.tpu_pool import TpuNodePool
+from workloads.jobs import PlatformHandles, TrainingJobs
+from workloads.settings import read_workload_settings
 
 # Settings: every key validated before any resource is declared.
 reader = ConfigReader(pulumi.Config())
 platform = read_platform_settings(reader, pulumi.Config("gcp"))
-reader.unknown_keys(set(DEFAULTS))
+workloads = read_workload_settings(reader, platform) if platform else None
+reader.unknown_keys({*DEFAULTS, "workloads"})
 reader.raise_if_failed()
 
 # Cluster, with the CPU pool `default-pool` and the Kubernetes provider.
@@ -30,10 +33,17 @@ pools = {
 # Kueue: the release and the queues that try plan A, then plan B.
 kueue = Kueue("kueue", platform, cluster.provider)
 
+# Workloads: the training RayJobs, queued by Kueue, which picks the plan.
+jobs = None
+if workloads.enabled and workloads.jobs > 0:
+    jobs = TrainingJobs("training", PlatformHandles(platform, cluster.provider, cluster.cluster, kueue), workloads)
+
 # Outputs.
 pulumi.export("clusterName", cluster.cluster.name)
 pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("nodePools", {key: pool.pool_names for key, pool in pools.items()})
 pulumi.export("flexStart", pools["flexStart"].flex_start if "flexStart" in pools else {})
 pulumi.export("localQueue", kueue.local_queue_name)
-pulumi.export("nextSteps", next_steps(platform))
+pulumi.export("trainingJobs", jobs.job_names if jobs else [])
+pulumi.export("checkpointBucket", jobs.bucket.url if jobs else None)
+pulumi.export("nextSteps", next_steps(platform, jobs.job_names if jobs else []))

@@ -6,7 +6,7 @@ from infra.kueue import CLUSTER_QUEUE, LOCAL_QUEUE, LOCAL_QUEUE_NAMESPACE
 from infra.settings import PlatformSettings
 
 
-def next_steps(settings: PlatformSettings) -> list[str]:
+def next_steps(settings: PlatformSettings, job_names: list[str]) -> list[str]:
     location = f"--location={settings.zone} --project={settings.project}"
     steps = [
         f"gcloud container clusters get-credentials {settings.cluster_name} {location}",
@@ -19,4 +19,7 @@ def next_steps(settings: PlatformSettings) -> list[str]:
         for pool in settings.flex_start.pool_names(settings.tpu):
             steps.append(f"gcloud container node-pools describe {pool} --cluster={settings.cluster_name} "
                          f'{location} --format="get(config.flexStart)"')
+    for job in job_names[:1]:
+        steps.append(f"kubectl get rayjob {job} -w")
+        steps.append(f"kubectl logs -f job/{job}")
     return steps

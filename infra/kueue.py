@@ -100,8 +100,8 @@ def cluster_queue(settings: PlatformSettings) -> dict:
     return manifest
 
 
-def local_queue() -> dict:
-    return _manifest("LocalQueue", LOCAL_QUEUE, {"clusterQueue": CLUSTER_QUEUE}, namespace=LOCAL_QUEUE_NAMESPACE)
+def local_queue(namespace: str = LOCAL_QUEUE_NAMESPACE) -> dict:
+    return _manifest("LocalQueue", LOCAL_QUEUE, {"clusterQueue": CLUSTER_QUEUE}, namespace=namespace)
 
 
 def provisioning_request_config() -> dict:
@@ -134,6 +134,8 @@ class Kueue(pulumi.ComponentResource):
     """
 
     release: k8s.helm.v3.Release
+    cluster_queue: k8s.apiextensions.CustomResource
+    local_queue: k8s.apiextensions.CustomResource
     local_queue_name: str
 
     def __init__(self, name: str, settings: PlatformSettings, provider: k8s.Provider,
@@ -161,8 +163,8 @@ class Kueue(pulumi.ComponentResource):
         if settings.flex_start.enabled:
             config = self._object(provisioning_request_config())
             checks.append(self._object(admission_check(), after=[config]))
-        queue = self._object(cluster_queue(settings), after=[*flavors, *checks])
-        self._object(local_queue(), after=[queue])
+        self.cluster_queue = self._object(cluster_queue(settings), after=[*flavors, *checks])
+        self.local_queue = self._object(local_queue(), after=[self.cluster_queue])
         self.local_queue_name = LOCAL_QUEUE
         self.register_outputs({"localQueue": LOCAL_QUEUE})
 

@@ -254,9 +254,33 @@ def run_program(config: dict[str, str], stack: str = "dev", preview: bool = Fals
     return OfflineEngine(stack, preview).run(config)
 
 
+class _ReviewDumper(yaml.SafeDumper):
+    """YAML for people: multi-line strings (scripts, runtime envs) as literal blocks."""
+
+
+def _represent_str(dumper: yaml.SafeDumper, text: str):
+    style = "|" if "\n" in text else None
+    return dumper.represent_scalar("tag:yaml.org,2002:str", text, style=style)
+
+
+_ReviewDumper.add_representer(str, _represent_str)
+
+
+def _digest_long_text(value: Any) -> Any:
+    """In the tree, a file carried as data (the training script) shows as its size and digest."""
+    if isinstance(value, dict):
+        return {k: _digest_long_text(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_digest_long_text(v) for v in value]
+    if isinstance(value, str) and value.count("\n") > 20:
+        return f"<{value.count(chr(10))} lines, sha256 {hashlib.sha256(value.encode()).hexdigest()[:12]}>"
+    return value
+
+
 def _block(value: Any, indent: str) -> list[str]:
     """A value as indented YAML lines: scalars inline, structures on the lines below."""
-    text = yaml.safe_dump(value, sort_keys=True, default_flow_style=False, width=200).rstrip("\n")
+    value = _digest_long_text(value)
+    text = yaml.dump(value, Dumper=_ReviewDumper, sort_keys=True, default_flow_style=False, width=200).rstrip("\n")
     if not isinstance(value, (dict, list)) or not value:
         return [" " + text.removesuffix("\n...")]
     return [""] + [f"{indent}  {line}" for line in text.splitlines()]
@@ -301,7 +325,8 @@ def render_manifests(plan: Plan) -> str:
         docs.append({"# helm release": {key: release.inputs.get(key)
                                         for key in ("name", "chart", "version", "namespace", "values")}})
     docs.extend(plan.kubernetes_manifests())
-    return yaml.safe_dump_all(docs, sort_keys=True, default_flow_style=False)  # struct key order is random
+    # Sorted keys: the order of a struct's keys on the wire is random.
+    return yaml.dump_all(docs, Dumper=_ReviewDumper, sort_keys=True, default_flow_style=False, width=200)
 
 
 def write_plan(stack: str, config: dict[str, str], out_dir: Path) -> Plan:

@@ -7,6 +7,7 @@ import yaml
 
 from infra.offline import OfflineEngine
 from infra.settings import DEFAULTS, SettingsError, gke_version_at_least
+from workloads.settings import WORKLOAD_DEFAULTS
 from tests.conftest import REPO, config_with, plan_for
 
 V6E_4X4 = {"machineType": "ct6e-standard-4t", "topology": "4x4"}
@@ -108,9 +109,10 @@ def test_gke_version_comparison(version, minimum, expected):
 def test_pulumi_yaml_documents_every_key_with_the_code_default():
     declared = yaml.safe_load((REPO / "Pulumi.yaml").read_text())["config"]
     project_keys = {key.split(":", 1)[1]: decl for key, decl in declared.items() if key.startswith("tpu-fallback:")}
-    assert set(project_keys) == set(DEFAULTS)
+    defaults = {**DEFAULTS, "workloads": WORKLOAD_DEFAULTS}
+    assert set(project_keys) == set(defaults)
     for key, decl in project_keys.items():
-        assert decl["default"] == DEFAULTS[key], key
+        assert decl["default"] == defaults[key], key
         assert len(decl.get("description", "")) > 20, key
         # Pulumi's project schema types only scalars and arrays; objects must stay untyped.
-        assert ("type" in decl) == (not isinstance(DEFAULTS[key], dict)), key
+        assert ("type" in decl) == (not isinstance(defaults[key], dict)), key

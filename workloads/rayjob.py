@@ -1,0 +1,162 @@
+"""The RayJob of one training run, as a plain manifest derived from the slice shape and the runtime pins.
+
+Follows the seed's `rayjob-tpu-v6e-dws.yaml`, with everything it typed by hand derived instead.
+Ref: https://cloud.google.com/kubernetes-engine/docs/tutorials/ray-kueue-dws
+"""
+
+from __future__ import annotations
+
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from infra.kueue import QUEUED_TAINT_KEY
+from infra.settings import PlatformSettings
+from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY, TPU_RESOURCE
+from workloads.settings import WorkloadSettings
+
+RUNTIME_REQUIREMENTS = Path(__file__).resolve().parent / "requirements-runtime.txt"
+SCRIPT_PATH = Path(__file__).resolve().parent / "train.py"
+SCRIPT_MOUNT = "/app"
+SCRIPT_KEY = "train.py"
+PYTHON_TAG = "py311"  # the image's Python; the tests run the same minor version
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
+MAX_RUN_ANNOTATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
+NODEPOOL_LABEL_KEY = "cloud.google.com/gke-nodepool"
+
+
+@dataclass(frozen=True)
+class RuntimePins:
+    """The training job's versions, read from workloads/requirements-runtime.txt (their one place)."""
+
+    ray: str
+    packages: tuple[str, ...]  # pip requirements for the runtime env, as the cluster installs them
+
+    @property
+    def image(self) -> str:
+        return f"rayproject/ray:{self.ray}-{PYTHON_TAG}"
+
+
+def runtime_pins(path: Path = RUNTIME_REQUIREMENTS) -> RuntimePins:
+    ray, packages = None, []
+    for line in path.read_text().splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if not requirement:
+            continue
+        name, _, version = requirement.partition("==")
+        if not version:
+            raise ValueError(f"{path.name}: {requirement!r} is not pinned with ==")
+        base = name.split("[", 1)[0]
+        if base == "ray":
+            ray = version  # comes with the image
+        elif base == "jax":
+            packages.append(f"jax[tpu]=={version}")  # libtpu on the cluster, the CPU build in tests
+        else:
+            packages.append(requirement)
+    if ray is None:
+        raise ValueError(f"{path.name} pins no ray version")
+    return RuntimePins(ray, tuple(packages))
+
+
+def entrypoint(platform: PlatformSettings, settings: WorkloadSettings, job_name: str, bucket: str) -> str:
+    """`python train.py` with the slice-derived flags first, then the user's training flags."""
+    tpu = platform.tpu
+    run = f"gs://{bucket}/{job_name}"
+    flags = [
+        "--use-tpu", "--topology", tpu.topology, "--accelerator-type", tpu.generation.ray_accelerator_type,
+        "--num-workers", str(tpu.hosts), "--chips-per-host", str(tpu.chips_per_host),
+        "--peak-tflops-per-device", f"{tpu.generation.peak_bf16_tflops_per_chip:g}",
+        # A fixed run name and storage: a RayJob retry (a new RayCluster) resumes from the checkpoints.
+        "--run-name", job_name, "--storage-path", f"gs://{bucket}/ray", "--checkpoint-dir", f"{run}/orbax",
+    ]
+    return shlex.join(["python", f"{SCRIPT_MOUNT}/{SCRIPT_KEY}", *flags, *settings.training_args])
+
+
+def max_replicas(platform: PlatformSettings) -> int:
+    """Slices one job may scale to: a job keeps the flavor it was admitted on, so the largest plan bounds it."""
+    return max(plan.max_slices for plan in platform.plans)
+
+
+def _script_volume(configmap: str) -> tuple[dict, dict]:
+    volume = {"name": "train-script", "configMap": {"name": configmap}}
+    mount = {"name": "train-script", "mountPath": SCRIPT_MOUNT}
+    return volume, mount
+
+
+def _resources(cpu: str, memory: str, tpu_chips: int = 0) -> dict:
+    amounts = {"cpu": cpu, "memory": memory, **({TPU_RESOURCE: str(tpu_chips)} if tpu_chips else {})}
+    return {"requests": dict(amounts), "limits": dict(amounts)}
+
+
+def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_name: str,
+                    configmap: str, bucket: str, service_account: str, local_queue: str) -> dict:
+    tpu, pins = platform.tpu, runtime_pins()
+    plan_b = platform.flex_start.enabled
+    volume, mount = _script_volume(configmap)
+    annotations = {ELASTIC_ANNOTATION: "true"}  # Kueue admits in-tree autoscaling only for elastic jobs
+    if plan_b:
+        annotations[MAX_RUN_ANNOTATION] = str(settings.max_run_duration_seconds)
+    tolerations = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    if plan_b:
+        tolerations.append({"key": QUEUED_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
+    replicas = max_replicas(platform)
+    head = {
+        "rayStartParams": {},
+        "template": {"spec": {
+            "serviceAccountName": service_account,
+            "nodeSelector": {NODEPOOL_LABEL_KEY: platform.system_pool.name},
+            "containers": [{
+                "name": "ray-head",
+                "image": pins.image,
+                "ports": [{"containerPort": 6379, "name": "gcs-server"},
+                          {"containerPort": 8265, "name": "dashboard"},
+                          {"containerPort": 10001, "name": "client"}],
+                "resources": _resources(settings.head_cpu, settings.head_memory),
+                "volumeMounts": [mount],
+            }],
+            "volumes": [volume],
+        }},
+    }
+    worker = {
+        "groupName": "tpu-group",
+        "replicas": 1,
+        "minReplicas": 1,  # Ray 2.53's slice reservation waits only 100 s for a slice from zero
+        "maxReplicas": replicas,
+        "numOfHosts": tpu.hosts,
+        "rayStartParams": {},
+        "template": {"spec": {
+            "serviceAccountName": service_account,
+            "nodeSelector": {ACCELERATOR_LABEL_KEY: tpu.accelerator_label, TOPOLOGY_LABEL_KEY: tpu.topology},
+            "tolerations": tolerations,
+            "containers": [{
+                "name": "ray-worker",
+                "image": pins.image,
+                "env": [{"name": "JAX_PLATFORMS", "value": "tpu,cpu"}],
+                "resources": _resources(settings.worker_cpu, settings.worker_memory, tpu.chips_per_host),
+                "volumeMounts": [mount],
+            }],
+            "volumes": [volume],
+        }},
+    }
+    return {
+        "apiVersion": "ray.io/v1",
+        "kind": "RayJob",
+        "metadata": {"name": job_name, "namespace": settings.namespace,
+                     "labels": {QUEUE_LABEL: local_queue}, "annotations": annotations},
+        "spec": {
+            "entrypoint": entrypoint(platform, settings, job_name, bucket),
+            "runtimeEnvYAML": yaml.safe_dump({"pip": list(pins.packages)}, sort_keys=False),
+            # Kueue requires it; the cluster goes once the job ends, so its TPUs go back to the queue.
+            "shutdownAfterJobFinishes": True,
+            # Each retry is a new RayCluster that resumes from the run's checkpoints.
+            "backoffLimit": settings.backoff_limit,
+            "rayClusterSpec": {
+                "enableInTreeAutoscaling": True,
+                "headGroupSpec": head,
+                "workerGroupSpecs": [worker],
+            },
+        },
+    }

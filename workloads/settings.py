@@ -1,0 +1,102 @@
+"""Settings of the training jobs (`tpu-fallback:workloads`), validated with the platform's settings."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from infra.settings import ConfigReader, PlatformSettings
+
+WORKLOAD_DEFAULTS: Mapping[str, Any] = {
+    "enabled": True,
+    "jobs": 2,  # the seed submits two jobs: the first lands on plan A, the second falls back to plan B
+    "namespace": "default",
+    "namePrefix": "rayjob-tpu-v6e-dws",
+    "headCpu": "2",
+    "headMemory": "4Gi",
+    "workerCpu": "8",
+    "workerMemory": "16Gi",
+    "trainingArgs": ["--steps", "200", "--checkpoint-every", "50", "--dtype", "bfloat16"],
+    "maxRunDuration": 86400,
+    "backoffLimit": 2,
+}
+
+# Flags the workloads module derives from the platform; a user value would contradict the slice.
+DERIVED_FLAGS = ("--use-tpu", "--topology", "--accelerator-type", "--num-workers", "--chips-per-host",
+                 "--peak-tflops-per-device", "--storage-path", "--checkpoint-dir", "--run-name")
+MAX_RUN_DURATION = 7 * 24 * 3600  # DWS nodes run for up to seven days
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_CPU = re.compile(r"^([0-9]+)(m)?$")
+_MEMORY = re.compile(r"^([0-9]+)(Mi|Gi)$")
+
+
+@dataclass(frozen=True)
+class WorkloadSettings:
+    enabled: bool
+    jobs: int
+    namespace: str
+    name_prefix: str
+    head_cpu: str
+    head_memory: str
+    worker_cpu: str
+    worker_memory: str
+    training_args: tuple[str, ...]
+    max_run_duration_seconds: int
+    backoff_limit: int
+
+    def job_names(self) -> tuple[str, ...]:
+        return tuple(f"{self.name_prefix}-{i}" for i in range(1, self.jobs + 1))
+
+
+def _cpu_cores(value: str) -> float | None:
+    match = _CPU.match(value)
+    return None if match is None else int(match[1]) / (1000 if match[2] else 1)
+
+
+def _memory_gib(value: str) -> float | None:
+    match = _MEMORY.match(value)
+    return None if match is None else int(match[1]) / (1024 if match[2] == "Mi" else 1)
+
+
+def read_workload_settings(reader: ConfigReader, platform: PlatformSettings) -> WorkloadSettings | None:
+    raw = reader.obj("workloads", WORKLOAD_DEFAULTS)
+    reader.check("workloads.jobs", 0 <= raw["jobs"] <= 50, f"{raw['jobs']} is out of range; use 0 to 50")
+    reader.check("workloads.namespace", bool(_DNS_LABEL.match(raw["namespace"])) and len(raw["namespace"]) <= 63,
+                 f"{raw['namespace']!r} is not a Kubernetes namespace name")
+    longest = f"{raw['namePrefix']}-{max(raw['jobs'], 1)}"
+    # KubeRay names the head service <rayjob>-<random>-head-svc; the RayJob name must leave room for that.
+    reader.check("workloads.namePrefix", bool(_DNS_LABEL.match(raw["namePrefix"])) and len(longest) <= 40,
+                 f"{raw['namePrefix']!r}: job names like {longest!r} must be DNS labels of at most 40 characters")
+    machine = platform.tpu.machine_type
+    for field, parse, capacity, unit in (("headCpu", _cpu_cores, platform.system_pool.machine.vcpus, "vCPUs"),
+                                         ("headMemory", _memory_gib, platform.system_pool.machine.memory_gib, "GiB"),
+                                         ("workerCpu", _cpu_cores, machine.vcpus, "vCPUs"),
+                                         ("workerMemory", _memory_gib, machine.memory_gib, "GiB")):
+        amount = parse(raw[field])
+        host = platform.system_pool.machine.name if field.startswith("head") else machine.name
+        if amount is None:
+            reader.fail(f"workloads.{field}", f"{raw[field]!r} is not a quantity like "
+                                              f"{WORKLOAD_DEFAULTS[field]!r}")
+        else:
+            reader.check(f"workloads.{field}", 0 < amount <= capacity,
+                         f"{raw[field]} does not fit one {host} ({capacity} {unit})")
+    args = raw["trainingArgs"]
+    if reader.check("workloads.trainingArgs", all(isinstance(a, str) for a in args),
+                    "must be a list of strings, e.g. [\"--steps\", \"200\"]"):
+        clash = sorted({a.split("=", 1)[0] for a in args} & set(DERIVED_FLAGS))
+        reader.check("workloads.trainingArgs", not clash,
+                     f"{', '.join(clash)} are derived from the platform (slice, bucket, job name); remove them")
+    reader.check("workloads.maxRunDuration", 0 < raw["maxRunDuration"] <= MAX_RUN_DURATION,
+                 f"{raw['maxRunDuration']} is out of range; use 1 to {MAX_RUN_DURATION} seconds (7 days)")
+    reader.check("workloads.backoffLimit", 1 <= raw["backoffLimit"] <= 10,
+                 f"{raw['backoffLimit']} is out of range; use 1 to 10 (each retry resumes from the checkpoint)")
+    if reader.problems:
+        return None
+    return WorkloadSettings(
+        enabled=raw["enabled"], jobs=raw["jobs"], namespace=raw["namespace"], name_prefix=raw["namePrefix"],
+        head_cpu=raw["headCpu"], head_memory=raw["headMemory"], worker_cpu=raw["workerCpu"],
+        worker_memory=raw["workerMemory"], training_args=tuple(args),
+        max_run_duration_seconds=raw["maxRunDuration"], backoff_limit=raw["backoffLimit"],
+    )
