@@ -26,7 +26,9 @@ Fault tolerance: the orbax ``CheckpointManager`` under ``--checkpoint-dir`` (sha
 the model state and is the source of truth; every process saves collectively. Rank 0 also reports a tiny
 Ray checkpoint (``meta.json`` with the step) so that Ray's bookkeeping and ``Result`` stay consistent.
 A restarted worker group (``FailureConfig(max_failures)``) and a new ``fit()`` with the same
-``--run-name``/``--storage-path`` both continue from the newest orbax step.
+``--run-name``/``--storage-path`` both continue from the newest orbax step. (The Ray marker can lag behind:
+a report that the controller has not collected when a worker dies is dropped, so a restart may see an
+older Ray checkpoint, or none, while orbax has the step. Orbax decides where training resumes.)
 
 Metrics, reported through ``ray.train.report`` every ``--report-every`` steps and at every checkpoint:
 loss, global tokens/s, step time, model TFLOP/s per device and, given ``--peak-tflops-per-device``, MFU.
@@ -319,14 +321,19 @@ def _fail_once(checkpoint_dir: str, step: int) -> None:
     if marker.exists():
         return
     marker.write_text(str(time.time()))
-    print(f"[fail-at-step] worker exits at step {step} (marker {marker})", flush=True)
-    sys.stdout.flush()
+    _log(f"[fail-at-step] worker exits at step {step} (marker {marker})")
     os._exit(1)  # like a killed pod: no exception handling, no cleanup
 
 
 # --------------------------------------------------------------------------------------------------
 # The per-worker training loop
 # --------------------------------------------------------------------------------------------------
+
+
+def _log(message: str) -> None:
+    # Not print(): Ray Train v2 patches print in workers and each line would reach the driver twice.
+    sys.stdout.write(message + "\n")
+    sys.stdout.flush()
 
 
 def _free_address() -> str:
@@ -383,8 +390,8 @@ def train_loop_per_worker(config: dict) -> None:
         start = int(state["step"])
     ray_ckpt = ray.train.get_checkpoint()
     if rank == 0:
-        print(f"[train] {n_proc} processes, {n_dev} {jax.devices()[0].platform} devices; start at step "
-              f"{start} (Ray checkpoint: {ray_ckpt.path if ray_ckpt else None})", flush=True)
+        _log(f"[train] {n_proc} processes, {n_dev} {jax.devices()[0].platform} devices; start at step "
+             f"{start} (Ray checkpoint: {ray_ckpt.path if ray_ckpt else None})")
 
     total, every = config["steps"], config["checkpoint_every"]
     step_flops = flops_per_token(cfg) * config["batch_size"] * cfg.seq_len
@@ -414,8 +421,8 @@ def train_loop_per_worker(config: dict) -> None:
             if config["peak_tflops_per_device"]:
                 metrics["mfu"] = tflops / config["peak_tflops_per_device"]
         if rank == 0:
-            print("[train] " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
-                                        for k, v in metrics.items()), flush=True)
+            _log("[train] " + " ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                       for k, v in metrics.items()))
         if is_ckpt:
             mngr.save(done, args=ocp.args.StandardSave(state))  # collective: every process calls it
             mngr.wait_until_finished()  # the Ray marker must not point at a step orbax has not finished
