@@ -1,0 +1,248 @@
+"""The workloads module: RayJobs derived from the slice, Kueue's RayJob rules, storage and identity."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import importlib.util
+import shlex
+import sys
+
+import pytest
+import yaml
+
+from infra.offline import OfflineEngine
+from infra.settings import SettingsError
+from workloads.rayjob import RUNTIME_REQUIREMENTS, SCRIPT_PATH, runtime_pins
+from tests.conftest import config_with, plan_for
+from tests.k8s_schema import validation_errors
+
+RAYJOB = "kubernetes:ray.io/v1:RayJob"
+
+
+def rayjobs(plan) -> dict[str, dict]:
+    return {m["metadata"]["name"]: m for m in plan.kubernetes_manifests() if m["kind"] == "RayJob"}
+
+
+def worker_group(job: dict) -> dict:
+    groups = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    assert len(groups) == 1
+    return groups[0]
+
+
+def load_train_module():
+    spec = importlib.util.spec_from_file_location("train_for_entrypoint", SCRIPT_PATH)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_dev_declares_the_seed_submit_loop():
+    jobs = rayjobs(plan_for())
+    assert sorted(jobs) == ["rayjob-tpu-v6e-dws-1", "rayjob-tpu-v6e-dws-2"]
+    for job in jobs.values():
+        assert job["metadata"]["namespace"] == "default"
+        assert job["metadata"]["labels"] == {"kueue.x-k8s.io/queue-name": "user-queue"}
+        assert job["metadata"]["annotations"]["kueue.x-k8s.io/elastic-job"] == "true"
+        assert job["spec"]["rayClusterSpec"]["enableInTreeAutoscaling"] is True
+        assert job["spec"]["shutdownAfterJobFinishes"] is True
+        assert job["spec"]["backoffLimit"] >= 1
+
+
+@pytest.mark.parametrize("stack, hosts, chips, label, topology, max_replicas", [
+    ("dev", 4, "4", "tpu-v6e-slice", "4x4", 1),                   # multi-host, one slice per plan
+    ("team-b-us-east5-a", 1, "8", "tpu-v6e-slice", "2x4", 2),     # single-host, two on-demand slices
+    ("team-c-us-west4-a", 4, "4", "tpu-v5-lite-podslice", "4x4", 2),
+])
+def test_worker_group_is_derived_from_the_slice(stack, hosts, chips, label, topology, max_replicas):
+    for job in rayjobs(plan_for(stack)).values():
+        group = worker_group(job)
+        assert group["numOfHosts"] == hosts
+        assert (group["replicas"], group["minReplicas"], group["maxReplicas"]) == (1, 1, max_replicas)
+        pod = group["template"]["spec"]
+        assert pod["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": label,
+                                       "cloud.google.com/gke-tpu-topology": topology}
+        resources = pod["containers"][0]["resources"]
+        assert resources["requests"]["google.com/tpu"] == resources["limits"]["google.com/tpu"] == chips
+        head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+        assert head["nodeSelector"] == {"cloud.google.com/gke-nodepool": "default-pool"}
+
+
+def test_max_replicas_never_exceed_what_a_plan_provides():
+    jobs = rayjobs(plan_for(overrides={"onDemand": {"maxSlices": 3}, "flexStart": {"maxSlices": 1}}))
+    assert all(worker_group(job)["maxReplicas"] == 3 for job in jobs.values())
+
+
+def test_plan_b_adds_the_queued_toleration_and_max_run_duration():
+    job = rayjobs(plan_for())["rayjob-tpu-v6e-dws-1"]
+    tolerations = worker_group(job)["template"]["spec"]["tolerations"]
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert {"key": "cloud.google.com/gke-queued", "operator": "Exists", "effect": "NoSchedule"} in tolerations
+    assert job["metadata"]["annotations"]["provreq.kueue.x-k8s.io/maxRunDurationSeconds"] == "86400"
+
+
+def test_without_plan_b_no_queued_toleration_or_provisioning_annotation():
+    job = rayjobs(plan_for(overrides={"flexStart": {"maxSlices": 0}}))["rayjob-tpu-v6e-dws-1"]
+    keys = [t["key"] for t in worker_group(job)["template"]["spec"]["tolerations"]]
+    assert keys == ["google.com/tpu"]
+    assert "provreq.kueue.x-k8s.io/maxRunDurationSeconds" not in job["metadata"]["annotations"]
+
+
+def test_max_run_duration_comes_from_config():
+    job = rayjobs(plan_for(overrides={"workloads": {"maxRunDuration": 7200}}))["rayjob-tpu-v6e-dws-1"]
+    assert job["metadata"]["annotations"]["provreq.kueue.x-k8s.io/maxRunDurationSeconds"] == "7200"
+
+
+def test_image_and_runtime_env_use_the_pinned_versions_the_tests_run_with():
+    pins = runtime_pins()
+    assert importlib.metadata.version("ray") == pins.ray
+    for requirement in pins.packages:
+        name, version = requirement.split("==")
+        assert importlib.metadata.version(name.split("[")[0]) == version, requirement
+    job = rayjobs(plan_for())["rayjob-tpu-v6e-dws-1"]
+    cluster = job["spec"]["rayClusterSpec"]
+    images = {cluster["headGroupSpec"]["template"]["spec"]["containers"][0]["image"],
+              worker_group(job)["template"]["spec"]["containers"][0]["image"]}
+    assert images == {f"rayproject/ray:{pins.ray}-py311"}
+    assert yaml.safe_load(job["spec"]["runtimeEnvYAML"]) == {"pip": list(pins.packages)}
+    assert any(p.startswith("jax[tpu]==") for p in pins.packages)
+
+
+def test_runtime_pins_must_be_exact(tmp_path):
+    loose = tmp_path / "requirements.txt"
+    loose.write_text("ray[train]==2.60.0\njax>=0.10\n")
+    with pytest.raises(ValueError, match="not pinned"):
+        runtime_pins(loose)
+    assert RUNTIME_REQUIREMENTS.exists()
+
+
+def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
+    job = rayjobs(plan_for())["rayjob-tpu-v6e-dws-1"]
+    argv = shlex.split(job["spec"]["entrypoint"])
+    assert argv[:2] == ["python", "/app/train.py"]
+    args = load_train_module().build_parser().parse_args(argv[2:])
+    assert args.use_tpu and args.topology == "4x4" and args.accelerator_type == "TPU-V6E"
+    assert (args.num_workers, args.chips_per_host, args.peak_tflops_per_device) == (4, 4, 918.0)
+    bucket = plan_for().outputs["checkpointBucket"]
+    assert args.storage_path == f"{bucket}/ray"
+    assert args.checkpoint_dir == f"{bucket}/rayjob-tpu-v6e-dws-1/orbax"
+    assert args.run_name == "rayjob-tpu-v6e-dws-1"  # fixed: a retry resumes
+    assert args.steps == 200 and args.dtype == "bfloat16"  # the configured training flags
+
+
+def test_script_configmap_is_auto_named_and_mounted_everywhere():
+    plan = plan_for()
+    configmap = plan.of_type("kubernetes:core/v1:ConfigMap")[0]
+    assert "name" not in configmap.inputs["metadata"]  # auto-named: a new script replaces it cleanly
+    assert configmap.inputs["data"] == {"train.py": SCRIPT_PATH.read_text()}
+    name = configmap.outputs["metadata"]["name"]
+    for job in rayjobs(plan).values():
+        cluster = job["spec"]["rayClusterSpec"]
+        for pod in (cluster["headGroupSpec"]["template"]["spec"], worker_group(job)["template"]["spec"]):
+            assert pod["volumes"] == [{"name": "train-script", "configMap": {"name": name}}]
+            assert pod["containers"][0]["volumeMounts"] == [{"name": "train-script", "mountPath": "/app"}]
+            assert pod["serviceAccountName"] == "ray-training"
+
+
+@pytest.mark.parametrize("stack", ["dev", "team-b-us-east5-a", "team-c-us-west4-a"])
+def test_rayjobs_validate_strictly_against_kuberay_crd(stack, crd_schemas):
+    for job in rayjobs(plan_for(stack)).values():
+        assert validation_errors(job) == []
+
+
+def test_rayjobs_obey_kueue_rayjob_rules():
+    plan = plan_for()
+    local_queues = {(m["metadata"]["namespace"], m["metadata"]["name"])
+                    for m in plan.kubernetes_manifests() if m["kind"] == "LocalQueue"}
+    for job in rayjobs(plan).values():
+        spec = job["spec"]
+        assert "clusterSelector" not in spec and "rayClusterSpec" in spec
+        assert spec["shutdownAfterJobFinishes"] is True
+        if spec["rayClusterSpec"].get("enableInTreeAutoscaling"):
+            assert job["metadata"]["annotations"]["kueue.x-k8s.io/elastic-job"] == "true"
+        assert len(spec["rayClusterSpec"]["workerGroupSpecs"]) <= 7
+        queue = (job["metadata"]["namespace"], job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"])
+        assert queue in local_queues
+        assert "suspend" not in spec  # Kueue's webhook suspends it; we never unsuspend by hand
+
+
+def test_rayjobs_wait_for_kueue_and_their_queue():
+    plan = plan_for()
+    release = plan.of_type("kubernetes:helm.sh/v3:Release")[0]
+    local_queue = plan.named("kueue-localqueue-user-queue")
+    jobs = plan.of_type(RAYJOB)
+    assert len(jobs) == 2
+    for job in jobs:
+        assert release.urn in job.dependencies and local_queue.urn in job.dependencies
+
+
+def test_checkpoint_bucket_and_keyless_identity():
+    plan = plan_for()
+    bucket = plan.of_type("gcp:storage/bucket:Bucket")[0]
+    assert bucket.inputs["location"] == "us-east5"
+    assert bucket.inputs["uniformBucketLevelAccess"] is True
+    assert bucket.inputs["publicAccessPrevention"] == "enforced"
+    accounts = {a.inputs["accountId"]: a for a in plan.of_type("gcp:serviceaccount/account:Account")}
+    email = accounts["tpu-cluster-train"].outputs["email"]
+    grants = plan.of_type("gcp:storage/bucketIAMMember:BucketIAMMember")
+    assert {g.inputs["role"] for g in grants} == {"roles/storage.objectUser", "roles/storage.legacyBucketReader"}
+    assert all(g.inputs["bucket"] == bucket.outputs["name"] and g.inputs["member"] == f"serviceAccount:{email}"
+               for g in grants)
+    # The training identity has no project-wide role: the bucket only.
+    assert all(email not in m.inputs["member"] for m in plan.of_type("gcp:projects/iAMMember:IAMMember"))
+    binding = plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")[0].inputs
+    assert binding["role"] == "roles/iam.workloadIdentityUser"
+    assert binding["member"] == "serviceAccount:example-project.svc.id.goog[default/ray-training]"
+    ksa = plan.of_type("kubernetes:core/v1:ServiceAccount")[0].inputs
+    assert ksa["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": email}
+    assert not [r for r in plan.resources if r.type == "gcp:serviceaccount/key:Key"]
+
+
+def test_workload_identity_binding_waits_for_the_cluster():
+    plan = plan_for()
+    binding = plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")[0]
+    assert plan.of_type("gcp:container/cluster:Cluster")[0].urn in binding.dependencies
+
+
+@pytest.mark.parametrize("workloads", [{"enabled": False}, {"jobs": 0}])
+def test_platform_only_stack_declares_no_job(workloads):
+    plan = plan_for(overrides={"workloads": workloads})
+    assert not plan.of_type(RAYJOB)
+    assert not plan.of_type("gcp:storage/bucket:Bucket")
+    assert plan.outputs["trainingJobs"] == []
+    assert plan.of_type("kubernetes:helm.sh/v3:Release")  # the platform is still there
+
+
+def test_own_namespace_gets_its_own_local_queue(crd_schemas):
+    plan = plan_for(overrides={"workloads": {"namespace": "team-a"}})
+    queues = [m for m in plan.kubernetes_manifests() if m["kind"] == "LocalQueue"]
+    assert {(q["metadata"]["namespace"], q["spec"]["clusterQueue"]) for q in queues} == {
+        ("default", "cluster-queue"), ("team-a", "cluster-queue")}
+    assert all(validation_errors(q) == [] for q in queues)
+    assert {j["metadata"]["namespace"] for j in rayjobs(plan).values()} == {"team-a"}
+    namespaces = {m["metadata"]["name"] for m in plan.kubernetes_manifests() if m["kind"] == "Namespace"}
+    assert "team-a" in namespaces
+
+
+BAD_WORKLOADS = [
+    ("jobs-negative", {"jobs": -1}, "workloads.jobs"),
+    ("namespace-invalid", {"namespace": "Team_A"}, "workloads.namespace"),
+    ("prefix-too-long", {"namePrefix": "x" * 40}, "workloads.namePrefix"),
+    ("derived-flag-overridden", {"trainingArgs": ["--topology", "2x2"]}, "workloads.trainingArgs"),
+    ("training-args-not-strings", {"trainingArgs": ["--steps", 10]}, "workloads.trainingArgs"),
+    ("worker-cpu-exceeds-host", {"workerCpu": "181"}, "workloads.workerCpu"),
+    ("worker-memory-not-quantity", {"workerMemory": "16GB"}, "workloads.workerMemory"),
+    ("head-memory-exceeds-cpu-node", {"headMemory": "65Gi"}, "workloads.headMemory"),
+    ("max-run-over-seven-days", {"maxRunDuration": 700000}, "workloads.maxRunDuration"),
+    ("no-retry", {"backoffLimit": 0}, "workloads.backoffLimit"),
+    ("field-typo", {"job": 2}, "workloads.job"),
+]
+
+
+@pytest.mark.parametrize("workloads, key", [pytest.param(w, k, id=i) for i, w, k in BAD_WORKLOADS])
+def test_bad_workload_config_is_rejected_by_key(workloads, key):
+    engine = OfflineEngine()
+    with pytest.raises(SettingsError) as raised:
+        engine.run(config_with({"workloads": workloads}))
+    assert any(p.startswith(f"tpu-fallback:{key}:") for p in raised.value.problems), raised.value.problems
+    assert engine.recorded == []
