@@ -42,6 +42,8 @@ if workloads.enabled and workloads.jobs > 0:
 pulumi.export("clusterName", cluster.cluster.name)
 pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("nodePools", {key: pool.pool_names for key, pool in pools.items()})
+# The TPU quota each plan needs in the zone: on-demand for plan A, preemptible for plan B (flex-start).
+pulumi.export("tpuChips", {plan.config_key: plan.chips(platform.tpu) for plan in platform.plans})
 pulumi.export("flexStart", pools["flexStart"].flex_start if "flexStart" in pools else {})
 pulumi.export("localQueue", kueue.local_queue_name)
 pulumi.export("trainingJobs", jobs.job_names if jobs else [])

@@ -194,3 +194,8 @@ def test_feature_gates_constant_is_what_the_release_gets():
     values = plan_for().of_type(RELEASE)[0].inputs["values"]
     assert values["controllerManager"]["featureGates"] == [dict(g) for g in FEATURE_GATES]
     assert COVERED_RESOURCES == ("cpu", "memory", "google.com/tpu")
+
+
+def test_required_tpu_quota_is_exported_per_plan():
+    assert plan_for().outputs["tpuChips"] == {"onDemand": 16, "flexStart": 16}
+    assert plan_for("team-c-us-west4-a").outputs["tpuChips"] == {"flexStart": 32}
