@@ -1,7 +1,7 @@
 """Tests of workloads/train.py: real Ray Train (JaxTrainer) and real JAX on the CPU.
 
 The Ray tests run 2 worker processes joined by jax.distributed (2 processes x 1 CPU device), like two
-TPU hosts. Three fit() calls in all (about 1.5 minutes on 2 cores): an uninterrupted run, a run with an
+TPU hosts. Three fit() calls in all (about 100 s on 2 idle cores): an uninterrupted run, a run with an
 injected worker death, and an extension of the first run. The model helpers are unit-tested in-process.
 """
 
@@ -108,6 +108,26 @@ def test_defaults_resolve_to_two_cpu_workers_and_a_checkpoint_dir_beside_the_run
     assert config["num_workers"] == 2 and not config["use_tpu"] and config["max_failures"] == 2
     assert config["storage_path"] == str(Path("rel/dir").resolve())
     assert config["checkpoint_dir"] == config["storage_path"] + "/tpu-fallback-train-orbax"
+
+
+@pytest.mark.parametrize("accelerator_type, topology, hosts", [
+    ("TPU-V6E", "4x4", 4),        # v6e-16: 16 chips, 4 per host
+    ("TPU-V5LITEPOD", "4x4", 4),  # v5e is "v5litepod" to Ray; "TPU-V5E" is rejected
+    ("TPU-V5P", "2x2x2", 2),      # v5p-16: 8 chips (2 cores each), 4 per host
+])
+def test_tpu_trainer_config_is_accepted_by_ray(accelerator_type, topology, hosts):
+    argv = ["--use-tpu", "--topology", topology, "--accelerator-type", accelerator_type, "--num-workers",
+            str(hosts), "--chips-per-host", "4", "--storage-path", "gs://bucket/ray", "--run-name", "r1"]
+    trainer = train.make_trainer(train.resolve_config(train.build_parser().parse_args(argv)))
+    scaling, run = trainer.scaling_config, trainer.run_config
+    assert (scaling.use_tpu, scaling.num_workers, scaling.topology) == (True, hosts, topology)
+    assert scaling.resources_per_worker == {"TPU": 4} and scaling.accelerator_type == accelerator_type
+    assert (run.name, run.storage_path, run.failure_config.max_failures) == ("r1", "gs://bucket/ray", 2)
+    assert "JAX_PLATFORMS" not in run.worker_runtime_env.get("env_vars", {})  # JaxTrainer sets "tpu"
+
+    with pytest.raises(ValueError, match="multiple of"):  # Ray checks hosts per slice
+        train.make_trainer(train.resolve_config(train.build_parser().parse_args(
+            argv[:6] + [str(hosts + 1)] + argv[7:])))
 
 
 # --------------------------------------------------------------------------------------------------

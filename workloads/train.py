@@ -413,7 +413,7 @@ def train_loop_per_worker(config: dict) -> None:
         if not (is_ckpt or done % config["report_every"] == 0):
             continue
         metrics = {"step": done, "loss": float(loss), "first_loss": first_loss, **common}
-        if timed_steps:
+        if timed_steps:  # end-to-end step time: host-side data generation and dispatch included
             dt = (time.perf_counter() - t0) / timed_steps
             tflops = step_flops / dt / n_dev / 1e12
             metrics.update(step_time_s=dt, tokens_per_s=config["batch_size"] * cfg.seq_len / dt,
@@ -429,7 +429,10 @@ def train_loop_per_worker(config: dict) -> None:
         _report(metrics, done if (is_ckpt and rank == 0) else None, config["checkpoint_dir"])
         t0, timed_steps = time.perf_counter(), 0
 
-    if start >= total:  # nothing left to do; still report once so every run has a result line
+    if start >= total:  # nothing left to do; still report once (a barrier like any other report)
+        if rank == 0:
+            _log(f"[train] already at step {start} of {total}: nothing to train (raise --steps to go on, "
+                 f"or use a new --run-name to start over)")
         _report({"step": start, **common}, None, config["checkpoint_dir"])
     mngr.wait_until_finished()
     mngr.close()
@@ -503,9 +506,8 @@ def resolve_config(args: argparse.Namespace) -> dict:
     return config
 
 
-def main(argv=None):
-    """Train with JaxTrainer; returns the ``ray.train.Result`` (``.metrics``: last checkpoint's metrics)."""
-    config = resolve_config(build_parser().parse_args(argv))
+def make_trainer(config: dict):
+    """The JaxTrainer for a resolved config (nothing runs until ``.fit()``)."""
     from ray import cloudpickle
     from ray.train import FailureConfig, RunConfig, ScalingConfig
     from ray.train.v2.jax import JaxTrainer
@@ -516,6 +518,8 @@ def main(argv=None):
         cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
     if config["use_tpu"]:
+        # One worker per TPU host. Ray validates topology/accelerator_type against num_workers and
+        # reserves the whole slice; JaxTrainer then runs jax.distributed.initialize on every host.
         scaling = ScalingConfig(num_workers=config["num_workers"], use_tpu=True, topology=config["topology"],
                                 accelerator_type=config["accelerator_type"],
                                 resources_per_worker={"TPU": config["chips_per_host"]})
@@ -526,7 +530,7 @@ def main(argv=None):
         # One CPU device per worker process even where an accelerator is present.
         worker_env = {"env_vars": {"JAX_PLATFORMS": "cpu"}}
 
-    trainer = JaxTrainer(
+    return JaxTrainer(
         train_loop_per_worker,
         train_loop_config=config,
         scaling_config=scaling,
@@ -534,7 +538,11 @@ def main(argv=None):
                              failure_config=FailureConfig(max_failures=config["max_failures"]),
                              worker_runtime_env=worker_env),
     )
-    result = trainer.fit()
+
+
+def main(argv=None):
+    """Train with JaxTrainer; returns the ``ray.train.Result`` (``.metrics``: last checkpoint's metrics)."""
+    result = make_trainer(resolve_config(build_parser().parse_args(argv))).fit()
     print("[train] final metrics: " + json.dumps(result.metrics, sort_keys=True, default=str), flush=True)
     return result
 
