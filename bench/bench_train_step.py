@@ -22,7 +22,6 @@ Examples:
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import subprocess
@@ -34,11 +33,10 @@ TRAIN_PY = Path(__file__).resolve().parents[1] / "workloads" / "train.py"
 
 
 def load_train():
-    spec = importlib.util.spec_from_file_location("tpu_fallback_train", TRAIN_PY)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look the module up here
-    spec.loader.exec_module(module)
-    return module
+    sys.path.insert(0, str(TRAIN_PY.parents[1]))
+    from workloads import train
+
+    return train
 
 
 def build_parser():

@@ -10,6 +10,7 @@ way the CLI loads it (stack file over Pulumi.yaml defaults).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import hashlib
 import json
 import runpy
@@ -216,6 +217,16 @@ def stack_config(stack: str, root: Path = ROOT) -> dict[str, str]:
     return config
 
 
+def _ensure_event_loop() -> None:
+    """Pulumi's mocks need a current, open event loop; code run before (Ray, asyncio.run) may leave none."""
+    try:
+        loop = asyncio.get_event_loop()
+    except RuntimeError:
+        loop = None
+    if loop is None or loop.is_closed():
+        asyncio.set_event_loop(asyncio.new_event_loop())
+
+
 class OfflineEngine:
     """Runs __main__.py under the recording engine. `recorded` keeps what was registered, even when the
     program fails, so tests can check that a bad config registers nothing."""
@@ -225,6 +236,7 @@ class OfflineEngine:
         self.recorded: list[Recorded] = []
 
     def run(self, config: dict[str, str]) -> Plan:
+        _ensure_event_loop()
         pulumi.runtime.set_all_config(config)
         mocks = RecordingMocks()
         monitor = RecordingMonitor(mocks)

@@ -5,7 +5,6 @@ TPU hosts. Three fit() calls in all (about 100 s on 2 idle cores): an uninterrup
 injected worker death, and an extension of the first run. The model helpers are unit-tested in-process.
 """
 
-import importlib.util
 import math
 import subprocess
 import sys
@@ -17,17 +16,8 @@ import pytest
 TRAIN_PY = Path(__file__).resolve().parents[1] / "workloads" / "train.py"
 
 
-def _load_train():
-    # train.py is shipped to the cluster as a single file, not a package: load it from its path. It must
-    # be registered in sys.modules (dataclasses and cloudpickle look modules up there).
-    spec = importlib.util.spec_from_file_location("tpu_fallback_train", TRAIN_PY)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-train = _load_train()
+# Imported as workloads.train here; on the cluster it runs as a single file (see the subprocess test).
+from workloads import train  # noqa: E402
 
 STEPS = 30
 CKPT_EVERY = 10

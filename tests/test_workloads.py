@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import importlib.metadata
-import importlib.util
 import shlex
-import sys
 
 import pytest
 import yaml
 
 from infra.offline import OfflineEngine
 from infra.settings import SettingsError
+from workloads import train
 from workloads.rayjob import RUNTIME_REQUIREMENTS, SCRIPT_PATH, runtime_pins
 from tests.conftest import config_with, plan_for
 from tests.k8s_schema import validation_errors
@@ -27,14 +26,6 @@ def worker_group(job: dict) -> dict:
     groups = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     assert len(groups) == 1
     return groups[0]
-
-
-def load_train_module():
-    spec = importlib.util.spec_from_file_location("train_for_entrypoint", SCRIPT_PATH)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # its dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_dev_declares_the_seed_submit_loop():
@@ -120,7 +111,7 @@ def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
     job = rayjobs(plan_for())["rayjob-tpu-v6e-dws-1"]
     argv = shlex.split(job["spec"]["entrypoint"])
     assert argv[:2] == ["python", "/app/train.py"]
-    args = load_train_module().build_parser().parse_args(argv[2:])
+    args = train.build_parser().parse_args(argv[2:])
     assert args.use_tpu and args.topology == "4x4" and args.accelerator_type == "TPU-V6E"
     assert (args.num_workers, args.chips_per_host, args.peak_tflops_per_device) == (4, 4, 918.0)
     bucket = plan_for().outputs["checkpointBucket"]
