@@ -118,7 +118,7 @@ def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
     assert args.storage_path == f"{bucket}/ray"
     assert args.checkpoint_dir == f"{bucket}/rayjob-tpu-v6e-dws-1/orbax"
     assert args.run_name == "rayjob-tpu-v6e-dws-1"  # fixed: a retry resumes
-    assert args.steps == 200 and args.dtype == "bfloat16"  # the configured training flags
+    assert args.steps == 500 and args.dtype == "bfloat16" and args.d_model == 1024  # the configured flags
 
 
 def test_script_configmap_is_auto_named_and_mounted_everywhere():
@@ -221,6 +221,9 @@ BAD_WORKLOADS = [
     ("prefix-too-long", {"namePrefix": "x" * 40}, "workloads.namePrefix"),
     ("derived-flag-overridden", {"trainingArgs": ["--topology", "2x2"]}, "workloads.trainingArgs"),
     ("training-args-not-strings", {"trainingArgs": ["--steps", 10]}, "workloads.trainingArgs"),
+    ("training-flag-unknown", {"trainingArgs": ["--stepz", "10"]}, "workloads.trainingArgs"),
+    ("training-flag-bad-value", {"trainingArgs": ["--steps", "ten"]}, "workloads.trainingArgs"),
+    ("batch-not-divisible-by-chips", {"trainingArgs": ["--batch-size", "24"]}, "workloads.trainingArgs"),
     ("worker-cpu-exceeds-host", {"workerCpu": "181"}, "workloads.workerCpu"),
     ("worker-memory-not-quantity", {"workerMemory": "16GB"}, "workloads.workerMemory"),
     ("head-memory-exceeds-cpu-node", {"headMemory": "65Gi"}, "workloads.headMemory"),

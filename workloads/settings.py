@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import argparse
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from infra.settings import ConfigReader, PlatformSettings
+from workloads import train
 
 WORKLOAD_DEFAULTS: Mapping[str, Any] = {
     "enabled": True,
@@ -18,7 +20,10 @@ WORKLOAD_DEFAULTS: Mapping[str, Any] = {
     "headMemory": "4Gi",
     "workerCpu": "8",
     "workerMemory": "16Gi",
-    "trainingArgs": ["--steps", "200", "--checkpoint-every", "50", "--dtype", "bfloat16"],
+    # A ~100M-parameter model in bf16: real matmul work for a slice, still quick to compile.
+    "trainingArgs": ["--steps", "500", "--checkpoint-every", "100", "--dtype", "bfloat16", "--lr", "1e-3",
+                     "--vocab", "8192", "--seq-len", "1024", "--d-model", "1024", "--layers", "8",
+                     "--heads", "16", "--batch-size", "256"],
     "maxRunDuration": 86400,
     "backoffLimit": 2,
 }
@@ -60,6 +65,27 @@ def _memory_gib(value: str) -> float | None:
     return None if match is None else int(match[1]) / (1024 if match[2] == "Mi" else 1)
 
 
+def _check_training_args(reader: ConfigReader, args: list[str], platform: PlatformSettings) -> None:
+    """The flags must be ones train.py knows, with valid values, and must not contradict the slice."""
+    clash = sorted({a.split("=", 1)[0] for a in args} & set(DERIVED_FLAGS))
+    if not reader.check("workloads.trainingArgs", not clash,
+                        f"{', '.join(clash)} are derived from the platform (slice, bucket, job name); remove them"):
+        return
+    parser = train.build_parser()
+    parser.exit_on_error = False
+    try:
+        parsed, unknown = parser.parse_known_args(args)
+    except argparse.ArgumentError as err:
+        reader.fail("workloads.trainingArgs", f"train.py rejects them: {err}")
+        return
+    if not reader.check("workloads.trainingArgs", not unknown,
+                        f"train.py has no flag(s) {' '.join(unknown)}; see python workloads/train.py --help"):
+        return
+    chips = platform.tpu.chips  # one JAX device per chip: the global batch is split evenly across them
+    reader.check("workloads.trainingArgs", parsed.batch_size % chips == 0,
+                 f"--batch-size {parsed.batch_size} is not a multiple of the slice's {chips} chips")
+
+
 def read_workload_settings(reader: ConfigReader, platform: PlatformSettings) -> WorkloadSettings | None:
     raw = reader.obj("workloads", WORKLOAD_DEFAULTS)
     reader.check("workloads.jobs", 0 <= raw["jobs"] <= 50, f"{raw['jobs']} is out of range; use 0 to 50")
@@ -85,9 +111,7 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings) -> 
     args = raw["trainingArgs"]
     if reader.check("workloads.trainingArgs", all(isinstance(a, str) for a in args),
                     "must be a list of strings, e.g. [\"--steps\", \"200\"]"):
-        clash = sorted({a.split("=", 1)[0] for a in args} & set(DERIVED_FLAGS))
-        reader.check("workloads.trainingArgs", not clash,
-                     f"{', '.join(clash)} are derived from the platform (slice, bucket, job name); remove them")
+        _check_training_args(reader, args, platform)
     reader.check("workloads.maxRunDuration", 0 < raw["maxRunDuration"] <= MAX_RUN_DURATION,
                  f"{raw['maxRunDuration']} is out of range; use 1 to {MAX_RUN_DURATION} seconds (7 days)")
     reader.check("workloads.backoffLimit", 1 <= raw["backoffLimit"] <= 10,
