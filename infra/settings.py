@@ -15,7 +15,7 @@ from typing import Any
 import pulumi
 
 from infra.cpu import CpuMachineType, lookup_cpu_machine
-from infra.tpu import ZONES_AS_OF, TpuSlice, lookup_slice
+from infra.tpu import MACHINE_TYPES, ZONES_AS_OF, TpuSlice, lookup_slice
 
 NAMESPACE = "tpu-fallback"
 
@@ -229,11 +229,12 @@ def _read_plan(reader: ConfigReader, key: str, flavor: str, flex_start: bool) ->
 
 def _read_tpu(reader: ConfigReader, zone: str) -> tuple[TpuSlice | None, bool]:
     raw = reader.obj("tpu", DEFAULTS["tpu"])
-    try:
-        tpu = lookup_slice(raw["machineType"], raw["topology"])
-    except ValueError as err:
-        field = "tpu.machineType" if "machine type" in str(err) else "tpu.topology"
-        reader.fail(field, str(err))
+    if not reader.check("tpu.machineType", raw["machineType"] in MACHINE_TYPES,
+                        f"unknown TPU machine type {raw['machineType']!r}; known: {', '.join(MACHINE_TYPES)}"):
+        return None, raw["allowUnlistedZone"]
+    tpu = _lookup_or_fail(reader, "tpu.topology", lambda topology: lookup_slice(raw["machineType"], topology),
+                          raw["topology"])
+    if tpu is None:
         return None, raw["allowUnlistedZone"]
     if not raw["allowUnlistedZone"]:
         reader.check("zone", zone in tpu.generation.zones,
