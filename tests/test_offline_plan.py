@@ -45,3 +45,12 @@ def test_offline_command_writes_plan_and_manifests(stack, tmp_path, capsys):
 
 def test_secrets_never_reach_the_plan():
     assert "gke-gcloud-auth-plugin" not in render_tree(plan_for("dev"))
+
+
+def test_preview_declares_the_same_graph_as_up():
+    from infra.offline import OfflineEngine
+    from tests.conftest import base_config
+
+    preview = OfflineEngine(preview=True).run(base_config("dev"))
+    up = plan_for("dev")
+    assert sorted((r.type, r.name) for r in preview.resources) == sorted((r.type, r.name) for r in up.resources)
