@@ -163,8 +163,12 @@ def test_rayjobs_wait_for_kueue_and_their_queue():
     local_queue = plan.named("kueue-localqueue-user-queue")
     jobs = plan.of_type(RAYJOB)
     assert len(jobs) == 2
+    grants = [*plan.of_type("gcp:storage/bucketIAMMember:BucketIAMMember"),
+              *plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")]
+    assert len(grants) == 3
     for job in jobs:
         assert release.urn in job.dependencies and local_queue.urn in job.dependencies
+        assert all(grant.urn in job.dependencies for grant in grants)  # checkpoints writable from the start
 
 
 def test_checkpoint_bucket_and_keyless_identity():

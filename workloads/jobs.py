@@ -56,9 +56,11 @@ class TrainingJobs(pulumi.ComponentResource):
             f"{name}-gsa", project=project, account_id=f"{platform.settings.cluster_name[:22].rstrip('-')}-train",
             display_name="Ray training pods (checkpoint bucket only)", opts=child)
         member = self.service_account.email.apply(lambda email: f"serviceAccount:{email}")
-        for role in BUCKET_ROLES:
+        grants: list[pulumi.Resource] = [
             gcp.storage.BucketIAMMember(f"{name}-bucket-{role.rsplit('.', 1)[-1]}", bucket=self.bucket.name,
                                         role=role, member=member, opts=child)
+            for role in BUCKET_ROLES
+        ]
 
         namespace_ready: list[pulumi.Resource] = [platform.kueue.local_queue]
         if settings.namespace != LOCAL_QUEUE_NAMESPACE:
@@ -68,12 +70,12 @@ class TrainingJobs(pulumi.ComponentResource):
             metadata={"name": KSA_NAME, "namespace": settings.namespace,
                       "annotations": {"iam.gke.io/gcp-service-account": self.service_account.email}},
             opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=namespace_ready)))
-        gcp.serviceaccount.IAMMember(
+        grants.append(gcp.serviceaccount.IAMMember(
             f"{name}-workload-identity",
             service_account_id=self.service_account.name,
             role="roles/iam.workloadIdentityUser",
             member=f"serviceAccount:{project}.svc.id.goog[{settings.namespace}/{KSA_NAME}]",
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[platform.cluster]))
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[platform.cluster])))
 
         # Auto-named: a changed script makes a new ConfigMap and the RayJobs follow it, no name clash.
         script = k8s.core.v1.ConfigMap(
@@ -95,9 +97,10 @@ class TrainingJobs(pulumi.ComponentResource):
                 metadata=manifest["metadata"],
                 spec=manifest["spec"],
                 # Created only once Kueue's webhook runs: an earlier RayJob is never suspended and skips the
-                # queue. No await on the job itself: it runs for as long as training does.
+                # queue. And only once its pods may write checkpoints. No await on the job itself: it runs
+                # for as long as training does.
                 opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
-                    depends_on=[platform.kueue.release, *namespace_ready, ksa]))))
+                    depends_on=[platform.kueue.release, *namespace_ready, ksa, *grants]))))
         self.register_outputs({"jobs": self.job_names, "bucket": self.bucket.name})
 
     def _namespace_with_queue(self, name: str, namespace: str, platform: PlatformHandles,
