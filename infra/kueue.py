@@ -38,6 +38,11 @@ QUEUED_TAINT_KEY = "cloud.google.com/gke-queued"
 COVERED_RESOURCES = ("cpu", "memory", TPU_RESOURCE)
 
 
+def tolerate_no_schedule(key: str) -> dict:
+    """A toleration of any NoSchedule taint with this key (GKE's TPU and queued-provisioning taints)."""
+    return {"key": key, "operator": "Exists", "effect": "NoSchedule"}
+
+
 def _manifest(kind: str, name: str, spec: dict, namespace: str | None = None) -> dict:
     metadata = {"name": name} if namespace is None else {"name": name, "namespace": namespace}
     return {"apiVersion": KUEUE_API_VERSION, "kind": kind, "metadata": metadata, "spec": spec}
@@ -57,7 +62,7 @@ def plan_flavor(plan: PlanSettings) -> dict:
     if plan.flex_start:
         # GKE taints queued-provisioning nodes itself; Kueue adds this toleration to every pod it admits on
         # the flavor, so a job that forgot it still lands. Ref: https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/
-        spec["tolerations"] = [{"key": QUEUED_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+        spec["tolerations"] = [tolerate_no_schedule(QUEUED_TAINT_KEY)]
     return _manifest("ResourceFlavor", plan.flavor, spec)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.kueue import QUEUED_TAINT_KEY
+from infra.kueue import NODEPOOL_LABEL_KEY, QUEUED_TAINT_KEY, tolerate_no_schedule
 from infra.settings import PlatformSettings
 from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY, TPU_RESOURCE
 from workloads.settings import WorkloadSettings
@@ -25,7 +25,6 @@ PYTHON_TAG = "py311"  # the image's Python; the tests run the same minor version
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 MAX_RUN_ANNOTATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
-NODEPOOL_LABEL_KEY = "cloud.google.com/gke-nodepool"
 
 
 @dataclass(frozen=True)
@@ -99,9 +98,9 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
     annotations = {ELASTIC_ANNOTATION: "true"}  # Kueue admits in-tree autoscaling only for elastic jobs
     if plan_b:
         annotations[MAX_RUN_ANNOTATION] = str(settings.max_run_duration_seconds)
-    tolerations = [{"key": TPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}]
+    tolerations = [tolerate_no_schedule(TPU_RESOURCE)]
     if plan_b:
-        tolerations.append({"key": QUEUED_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"})
+        tolerations.append(tolerate_no_schedule(QUEUED_TAINT_KEY))
     replicas = max_replicas(platform)
     head = {
         "rayStartParams": {},
