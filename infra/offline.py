@@ -62,6 +62,13 @@ class Plan:
     def of_type(self, typ: str) -> list[Recorded]:
         return [r for r in self.resources if r.type == typ]
 
+    def only(self, typ: str) -> Recorded:
+        """The one resource of a type; an error when there are none or several (registration order is random)."""
+        matches = self.of_type(typ)
+        if len(matches) != 1:
+            raise KeyError(f"{len(matches)} resources of type {typ!r}")
+        return matches[0]
+
     def named(self, name: str) -> Recorded:
         matches = [r for r in self.resources if r.name == name]
         if len(matches) != 1:

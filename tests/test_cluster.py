@@ -19,14 +19,14 @@ def test_apis_are_enabled_and_kept_on_destroy():
 
 def test_cluster_waits_for_apis_and_node_identity():
     plan = plan_for()
-    cluster = plan.of_type(CLUSTER)[0]
+    cluster = plan.only(CLUSTER)
     index = plan.by_urn()
     waits_for = {index[d].type for d in cluster.dependencies}
     assert {"gcp:projects/service:Service", "gcp:projects/iAMMember:IAMMember"} <= waits_for
 
 
 def test_cluster_matches_the_seed():
-    cluster = plan_for().of_type(CLUSTER)[0].inputs
+    cluster = plan_for().only(CLUSTER).inputs
     assert cluster["name"] == "tpu-cluster"
     assert cluster["location"] == "us-east5-b"  # zonal: one control plane
     assert cluster["minMasterVersion"] == "1.34"
@@ -40,20 +40,20 @@ def test_cluster_matches_the_seed():
 
 
 def test_deletion_protection_follows_config():
-    assert plan_for().of_type(CLUSTER)[0].inputs["deletionProtection"] is False
+    assert plan_for().only(CLUSTER).inputs["deletionProtection"] is False
     protected = plan_for(overrides={"deletionProtection": True})
-    assert protected.of_type(CLUSTER)[0].inputs["deletionProtection"] is True
+    assert protected.only(CLUSTER).inputs["deletionProtection"] is True
 
 
 def test_nodes_run_as_a_dedicated_least_privilege_account():
     plan = plan_for()
-    account = plan.of_type("gcp:serviceaccount/account:Account")[0]
+    account = plan.named("platform-nodes")
     email = account.outputs["email"]
     assert not email.endswith("-compute@developer.gserviceaccount.com")
     roles = [m.inputs for m in plan.of_type("gcp:projects/iAMMember:IAMMember")]
     assert roles == [{"member": f"serviceAccount:{email}", "project": "example-project",
                       "role": "roles/container.defaultNodeServiceAccount"}]
-    for pool_config in [plan.of_type(CLUSTER)[0].inputs["nodeConfig"],
+    for pool_config in [plan.only(CLUSTER).inputs["nodeConfig"],
                         *(p.inputs["nodeConfig"] for p in plan.of_type("gcp:container/nodePool:NodePool"))]:
         assert pool_config["serviceAccount"] == email
         assert pool_config["oauthScopes"] == [CLOUD_PLATFORM_SCOPE]
@@ -62,13 +62,13 @@ def test_nodes_run_as_a_dedicated_least_privilege_account():
 
 def test_service_account_id_fits_gcp_limits_for_the_longest_cluster_name():
     plan = plan_for(overrides={"clusterName": "a" * 39 + "b"})
-    account_id = plan.of_type("gcp:serviceaccount/account:Account")[0].inputs["accountId"]
+    account_id = plan.named("platform-nodes").inputs["accountId"]
     assert 6 <= len(account_id) <= 30 and not account_id.startswith("-")
 
 
 def test_provider_uses_exec_auth_and_a_stable_identifier():
     plan = plan_for()
-    provider = plan.of_type("pulumi:providers:kubernetes")[0]
+    provider = plan.only("pulumi:providers:kubernetes")
     assert provider.inputs["kubeconfig"] == SECRET_MARK
     assert provider.inputs["clusterIdentifier"] == "projects/example-project/locations/us-east5-b/clusters/tpu-cluster"
     assert "kubeconfig" in plan.secret_outputs
@@ -84,7 +84,7 @@ def test_kubeconfig_has_no_token_and_uses_the_gke_plugin():
 
 def test_every_kubernetes_resource_uses_the_cluster_provider():
     plan = plan_for()
-    provider = plan.of_type("pulumi:providers:kubernetes")[0]
+    provider = plan.only("pulumi:providers:kubernetes")
     kubernetes = [r for r in plan.resources if r.custom and r.type.startswith("kubernetes:")]
     assert kubernetes
     assert all(r.provider_urn == provider.urn for r in kubernetes)

@@ -27,7 +27,7 @@ def quotas(plan) -> dict[str, dict[str, str]]:
 
 
 def test_release_is_named_kueue_with_the_pinned_chart():
-    release = plan_for().of_type(RELEASE)[0].inputs
+    release = plan_for().only(RELEASE).inputs
     assert release["name"] == "kueue"  # another name crash-loops the controller (kueue#6797)
     assert release["chart"] == "oci://registry.k8s.io/kueue/charts/kueue"
     assert release["version"] == "0.19.2"
@@ -39,7 +39,7 @@ def test_release_is_named_kueue_with_the_pinned_chart():
 
 
 def test_release_follows_the_configured_version():
-    release = plan_for(overrides={"kueue": {"version": "0.18.6"}}).of_type(RELEASE)[0].inputs
+    release = plan_for(overrides={"kueue": {"version": "0.18.6"}}).only(RELEASE).inputs
     assert release["version"] == "0.18.6"
 
 
@@ -153,7 +153,7 @@ def test_strict_validation_catches_unknown_and_v1beta1_fields(crd_schemas):
 
 def test_every_kueue_object_waits_for_the_release():
     plan = plan_for()
-    release = plan.of_type(RELEASE)[0]
+    release = plan.only(RELEASE)
     custom_resources = [r for r in plan.resources if r.type.startswith("kubernetes:kueue.x-k8s.io/")]
     assert len(custom_resources) == 7
     assert all(release.urn in r.dependencies for r in custom_resources)
@@ -184,14 +184,14 @@ def test_destroy_order_queue_before_flavors_and_checks_local_queue_before_queue(
 
 def test_release_waits_for_its_namespace():
     plan = plan_for()
-    release = plan.of_type(RELEASE)[0]
-    namespace = plan.of_type("kubernetes:core/v1:Namespace")[0]
+    release = plan.only(RELEASE)
+    namespace = plan.only("kubernetes:core/v1:Namespace")
     assert namespace.inputs["metadata"]["name"] == "kueue-system"
     assert namespace.urn in release.dependencies or namespace.urn in release.property_dependencies.get("namespace", [])
 
 
 def test_feature_gates_constant_is_what_the_release_gets():
-    values = plan_for().of_type(RELEASE)[0].inputs["values"]
+    values = plan_for().only(RELEASE).inputs["values"]
     assert values["controllerManager"]["featureGates"] == [dict(g) for g in FEATURE_GATES]
     assert COVERED_RESOURCES == ("cpu", "memory", "google.com/tpu")
 

@@ -79,13 +79,13 @@ def test_allowed_values_are_listed_in_the_message():
 
 def test_unlisted_zone_is_accepted_when_asked():
     plan = plan_for(overrides={"zone": "europe-west1-b", "tpu": {**V6E_4X4, "allowUnlistedZone": True}})
-    cluster = plan.of_type("gcp:container/cluster:Cluster")[0]
+    cluster = plan.only("gcp:container/cluster:Cluster")
     assert cluster.inputs["location"] == "europe-west1-b"
 
 
 def test_older_gke_is_fine_without_plan_b():
     plan = plan_for(overrides={"gkeVersion": "1.33", "flexStart": {"maxSlices": 0}})
-    assert plan.of_type("gcp:container/cluster:Cluster")[0].inputs["minMasterVersion"] == "1.33"
+    assert plan.only("gcp:container/cluster:Cluster").inputs["minMasterVersion"] == "1.33"
 
 
 def test_object_keys_merge_field_by_field():

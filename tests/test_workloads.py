@@ -123,7 +123,7 @@ def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
 
 def test_script_configmap_is_auto_named_and_mounted_everywhere():
     plan = plan_for()
-    configmap = plan.of_type("kubernetes:core/v1:ConfigMap")[0]
+    configmap = plan.only("kubernetes:core/v1:ConfigMap")
     assert "name" not in configmap.inputs["metadata"]  # auto-named: a new script replaces it cleanly
     assert configmap.inputs["data"] == {"train.py": SCRIPT_PATH.read_text()}
     name = configmap.outputs["metadata"]["name"]
@@ -159,7 +159,7 @@ def test_rayjobs_obey_kueue_rayjob_rules():
 
 def test_rayjobs_wait_for_kueue_and_their_queue():
     plan = plan_for()
-    release = plan.of_type("kubernetes:helm.sh/v3:Release")[0]
+    release = plan.only("kubernetes:helm.sh/v3:Release")
     local_queue = plan.named("kueue-localqueue-user-queue")
     jobs = plan.of_type(RAYJOB)
     assert len(jobs) == 2
@@ -173,7 +173,7 @@ def test_rayjobs_wait_for_kueue_and_their_queue():
 
 def test_checkpoint_bucket_and_keyless_identity():
     plan = plan_for()
-    bucket = plan.of_type("gcp:storage/bucket:Bucket")[0]
+    bucket = plan.only("gcp:storage/bucket:Bucket")
     assert bucket.inputs["location"] == "us-east5"
     assert bucket.inputs["uniformBucketLevelAccess"] is True
     assert bucket.inputs["publicAccessPrevention"] == "enforced"
@@ -185,18 +185,18 @@ def test_checkpoint_bucket_and_keyless_identity():
                for g in grants)
     # The training identity has no project-wide role: the bucket only.
     assert all(email not in m.inputs["member"] for m in plan.of_type("gcp:projects/iAMMember:IAMMember"))
-    binding = plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")[0].inputs
+    binding = plan.only("gcp:serviceaccount/iAMMember:IAMMember").inputs
     assert binding["role"] == "roles/iam.workloadIdentityUser"
     assert binding["member"] == "serviceAccount:example-project.svc.id.goog[default/ray-training]"
-    ksa = plan.of_type("kubernetes:core/v1:ServiceAccount")[0].inputs
+    ksa = plan.only("kubernetes:core/v1:ServiceAccount").inputs
     assert ksa["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": email}
     assert not [r for r in plan.resources if r.type == "gcp:serviceaccount/key:Key"]
 
 
 def test_workload_identity_binding_waits_for_the_cluster():
     plan = plan_for()
-    binding = plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")[0]
-    assert plan.of_type("gcp:container/cluster:Cluster")[0].urn in binding.dependencies
+    binding = plan.only("gcp:serviceaccount/iAMMember:IAMMember")
+    assert plan.only("gcp:container/cluster:Cluster").urn in binding.dependencies
 
 
 @pytest.mark.parametrize("workloads", [{"enabled": False}, {"jobs": 0}])
