@@ -69,7 +69,7 @@ class GkeCluster(pulumi.ComponentResource):
         self.node_service_account = gcp.serviceaccount.Account(
             f"{name}-nodes",
             project=settings.project,
-            account_id=settings.node_service_account_id,
+            account_id=settings.service_account_id("nodes"),
             display_name=f"GKE nodes of {settings.cluster_name}",
             opts=child,
         )

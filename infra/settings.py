@@ -211,10 +211,9 @@ class PlatformSettings:
         """The enabled plans in the order Kueue tries them: A, then B."""
         return tuple(p for p in (self.on_demand, self.flex_start) if p.enabled)
 
-    @property
-    def node_service_account_id(self) -> str:
-        # Service account IDs are 6-30 characters; a 40-character cluster name must be cut.
-        return f"{self.cluster_name[:24].rstrip('-')}-nodes"
+    def service_account_id(self, role: str) -> str:
+        """`<cluster>-<role>`: service account IDs are 6-30 characters, so a long cluster name is cut."""
+        return f"{self.cluster_name[:29 - len(role)].rstrip('-')}-{role}"
 
 
 def _read_plan(reader: ConfigReader, key: str, flavor: str, flex_start: bool) -> PlanSettings:

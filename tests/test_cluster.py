@@ -60,10 +60,11 @@ def test_nodes_run_as_a_dedicated_least_privilege_account():
         assert pool_config["workloadMetadataConfig"] == {"mode": "GKE_METADATA"}
 
 
-def test_service_account_id_fits_gcp_limits_for_the_longest_cluster_name():
+def test_service_account_ids_fit_gcp_limits_for_the_longest_cluster_name():
     plan = plan_for(overrides={"clusterName": "a" * 39 + "b"})
-    account_id = plan.named("platform-nodes").inputs["accountId"]
-    assert 6 <= len(account_id) <= 30 and not account_id.startswith("-")
+    ids = sorted(a.inputs["accountId"] for a in plan.of_type("gcp:serviceaccount/account:Account"))
+    assert ids == ["a" * 24 + "-nodes", "a" * 24 + "-train"]
+    assert all(6 <= len(i) <= 30 for i in ids)
 
 
 def test_provider_uses_exec_auth_and_a_stable_identifier():

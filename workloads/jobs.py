@@ -53,7 +53,7 @@ class TrainingJobs(pulumi.ComponentResource):
             opts=child,
         )
         self.service_account = gcp.serviceaccount.Account(
-            f"{name}-gsa", project=project, account_id=f"{platform.settings.cluster_name[:22].rstrip('-')}-train",
+            f"{name}-gsa", project=project, account_id=platform.settings.service_account_id("train"),
             display_name="Ray training pods (checkpoint bucket only)", opts=child)
         member = self.service_account.email.apply(lambda email: f"serviceAccount:{email}")
         grants: list[pulumi.Resource] = [

@@ -6,6 +6,7 @@ Ref: https://cloud.google.com/kubernetes-engine/docs/tutorials/ray-kueue-dws
 
 from __future__ import annotations
 
+import functools
 import shlex
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,6 +40,7 @@ class RuntimePins:
         return f"rayproject/ray:{self.ray}-{PYTHON_TAG}"
 
 
+@functools.cache  # read once per program run, not once per RayJob
 def runtime_pins(path: Path = RUNTIME_REQUIREMENTS) -> RuntimePins:
     ray, packages = None, []
     for line in path.read_text().splitlines():
