@@ -1,0 +1,54 @@
+"""The real control plane by hand.
+
+    python -m tests.controlplane build [NAME...]   build what is missing (all by default) into the cache
+    python -m tests.controlplane up                start the tier, print how to reach it, stop on Ctrl-C
+    python -m tests.controlplane wrappers          regenerate tests/controlplane/gomod/* after a version bump
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+from tests.controlplane import build
+
+
+def up() -> int:
+    from tests.controlplane.cluster import ControlPlane
+
+    plane = ControlPlane()
+    plane.start()
+    print(f"control plane up in {sum(plane.timings.steps.values()):.1f} s: {plane.timings.steps}")
+    print(f"  export KUBECONFIG={plane.kubeconfig}")
+    print(f"  logs: {plane.supervisor.logs}")
+    print("Ctrl-C stops it and removes its folder.", flush=True)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    try:
+        while all(process.alive() for process in plane.supervisor.processes):
+            time.sleep(1)
+        print("a process exited:", {p.name: p.popen.returncode for p in plane.supervisor.processes}, file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 0
+    finally:
+        plane.stop()
+
+
+def main(argv: list[str]) -> int:
+    command = argv[0] if argv else "up"
+    if command == "build":
+        for name in argv[1:] or build.versions.BINARIES:
+            print(f"{name}: {build.build(name)}")
+        return 0
+    if command == "wrappers":
+        build.write_wrappers()
+        return 0
+    if command == "up":
+        return up()
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,131 @@
+"""Build the real control plane's binaries from Go modules into a cache outside the repository.
+
+    python -m tests.controlplane build          # what is missing; reuses binaries keyed by version
+    python -m tests.controlplane wrappers       # regenerate the wrapper go.mod files (after a version bump)
+
+kube-apiserver and kube-controller-manager come from k8s.io/kubernetes through a wrapper module, because its
+go.mod replaces its staging modules with local folders, which `go install pkg@version` refuses; etcd's server
+module replaces its siblings the same way. Kueue and helm install straight from their tags. Only the wrappers'
+go.mod/go.sum live in the repository (tests/controlplane/gomod/); sources and binaries stay in Go's caches and
+`versions.cache_dir()`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from tests.controlplane import versions
+
+GOMOD = Path(__file__).resolve().parent / "gomod"
+WRAPPER_GO = "1.26.0"
+
+
+def _go_env() -> dict[str, str]:
+    # Two cores: two packages at a time. A fixed CGO setting keeps Go's build cache keys stable.
+    return {**os.environ, "CGO_ENABLED": "0", "GOFLAGS": "-p=2 -buildvcs=false"}
+
+
+def _go(*args: str, cwd: Path | None = None) -> str:
+    result = subprocess.run(["go", *args], cwd=cwd, env=_go_env(), text=True, capture_output=True)
+    if result.returncode != 0:
+        raise RuntimeError(f"go {' '.join(args)} failed ({result.returncode}):\n{result.stderr[-4000:]}")
+    return result.stdout
+
+
+def module_dir(name: str) -> Path:
+    """The folder of a pinned module in Go's module cache (downloaded if needed): CRDs and the Kueue chart."""
+    path, version = versions.MODULES[name]
+    with tempfile.TemporaryDirectory() as scratch:  # outside any module, so no go.mod is consulted
+        info = json.loads(_go("mod", "download", "-json", f"{path}@{version}", cwd=Path(scratch)))
+    if info.get("Error"):
+        raise RuntimeError(info["Error"])
+    return Path(info["Dir"])
+
+
+def _version_ldflags(version: str) -> str:
+    # Without these, /version says v0.0.0-master+$Format:%H$, which Kueue cannot parse (it exits).
+    major, minor = version.lstrip("v").split(".")[:2]
+    flags = ["-s", "-w"]
+    for package in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        flags += [f"-X {package}.gitVersion={version}", f"-X {package}.gitMajor={major}",
+                  f"-X {package}.gitMinor={minor}", f"-X {package}.gitTreeState=clean"]
+    return " ".join(flags)
+
+
+# name -> (wrapper folder or None, Go package, ldflags)
+def _targets() -> dict[str, tuple[str | None, str, str]]:
+    kueue_path, kueue_version = versions.MODULES["kueue"]
+    return {
+        "etcd": ("etcd", "go.etcd.io/etcd/server/v3", "-s -w"),
+        "kube-apiserver": ("kubernetes", "k8s.io/kubernetes/cmd/kube-apiserver",
+                           _version_ldflags(versions.KUBERNETES)),
+        "kube-controller-manager": ("kubernetes", "k8s.io/kubernetes/cmd/kube-controller-manager",
+                                    _version_ldflags(versions.KUBERNETES)),
+        "kueue": (None, f"{kueue_path}/cmd/kueue@{kueue_version}",
+                  f"-s -w -X {kueue_path}/pkg/version.GitVersion={kueue_version}"),
+        "helm": (None, f"helm.sh/helm/v3/cmd/helm@{versions.HELM}",
+                 f"-s -w -X helm.sh/helm/v3/internal/version.version={versions.HELM}"),
+    }
+
+
+def build(name: str) -> Path:
+    """The binary `name` at its pinned version, built only when the cache lacks it."""
+    target = versions.binary_path(name, versions.BINARIES[name])
+    if target.exists():
+        return target
+    wrapper, package, ldflags = _targets()[name]
+    target.parent.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    partial = target.with_name(target.name + ".partial")
+    if wrapper is None:
+        # `go install pkg@version` builds the module with its own go.mod/go.sum; GOBIN puts it in a scratch dir.
+        with tempfile.TemporaryDirectory(dir=target.parent) as gobin:
+            subprocess_env_gobin = {"GOBIN": gobin}
+            result = subprocess.run(["go", "install", "-trimpath", "-ldflags", ldflags, package],
+                                    env={**_go_env(), **subprocess_env_gobin}, text=True, capture_output=True)
+            if result.returncode != 0:
+                raise RuntimeError(f"building {name} failed:\n{result.stderr[-4000:]}")
+            shutil.move(Path(gobin) / name, partial)
+    else:
+        _go("build", "-trimpath", "-ldflags", ldflags, "-o", str(partial), package, cwd=GOMOD / wrapper)
+    partial.rename(target)  # atomic: a killed build never leaves a binary that looks finished
+    print(f"built {target.name} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
+    return target
+
+
+def build_all() -> dict[str, Path]:
+    return {name: build(name) for name in versions.BINARIES}
+
+
+def missing() -> list[str]:
+    return [name for name, version in versions.BINARIES.items() if not versions.binary_path(name, version).exists()]
+
+
+def write_wrappers() -> None:
+    """Generate the wrapper modules from the pinned modules' own go.mod (the staging list is never typed)."""
+    kubernetes_mod = (module_dir("kubernetes") / "go.mod").read_text()
+    staging = sorted(set(re.findall(r"^\s*(k8s\.io/[\w./-]+) => \./staging/", kubernetes_mod, re.MULTILINE)))
+    replaces = "\n".join(f"\t{module} => {module} {versions.KUBERNETES_STAGING}" for module in staging)
+    _write_wrapper("kubernetes", f"require k8s.io/kubernetes {versions.KUBERNETES}\n\nreplace (\n{replaces}\n)\n",
+                   [f"k8s.io/kubernetes/cmd/kube-apiserver@{versions.KUBERNETES}",
+                    f"k8s.io/kubernetes/cmd/kube-controller-manager@{versions.KUBERNETES}"])
+    _write_wrapper("etcd", "", [f"go.etcd.io/etcd/server/v3@{versions.ETCD}"])
+
+
+def _write_wrapper(folder: str, body: str, tools: list[str]) -> None:
+    directory = GOMOD / folder
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "go.sum").unlink(missing_ok=True)
+    (directory / "go.mod").write_text(
+        f"// Generated by `python -m tests.controlplane wrappers`: builds pinned upstream binaries, holds no code.\n"
+        f"module tpu-fallback/controlplane/{folder}\n\ngo {WRAPPER_GO}\n\n{body}")
+    for tool in tools:
+        _go("get", "-tool", tool, cwd=directory)

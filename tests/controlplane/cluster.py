@@ -1,0 +1,235 @@
+"""A real control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager (garbage collector and
+namespace controllers) and Kueue, configured from the chart the stack installs.
+
+No kubelet or scheduler: Pods are never created, so TPU pods never become ready (a natural stockout), and no
+KubeRay operator: RayJobs are judged by Kueue's and KubeRay's CRDs and webhooks, never run.
+Ref: ../shared/notes/real-control-plane.md
+"""
+
+from __future__ import annotations
+
+import shutil
+import ssl
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from infra import kueue as stack_kueue
+from tests.controlplane import build, chart, pki
+from tests.controlplane.kube import Kube, wait_for
+from tests.controlplane.processes import Supervisor, free_port, http_ok
+
+# Kueue opens this pair whenever its internal cert management is off, metrics or not (cmd/kueue/main.go).
+KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
+RAY_CRDS = ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml")
+PROVISIONING_REQUEST_CRD = "autoscaling.x-k8s.io_provisioningrequests.yaml"
+SERVICE_CIDR = "10.0.0.0/24"
+
+
+@dataclass
+class Timings:
+    """Seconds each start step took, for the benchmark and the logs."""
+
+    steps: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, step: str, since: float) -> float:
+        now = time.monotonic()
+        self.steps[step] = round(now - since, 2)
+        return now
+
+
+class ControlPlane:
+    """Start with `start()`, stop with `stop()`; `kube` is an admin client, `kubeconfig` its file."""
+
+    def __init__(self, kueue_values: dict | None = None, workdir: Path | None = None):
+        self.kueue_values = stack_kueue.helm_values() if kueue_values is None else kueue_values
+        self._own_workdir = workdir is None
+        self.workdir = Path(tempfile.mkdtemp(prefix="tpu-fallback-cp-")) if workdir is None else workdir
+        self.supervisor = Supervisor(self.workdir / "logs")
+        self.timings = Timings()
+        self.kube: Kube | None = None
+        self.chart: chart.RenderedChart | None = None
+        self.kueue_config: dict = {}
+
+    # ---- start -------------------------------------------------------------------------------------------------
+    def start(self) -> ControlPlane:
+        try:
+            self._start()
+        except BaseException:
+            self.stop(keep_workdir=True)
+            raise
+        return self
+
+    def _start(self) -> None:
+        now = time.monotonic()
+        binaries = build.build_all()
+        now = self.timings.mark("binaries", now)
+        pki_dir = self.workdir / "pki"
+        self.ca = pki.Authority(pki_dir)
+        serving = self.ca.serving("apiserver")
+        self.sa_keys = pki.service_account_keys(pki_dir)
+        admin = self.ca.client("admin", "tpu-fallback-admin", "system:masters")
+        self.chart = chart.render(self.kueue_values, self.workdir)
+        now = self.timings.mark("pki+chart", now)
+
+        self._start_etcd(binaries["etcd"])
+        now = self.timings.mark("etcd", now)
+        self._start_apiserver(binaries["kube-apiserver"], serving)
+        self.kubeconfig = self._write_kubeconfig("admin", admin)
+        self.kube = Kube(self.kubeconfig)
+        now = self.timings.mark("kube-apiserver", now)
+        self._start_controller_manager(binaries["kube-controller-manager"])
+        now = self.timings.mark("kube-controller-manager", now)
+
+        self.webhook_port = free_port()
+        self._install_crds()
+        now = self.timings.mark("crds", now)
+        self._start_kueue(binaries["kueue"])
+        self.timings.mark("kueue", now)
+
+    def _start_etcd(self, binary: Path) -> None:
+        client, peer = free_port(), free_port()
+        self.etcd_url = f"http://127.0.0.1:{client}"
+        process = self.supervisor.start("etcd", [
+            str(binary), "--name", "tier", "--data-dir", str(self.workdir / "etcd"),
+            "--listen-client-urls", self.etcd_url, "--advertise-client-urls", self.etcd_url,
+            "--listen-peer-urls", f"http://127.0.0.1:{peer}", "--initial-advertise-peer-urls",
+            f"http://127.0.0.1:{peer}", "--initial-cluster", f"tier=http://127.0.0.1:{peer}",
+            "--unsafe-no-fsync", "--log-level", "warn"])
+        self.supervisor.wait_until(process, lambda: http_ok(f"{self.etcd_url}/health", expect='"health":"true"'),
+                                   30, "health")
+
+    def _start_apiserver(self, binary: Path, serving: pki.KeyPair) -> None:
+        port = free_port()
+        self.server = f"https://127.0.0.1:{port}"
+        process = self.supervisor.start("kube-apiserver", [
+            str(binary), "--etcd-servers", self.etcd_url,
+            "--bind-address=127.0.0.1", "--advertise-address=127.0.0.1", f"--secure-port={port}",
+            f"--tls-cert-file={serving.cert}", f"--tls-private-key-file={serving.key}",
+            f"--client-ca-file={self.ca.cert}", f"--service-cluster-ip-range={SERVICE_CIDR}",
+            "--service-account-issuer=https://127.0.0.1", f"--service-account-key-file={self.sa_keys.cert}",
+            f"--service-account-signing-key-file={self.sa_keys.key}",
+            "--authorization-mode=RBAC", "--disable-admission-plugins=ServiceAccount",
+            "--endpoint-reconciler-type=none", f"--cert-dir={self.workdir / 'apiserver-certs'}"])
+        context = ssl.create_default_context(cafile=str(self.ca.cert))
+        self.supervisor.wait_until(process, lambda: http_ok(f"{self.server}/readyz", context), 90, "/readyz")
+
+    def _write_kubeconfig(self, user: str, credentials: pki.KeyPair | None = None, token: str | None = None) -> Path:
+        auth = {"token": token} if token else {"client-certificate": str(credentials.cert),
+                                               "client-key": str(credentials.key)}
+        config = {
+            "apiVersion": "v1", "kind": "Config", "current-context": "tier",
+            "clusters": [{"name": "tier", "cluster": {"server": self.server,
+                                                      "certificate-authority": str(self.ca.cert)}}],
+            "users": [{"name": user, "user": auth}],
+            "contexts": [{"name": "tier", "context": {"cluster": "tier", "user": user}}],
+        }
+        path = self.workdir / f"{user}.kubeconfig"
+        path.write_text(yaml.safe_dump(config))
+        path.chmod(0o600)
+        return path
+
+    def kubeconfig_for_service_account(self, namespace: str, name: str) -> Path:
+        """A kubeconfig holding a fresh token of a ServiceAccount: to run something with its RBAC, not admin's."""
+        token = self.kube.service_account_token(namespace, name)
+        return self._write_kubeconfig(f"sa-{namespace}-{name}", token=token)
+
+    def _start_controller_manager(self, binary: Path) -> None:
+        # What deletion needs: the garbage collector removes `foregroundDeletion` finalizers and cascades to
+        # dependents; the namespace controller empties and removes deleted namespaces.
+        port = free_port()
+        process = self.supervisor.start("kube-controller-manager", [
+            str(binary), f"--kubeconfig={self.kubeconfig}", f"--authentication-kubeconfig={self.kubeconfig}",
+            f"--authorization-kubeconfig={self.kubeconfig}", "--bind-address=127.0.0.1", f"--secure-port={port}",
+            "--leader-elect=false", "--controllers=garbagecollector,namespace",
+            "--use-service-account-credentials=false", f"--root-ca-file={self.ca.cert}",
+            f"--service-account-private-key-file={self.sa_keys.key}",
+            f"--cert-dir={self.workdir / 'kcm-certs'}"])
+        insecure = ssl.create_default_context()
+        insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # its self-signed serving cert
+        self.supervisor.wait_until(process, lambda: http_ok(f"https://127.0.0.1:{port}/healthz", insecure),
+                                   60, "/healthz")
+
+    def _install_crds(self) -> None:
+        """Kueue's CRDs from the chart (conversion by the local Kueue), KubeRay's, and the ProvisioningRequest
+        CRD, which must exist before Kueue starts or Kueue skips its provisioning controller."""
+        crds = [chart.local_crd(crd, self.webhook_port, self.ca.cert_pem) for crd in self.chart.crds()]
+        ray_dir = build.module_dir("kuberay") / "config" / "crd" / "bases"
+        crds += [yaml.safe_load((ray_dir / name).read_text()) for name in RAY_CRDS]
+        autoscaler_dir = build.module_dir("autoscaler") / "config" / "crd"
+        crds.append(yaml.safe_load((autoscaler_dir / PROVISIONING_REQUEST_CRD).read_text()))
+        for crd in crds:
+            self.kube.create(crd)
+        for crd in crds:
+            self.kube.wait_crd_established(crd["metadata"]["name"], timeout=120)
+        self.crd_names = [crd["metadata"]["name"] for crd in crds]
+
+    def _start_kueue(self, binary: Path) -> None:
+        cert_dir = self.workdir / "kueue-webhook-certs"
+        cert_dir.mkdir()
+        serving = self.ca.serving("kueue-webhook")
+        shutil.copy(serving.cert, cert_dir / "tls.crt")
+        shutil.copy(serving.key, cert_dir / "tls.key")
+        if not (KUEUE_METRICS_CERTS / "tls.crt").exists():
+            KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+            metrics = self.ca.serving("kueue-metrics")
+            shutil.copy(metrics.cert, KUEUE_METRICS_CERTS / "tls.crt")
+            shutil.copy(metrics.key, KUEUE_METRICS_CERTS / "tls.key")
+
+        health = free_port()
+        self.kueue_config = chart.out_of_cluster_config(self.chart.manager_config(), health, self.webhook_port,
+                                                        cert_dir)
+        config_file = self.workdir / "kueue-config.yaml"
+        config_file.write_text(yaml.safe_dump(self.kueue_config))
+        self.webhook_configurations = chart.local_webhook_configurations(self.chart, self.webhook_port,
+                                                                         self.ca.cert_pem)
+        for configuration in self.webhook_configurations:
+            self.kube.create(configuration)
+        args = chart.with_feature_gates(self.chart.manager_args(), chart.TIER_FEATURE_GATES)
+        self._kueue_argv = [str(binary), f"--config={config_file}", f"--kubeconfig={self.kubeconfig}", *args]
+        self._kueue_health = health
+        self._run_kueue()
+
+    def _run_kueue(self) -> None:
+        process = self.supervisor.start("kueue", self._kueue_argv)
+        health = self._kueue_health
+        self.supervisor.wait_until(process, lambda: http_ok(f"http://127.0.0.1:{health}/readyz"), 90, "/readyz")
+        # Ready means the webhook answers through the API server, not only that the process listens.
+        probe = {"apiVersion": stack_kueue.KUEUE_API_VERSION, "kind": "ResourceFlavor",
+                 "metadata": {"name": "tier-readiness-probe"}, "spec": {}}
+        self.supervisor.wait_until(process, lambda: self.kube.create(probe, dry_run=True) is not None, 90,
+                                   "a webhook-checked dry-run")
+        self.kueue = process
+
+    # ---- stop --------------------------------------------------------------------------------------------------
+    def stop_kueue(self) -> None:
+        """Stop Kueue alone (to show what deleting after the controller is gone does)."""
+        self.supervisor.stop(self.kueue)
+
+    def restart_kueue(self) -> None:
+        self._run_kueue()
+
+    def uninstall_kueue(self, timeout: float = 60.0) -> None:
+        """What `helm uninstall kueue` removes: the controller, its webhook configurations and its CRDs (the
+        chart ships them as templates). KubeRay's and the ProvisioningRequest CRDs belong to GKE and stay."""
+        self.stop_kueue()
+        for configuration in self.webhook_configurations:
+            self.kube.delete(configuration["apiVersion"], configuration["kind"], configuration["metadata"]["name"],
+                             propagation="Background")
+        for crd in self.chart.crds():
+            self.kube.delete("apiextensions.k8s.io/v1", "CustomResourceDefinition", crd["metadata"]["name"],
+                             propagation="Background")
+        for crd in self.chart.crds():
+            wait_for(lambda n=crd["metadata"]["name"]: self.kube.get(
+                "apiextensions.k8s.io/v1", "CustomResourceDefinition", n) is None, timeout, f"CRD {crd['metadata']['name']} gone")
+
+    def stop(self, keep_workdir: bool = False) -> None:
+        self.supervisor.stop_all()
+        if self._own_workdir and not keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def logs(self) -> dict[str, str]:
+        return {process.name: process.tail(200) for process in self.supervisor.processes}

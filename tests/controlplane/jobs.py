@@ -1,0 +1,94 @@
+"""Reading what Kueue decided about a RayJob on the tier, and playing GKE's autoscaler for DWS requests."""
+
+from __future__ import annotations
+
+import datetime
+from dataclasses import dataclass
+
+from infra.kueue import KUEUE_API_VERSION
+from tests.controlplane.kube import Kube, condition, condition_reason, wait_for
+
+RAYJOB = ("ray.io/v1", "RayJob")
+WORKLOAD = (KUEUE_API_VERSION, "Workload")
+PROVISIONING_REQUEST = ("autoscaling.x-k8s.io/v1", "ProvisioningRequest")
+PROVISIONING_REQUEST_LABEL = "autoscaling.gke.io/provisioning-request"
+
+
+def workload_of(kube: Kube, namespace: str, rayjob: str) -> dict | None:
+    """The Workload Kueue made for a RayJob (found by owner, as its name carries a hash)."""
+    for workload in kube.list(*WORKLOAD, namespace=namespace):
+        owners = workload["metadata"].get("ownerReferences") or []
+        if any(o["kind"] == RAYJOB[1] and o["name"] == rayjob for o in owners):
+            return workload
+    return None
+
+
+def decided(workload: dict | None) -> bool:
+    """Kueue has either reserved quota for the Workload or found it does not fit (pending)."""
+    return workload is not None and condition(workload, "QuotaReserved") is not None
+
+
+def tpu_flavor(workload: dict, tpu_resource: str = "google.com/tpu") -> str | None:
+    """The flavor Kueue assigned to the pod set that requests TPUs."""
+    admission = (workload.get("status") or {}).get("admission") or {}
+    for assignment in admission.get("podSetAssignments") or []:
+        if tpu_resource in (assignment.get("flavors") or {}):
+            return assignment["flavors"][tpu_resource]
+    return None
+
+
+def check_states(workload: dict) -> dict[str, str]:
+    return {check["name"]: check["state"] for check in (workload.get("status") or {}).get("admissionChecks") or []}
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What Kueue decided for one job: flavor (None: still pending), admitted, and the check states."""
+
+    job: str
+    flavor: str | None
+    admitted: bool
+    checks: dict[str, str]
+    reason: str | None
+
+
+def decision(kube: Kube, namespace: str, rayjob: str) -> Decision:
+    workload = workload_of(kube, namespace, rayjob) or {}
+    return Decision(rayjob, tpu_flavor(workload) if condition(workload, "QuotaReserved") == "True" else None,
+                    condition(workload, "Admitted") == "True", check_states(workload),
+                    condition_reason(workload, "QuotaReserved"))
+
+
+def provisioning_requests(kube: Kube, namespace: str, workload: dict) -> list[dict]:
+    uid = workload["metadata"]["uid"]
+    return [request for request in kube.list(*PROVISIONING_REQUEST, namespace=namespace)
+            if any(o.get("uid") == uid for o in request["metadata"].get("ownerReferences") or [])]
+
+
+def wait_provisioning_request(kube: Kube, namespace: str, rayjob: str, timeout: float = 30.0) -> dict:
+    def find():
+        workload = workload_of(kube, namespace, rayjob)
+        return workload and (provisioning_requests(kube, namespace, workload) or [None])[0]
+    return wait_for(find, timeout, f"ProvisioningRequest for {rayjob}")
+
+
+def mark_provisioned(kube: Kube, request: dict, resize_request: str) -> None:
+    """What GKE's autoscaler reports once DWS has the slice: Provisioned=True and the resize request's name."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    meta = request["metadata"]
+    kube.patch(*PROVISIONING_REQUEST, meta["name"], {"status": {
+        "conditions": [
+            {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "tier", "lastTransitionTime": now},
+            {"type": "Provisioned", "status": "True", "reason": "Provisioned", "message": "tier",
+             "lastTransitionTime": now}],
+        "provisioningClassDetails": {"ResizeRequestName": resize_request},
+    }}, namespace=meta["namespace"], subresource="status")
+
+
+def suspended(rayjob: dict) -> bool:
+    return bool(rayjob["spec"].get("suspend", False))  # the server may omit `suspend: false`
+
+
+def worker_template(rayjob: dict) -> dict:
+    (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    return group["template"]

@@ -1,0 +1,105 @@
+"""Start and stop the tier's processes: each logs to a file, and teardown stops exactly what was started."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import ssl
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class StartError(RuntimeError):
+    """A process of the tier did not start; the message ends with the tail of its log."""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Process:
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def tail(self, lines: int = 30) -> str:
+        text = self.log.read_text(errors="replace") if self.log.exists() else ""
+        return "\n".join(text.splitlines()[-lines:])
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+
+@dataclass
+class Supervisor:
+    """The processes one control plane started, in start order."""
+
+    logs: Path
+    processes: list[Process] = field(default_factory=list)
+
+    def start(self, name: str, argv: list[str]) -> Process:
+        self.logs.mkdir(parents=True, exist_ok=True)
+        log = self.logs / f"{name}.log"
+        with log.open("ab") as sink:
+            # A session of its own: a signal to the test runner's group never reaches it, and we stop it alone.
+            popen = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                     start_new_session=True)
+        process = Process(name, popen, log)
+        self.processes.append(process)
+        return process
+
+    def wait_until(self, process: Process, ready: Callable[[], bool], timeout: float, what: str) -> float:
+        """Seconds until `ready()`; a StartError if the process exits or the timeout passes first."""
+        started = time.monotonic()
+        while time.monotonic() - started < timeout:
+            if not process.alive():
+                raise StartError(f"{process.name} exited ({process.popen.returncode}) before {what}:\n"
+                                 f"{process.tail()}")
+            try:
+                if ready():
+                    return time.monotonic() - started
+            except Exception:  # noqa: BLE001 - not up yet: connection refused, TLS not ready, 503...
+                pass
+            time.sleep(0.1)
+        raise StartError(f"{process.name}: no {what} within {timeout:.0f} s:\n{process.tail()}")
+
+    def stop(self, process: Process, grace: float = 10.0) -> None:
+        if process.alive():
+            process.popen.send_signal(signal.SIGTERM)
+            try:
+                process.popen.wait(grace)
+            except subprocess.TimeoutExpired:
+                process.popen.kill()
+                process.popen.wait()
+        if process in self.processes:
+            self.processes.remove(process)
+
+    def stop_all(self) -> None:
+        for process in reversed(list(self.processes)):
+            self.stop(process)
+
+
+def http_ok(url: str, context: ssl.SSLContext | None = None, expect: str | None = None) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2, context=context) as response:
+            body = response.read().decode(errors="replace")
+            return response.status == 200 and (expect is None or expect in body)
+    except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
+        return False
+
+
+def process_group_alive(pid: int) -> bool:
+    try:
+        os.killpg(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True

@@ -1,0 +1,51 @@
+"""Versions of everything the real control plane is built from: the one place they live.
+
+Kueue's version is the stack's own default (`kueue.version`), so the tier runs what `pulumi up` installs.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from infra.settings import DEFAULTS
+
+KUEUE = "v" + DEFAULTS["kueue"]["version"]
+# GKE 1.34+ is what plan B needs; the tier's API server is the newest patch the Go proxy serves for 1.36.
+KUBERNETES = "v1.36.3"
+KUBERNETES_STAGING = "v0.36.3"  # k8s.io/kubernetes' staging modules share the tag with major 0
+ETCD = "v3.6.16"
+HELM = "v3.22.0"
+# ../shared/schemas holds KubeRay 1.7.0's CRDs; the Go proxy does not serve 1.7.0, so the tier installs the
+# newest 1.6 it serves, the one Kueue 0.19.2's go.mod requires.
+KUBERAY = "v1.6.2"
+# The ProvisioningRequest API Kueue 0.19.2 is built against (its go.mod).
+AUTOSCALER_APIS = "v0.0.0-20240830133931-adfbe7e45277"
+
+MODULES = {
+    "kueue": ("sigs.k8s.io/kueue", KUEUE),
+    "kubernetes": ("k8s.io/kubernetes", KUBERNETES),
+    "etcd": ("go.etcd.io/etcd/server/v3", ETCD),
+    "helm": ("helm.sh/helm/v3", HELM),
+    "kuberay": ("github.com/ray-project/kuberay/ray-operator", KUBERAY),
+    "autoscaler": ("k8s.io/autoscaler/cluster-autoscaler/apis", AUTOSCALER_APIS),
+}
+
+
+def cache_dir() -> Path:
+    """Binaries live outside the repository, keyed by version (TPU_FALLBACK_CACHE overrides the place)."""
+    default = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "tpu-fallback" / "controlplane"
+    return Path(os.environ.get("TPU_FALLBACK_CACHE", default))
+
+
+def binary_path(name: str, version: str) -> Path:
+    return cache_dir() / "bin" / f"{name}-{version}"
+
+
+BINARIES = {
+    "etcd": ETCD,
+    "kube-apiserver": KUBERNETES,
+    "kube-controller-manager": KUBERNETES,
+    "kueue": KUEUE,
+    "helm": HELM,
+}
