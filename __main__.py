@@ -46,6 +46,8 @@ pulumi.export("nodePools", {key: pool.pool_names for key, pool in pools.items()}
 pulumi.export("tpuChips", {plan.config_key: plan.chips(platform.tpu) for plan in platform.plans})
 pulumi.export("flexStart", pools["flexStart"].flex_start if "flexStart" in pools else {})
 pulumi.export("localQueue", kueue.local_queue_name)
+# The queues a job can be moved down to after a stockout, first rung first (for a failover controller).
+pulumi.export("queueChain", [rung.as_output() for rung in kueue.queue_chain])
 pulumi.export("trainingJobs", jobs.job_names if jobs else [])
 pulumi.export("checkpointBucket", jobs.bucket.url if jobs else None)
 pulumi.export("nextSteps", next_steps(platform, jobs.job_names if jobs else []))

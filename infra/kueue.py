@@ -6,10 +6,13 @@ upstream CRDs and the offline plan prints them, exactly as they are sent.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import copy
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_kubernetes as k8s
+import yaml
 
 from infra.settings import PlanSettings, PlatformSettings
 from infra.tpu import TPU_RESOURCE
@@ -30,6 +33,9 @@ DEFAULT_FLAVOR = "default-cpu"
 CLUSTER_QUEUE = "cluster-queue"
 LOCAL_QUEUE = "user-queue"
 LOCAL_QUEUE_NAMESPACE = "default"
+# Every ClusterQueue of the chain is in this cohort, so a queue can borrow the quota another one holds.
+# Ref: https://kueue.sigs.k8s.io/docs/concepts/cohort/
+COHORT = "tpu-fallback"
 ADMISSION_CHECK = "dws-prov"
 PROVISIONING_CONFIG = "dws-config"
 PROVISIONING_CLASS = "queued-provisioning.gke.io"
@@ -48,8 +54,74 @@ def _manifest(kind: str, name: str, spec: dict, namespace: str | None = None) ->
     return {"apiVersion": KUEUE_API_VERSION, "kind": kind, "metadata": metadata, "spec": spec}
 
 
-def helm_values() -> dict:
-    return {"controllerManager": {"featureGates": [dict(gate) for gate in FEATURE_GATES]}}
+# The chart's default manager configuration, as a dict: `managerConfig.controllerManagerConfigYaml` replaces the
+# whole default, so what we keep of it is written here and tests compare it with the chart, value by value.
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/charts/kueue/values.yaml (L119-208)
+MANAGER_CONFIG_BASE = {
+    "apiVersion": "config.kueue.x-k8s.io/v1beta2",
+    "kind": "Configuration",
+    "health": {"healthProbeBindAddress": ":8081"},
+    "metrics": {"bindAddress": ":8443"},
+    "webhook": {"port": 9443},
+    "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
+    "controller": {"groupKindConcurrency": {
+        "Job.batch": 5,
+        "Pod": 5,
+        "Workload.kueue.x-k8s.io": 10,
+        "LocalQueue.kueue.x-k8s.io": 5,
+        "ClusterQueue.kueue.x-k8s.io": 5,
+        "ResourceFlavor.kueue.x-k8s.io": 1,
+    }},
+    "clientConnection": {"qps": 300, "burst": 500},
+    "integrations": {"frameworks": [
+        "batch/job",
+        "kubeflow.org/mpijob",
+        "ray.io/rayjob",
+        "ray.io/rayservice",
+        "ray.io/raycluster",
+        "jobset.x-k8s.io/jobset",
+        "workload.codeflare.dev/appwrapper",
+        "trainer.kubeflow.org/trainjob",
+        "pod",
+        "deployment",
+        "statefulset",
+        "leaderworkerset.x-k8s.io/leaderworkerset",
+    ]},
+}
+
+
+def wait_for_pods_ready(settings: PlatformSettings) -> dict:
+    """Kueue evicts and requeues a job whose pods are not all ready `podsReadyTimeout` after admission: a
+    stocked-out rung (the pods never get nodes) gives its quota back instead of holding it for Kueue's 30m default.
+
+    Config v1beta2 has no `enable` field (Kueue decodes strictly and refuses to start with one); the block is
+    on by default, so setting it only changes the values. The timer starts at admission, so a DWS request
+    waiting for capacity is not counted.
+    Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/config/v1beta2/defaults.go
+    """
+    timeout = f"{settings.fallback.pods_ready_timeout_seconds}s"
+    return {
+        "timeout": timeout,
+        # A running job whose pods stop being ready (a host lost) gets as long to recover as a new one.
+        "recoveryTimeout": timeout,
+        # Other jobs keep being admitted while one waits for its pods.
+        "blockAdmission": False,
+        # Backoff counted from the eviction, 60s doubling to 30m; no backoffLimitCount: requeued forever.
+        "requeuingStrategy": {"timestamp": "Eviction", "backoffBaseSeconds": 60, "backoffMaxSeconds": 1800},
+    }
+
+
+def manager_config(settings: PlatformSettings) -> dict:
+    """The chart's default configuration plus waitForPodsReady. No `featureGates` here: they stay in
+    `controllerManager.featureGates`, and Kueue refuses to start when both are set."""
+    return {**copy.deepcopy(MANAGER_CONFIG_BASE), "waitForPodsReady": wait_for_pods_ready(settings)}
+
+
+def helm_values(settings: PlatformSettings) -> dict:
+    return {
+        "controllerManager": {"featureGates": [dict(gate) for gate in FEATURE_GATES]},
+        "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config(settings), sort_keys=False)},
+    }
 
 
 def default_flavor(settings: PlatformSettings) -> dict:
@@ -72,6 +144,10 @@ def _quota(name: str, cpu: int, memory_gib: int, tpu_chips: int) -> dict:
         {"name": resource, "nominalQuota": value} for resource, value in zip(COVERED_RESOURCES, values)]}
 
 
+def _no_quota(name: str) -> dict:
+    return {"name": name, "resources": [{"name": resource, "nominalQuota": "0"} for resource in COVERED_RESOURCES]}
+
+
 def flavor_quotas(settings: PlatformSettings) -> list[dict]:
     """Each flavor's quota is exactly the capacity behind it, derived from the machine types.
 
@@ -88,25 +164,75 @@ def flavor_quotas(settings: PlatformSettings) -> list[dict]:
     return quotas
 
 
-def cluster_queue(settings: PlatformSettings) -> dict:
+@dataclass(frozen=True)
+class QueueRung:
+    """One rung of the chain: a ClusterQueue whose flavor list starts at `flavor`, and its LocalQueue.
+
+    The first rung is the seed's cluster-queue / user-queue and tries every plan in order; each lower rung's
+    queue starts at its own plan, so a job moved there (after a stockout) skips the rungs above.
+    """
+
+    flavor: str
+    cluster_queue: str
+    local_queue: str
+
+    def as_output(self) -> dict:
+        return {"flavor": self.flavor, "clusterQueue": self.cluster_queue, "localQueue": self.local_queue}
+
+
+def queue_chain(settings: PlatformSettings) -> tuple[QueueRung, ...]:
+    """One rung per enabled plan, in the order Kueue tries them."""
+    first, *lower = settings.plans
+    return (QueueRung(first.flavor, CLUSTER_QUEUE, LOCAL_QUEUE),
+            *(QueueRung(plan.flavor, f"{CLUSTER_QUEUE}-{plan.flavor}", f"{LOCAL_QUEUE}-{plan.flavor}")
+              for plan in lower))
+
+
+def chain_flavor_quotas(settings: PlatformSettings) -> dict[str, list[dict]]:
+    """Per ClusterQueue of the chain, its flavors (default-cpu, then its rung and every rung below) and quotas.
+
+    Each flavor's capacity is counted once: it lives in the queue whose chain starts at that flavor (default-cpu
+    with the first rung's); every other queue that lists the flavor has a quota of 0 and, with no borrowingLimit,
+    borrows it from the cohort. So the queues together never admit more than the pools hold.
+    """
+    capacity = {quota["name"]: quota for quota in flavor_quotas(settings)}
+    chain = queue_chain(settings)
+    queues = {}
+    for index, rung in enumerate(chain):
+        owned = {rung.flavor, DEFAULT_FLAVOR} if index == 0 else {rung.flavor}
+        flavors = [DEFAULT_FLAVOR, *(lower.flavor for lower in chain[index:])]
+        queues[rung.cluster_queue] = [capacity[name] if name in owned else _no_quota(name) for name in flavors]
+    return queues
+
+
+def cluster_queues(settings: PlatformSettings) -> list[dict]:
+    quotas = chain_flavor_quotas(settings)
+    return [_cluster_queue(settings, name, flavors, in_cohort=len(quotas) > 1) for name, flavors in quotas.items()]
+
+
+def _cluster_queue(settings: PlatformSettings, name: str, flavors: list[dict], in_cohort: bool) -> dict:
     # One resource group: a resource and a flavor may belong to one group only, and TPU pods must not mix
     # default-cpu's pool selector with a TPU flavor's. default-cpu has no TPU quota, so TPU pods skip it.
     spec: dict = {
         "namespaceSelector": {},
-        "resourceGroups": [{"coveredResources": list(COVERED_RESOURCES), "flavors": flavor_quotas(settings)}],
+        "resourceGroups": [{"coveredResources": list(COVERED_RESOURCES), "flavors": flavors}],
     }
-    if settings.flex_start.enabled:
-        spec["admissionChecksStrategy"] = {
-            "admissionChecks": [{"name": ADMISSION_CHECK, "onFlavors": [settings.flex_start.flavor]}]}
-    manifest = _manifest("ClusterQueue", CLUSTER_QUEUE, spec)
+    if in_cohort:
+        spec["cohortName"] = COHORT
+    dws = settings.flex_start
+    if dws.enabled and any(flavor["name"] == dws.flavor for flavor in flavors):
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": ADMISSION_CHECK, "onFlavors": [dws.flavor]}]}
+    manifest = _manifest("ClusterQueue", name, spec)
     # `pulumi up` finishes only once Kueue reports the queue usable: its flavors and checks exist and, for
     # plan B, the ProvisioningRequest API answers. Ref: https://www.pulumi.com/blog/improved-kubernetes-await-logic/
     manifest["metadata"]["annotations"] = {"pulumi.com/waitFor": "condition=Active"}
     return manifest
 
 
-def local_queue(namespace: str = LOCAL_QUEUE_NAMESPACE) -> dict:
-    return _manifest("LocalQueue", LOCAL_QUEUE, {"clusterQueue": CLUSTER_QUEUE}, namespace=namespace)
+def local_queues(settings: PlatformSettings, namespace: str = LOCAL_QUEUE_NAMESPACE) -> Iterator[dict]:
+    """The chain's LocalQueues in one namespace: jobs there can be queued on, or moved to, any rung."""
+    for rung in queue_chain(settings):
+        yield _manifest("LocalQueue", rung.local_queue, {"clusterQueue": rung.cluster_queue}, namespace=namespace)
 
 
 def provisioning_request_config() -> dict:
@@ -132,15 +258,18 @@ def admission_check() -> dict:
 
 
 class Kueue(pulumi.ComponentResource):
-    """Kueue from its Helm chart, then flavors, the ClusterQueue, the LocalQueue and, for plan B, the DWS check.
+    """Kueue from its Helm chart, then flavors, for plan B the DWS check, and the chain of queues (a ClusterQueue
+    and a LocalQueue per rung).
 
     Every queue object waits for the release, which itself waits for the controller and its webhook.
     Destroy runs in reverse, so the controller is still there to release the objects' finalizers.
     """
 
     release: k8s.helm.v3.Release
-    cluster_queue: k8s.apiextensions.CustomResource
-    local_queue: k8s.apiextensions.CustomResource
+    queue_chain: tuple[QueueRung, ...]
+    cluster_queues: dict[str, k8s.apiextensions.CustomResource]  # by name
+    local_queues: dict[str, k8s.apiextensions.CustomResource]  # by name, in namespace default
+    local_queue: k8s.apiextensions.CustomResource  # the first rung's, which jobs are submitted to
     local_queue_name: str
 
     def __init__(self, name: str, settings: PlatformSettings, provider: k8s.Provider,
@@ -156,7 +285,7 @@ class Kueue(pulumi.ComponentResource):
             chart=CHART,
             version=settings.kueue_version,
             namespace=namespace.metadata["name"],
-            values=helm_values(),
+            values=helm_values(settings),
             # Awaited (no skip_await): the release is done once the controller and its webhook are ready.
             timeout=600,
             opts=pulumi.ResourceOptions(parent=self, provider=provider),
@@ -168,10 +297,17 @@ class Kueue(pulumi.ComponentResource):
         if settings.flex_start.enabled:
             config = self._object(provisioning_request_config())
             checks.append(self._object(admission_check(), after=[config]))
-        self.cluster_queue = self._object(cluster_queue(settings), after=[*flavors, *checks])
-        self.local_queue = self._object(local_queue(), after=[self.cluster_queue])
-        self.local_queue_name = LOCAL_QUEUE
-        self.register_outputs({"localQueue": LOCAL_QUEUE})
+        self.queue_chain = queue_chain(settings)
+        self.cluster_queues = {manifest["metadata"]["name"]: self._object(manifest, after=[*flavors, *checks])
+                               for manifest in cluster_queues(settings)}
+        self.local_queues = {
+            manifest["metadata"]["name"]: self._object(
+                manifest, after=[self.cluster_queues[manifest["spec"]["clusterQueue"]]])
+            for manifest in local_queues(settings)}
+        self.local_queue_name = self.queue_chain[0].local_queue
+        self.local_queue = self.local_queues[self.local_queue_name]
+        self.register_outputs({"localQueue": self.local_queue_name,
+                               "queueChain": [rung.as_output() for rung in self.queue_chain]})
 
     def _object(self, manifest: dict, after: Sequence[pulumi.Resource] = ()) -> k8s.apiextensions.CustomResource:
         kind, name = manifest["kind"], manifest["metadata"]["name"]

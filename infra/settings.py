@@ -31,6 +31,7 @@ DEFAULTS: Mapping[str, Any] = {
     "onDemand": {"nodePool": "on-demand-pool", "maxSlices": 1},
     "flexStart": {"nodePool": "dws-pool", "maxSlices": 1},
     "kueue": {"version": "0.19.2"},
+    "fallback": {"podsReadyTimeout": "15m", "stockoutGracePeriod": "3m"},
 }
 
 # Kueue 0.16 is the first release that stores v1beta2, the API version every object here is written in.
@@ -42,6 +43,10 @@ MIN_GKE_FOR_QUEUED_TPU = "1.34"
 # Ray Operator add-on. Ref: https://cloud.google.com/kubernetes-engine/docs/add-on/ray-on-gke/how-to/enable-ray-on-gke
 MIN_GKE_FOR_RAY_OPERATOR = "1.30.0-gke.1747000"
 MAX_SLICES_PER_PLAN = 64  # a sanity bound: 64 multi-host slices is already 64 node pools
+# Kueue evicts a job whose pods are not all ready this long after admission. 30s suits only a test cluster (a TPU
+# slice takes minutes to come up); over a day, a stocked-out job would hold a rung's quota for nothing.
+MIN_PODS_READY_TIMEOUT_SECONDS = 30
+MAX_PODS_READY_TIMEOUT_SECONDS = 24 * 3600
 
 # GKE name rules. Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/creating-a-zonal-cluster
 _CLUSTER_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
@@ -51,6 +56,8 @@ _PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _GKE_VERSION = re.compile(r"^1\.(\d+)(?:\.(\d+)(?:-gke\.(\d+))?)?$")
 _SEMVER = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+_DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
+_SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600}
 SYSTEM_POOL_NAME = "default-pool"  # the seed's Kueue flavor and Ray head select this pool by name
 
 
@@ -190,6 +197,15 @@ class PlanSettings:
 
 
 @dataclass(frozen=True)
+class FallbackSettings:
+    """When a job on a rung counts as stocked out: Kueue's PodsReady timeout and, shorter, the grace period
+    after which a failover controller may act on clear stockout signs before Kueue evicts."""
+
+    pods_ready_timeout_seconds: int
+    stockout_grace_period_seconds: int
+
+
+@dataclass(frozen=True)
 class PlatformSettings:
     project: str
     zone: str
@@ -201,6 +217,7 @@ class PlatformSettings:
     on_demand: PlanSettings
     flex_start: PlanSettings
     kueue_version: str
+    fallback: FallbackSettings
 
     @property
     def region(self) -> str:
@@ -280,6 +297,31 @@ def _read_kueue_version(reader: ConfigReader) -> str:
     return version
 
 
+def _duration_seconds(reader: ConfigReader, name: str, value: str) -> int | None:
+    match = _DURATION.match(value)
+    if not reader.check(name, match is not None, f"{value!r} is not a duration; use a number and s, m or h, "
+                                                  "such as 90s, 15m or 1h"):
+        return None
+    return int(match[1]) * _SECONDS_PER_UNIT[match[2]]
+
+
+def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:
+    """`fallback` in seconds, or None when a duration is unreadable (`reader.problems` says why)."""
+    raw = reader.obj("fallback", DEFAULTS["fallback"])
+    timeout = _duration_seconds(reader, "fallback.podsReadyTimeout", raw["podsReadyTimeout"])
+    grace = _duration_seconds(reader, "fallback.stockoutGracePeriod", raw["stockoutGracePeriod"])
+    if timeout is None or grace is None:
+        return None
+    reader.check("fallback.podsReadyTimeout",
+                 MIN_PODS_READY_TIMEOUT_SECONDS <= timeout <= MAX_PODS_READY_TIMEOUT_SECONDS,
+                 f"{raw['podsReadyTimeout']} is out of range; use {MIN_PODS_READY_TIMEOUT_SECONDS}s to "
+                 f"{MAX_PODS_READY_TIMEOUT_SECONDS // 3600}h")
+    reader.check("fallback.stockoutGracePeriod", grace < timeout,
+                 f"{raw['stockoutGracePeriod']} is not shorter than podsReadyTimeout {raw['podsReadyTimeout']}; "
+                 "by then Kueue has already evicted the job, so the early failover would never act")
+    return FallbackSettings(timeout, grace)
+
+
 def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> PlatformSettings | None:
     """The platform half of the settings, or None when `reader.problems` says why not."""
     project = gcp_config.get("project")
@@ -304,14 +346,15 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
     on_demand = _read_plan(reader, "onDemand", "on-demand", flex_start=False)
     flex_start = _read_plan(reader, "flexStart", "dws", flex_start=True)
     kueue_version = _read_kueue_version(reader)
+    fallback = read_fallback_settings(reader)
 
-    if reader.problems or tpu is None or machine is None or project is None:
+    if reader.problems or tpu is None or machine is None or project is None or fallback is None:
         return None
     settings = PlatformSettings(
         project=project, zone=zone, cluster_name=cluster_name, gke_version=gke_version,
         deletion_protection=deletion_protection,
         system_pool=SystemPoolSettings(machine, system_raw["nodeCount"]),
-        tpu=tpu, on_demand=on_demand, flex_start=flex_start, kueue_version=kueue_version,
+        tpu=tpu, on_demand=on_demand, flex_start=flex_start, kueue_version=kueue_version, fallback=fallback,
     )
     reader.check("gkeVersion", gke_version_at_least(gke_version, MIN_GKE_FOR_RAY_OPERATOR),
                  f"{gke_version} is older than the Ray Operator add-on's {MIN_GKE_FOR_RAY_OPERATOR}")

@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import yaml
 
 from infra.offline import OfflineEngine
-from infra.settings import DEFAULTS, SettingsError, gke_version_at_least
+from infra.settings import DEFAULTS, ConfigReader, SettingsError, gke_version_at_least, read_fallback_settings
 from workloads.settings import WORKLOAD_DEFAULTS
 from tests.conftest import REPO, config_with, plan_for
 
 V6E_4X4 = {"machineType": "ct6e-standard-4t", "topology": "4x4"}
+
+
+class StubConfig(dict):
+    """Raw config values by key, read through `get` as pulumi.Config reads them."""
 
 # (id, overrides of the dev stack, the key the message must name)
 BAD_CONFIGS = [
@@ -48,6 +54,19 @@ BAD_CONFIGS = [
     ("kueue-version-with-v", {"kueue": {"version": "v0.19.2"}}, "tpu-fallback:kueue.version"),
     ("kueue-before-v1beta2-storage", {"kueue": {"version": "0.15.3"}}, "tpu-fallback:kueue.version"),
     ("unknown-top-level-key", {"zonee": "us-east5-b"}, "tpu-fallback:zonee"),
+    ("pods-ready-timeout-not-duration", {"fallback": {"podsReadyTimeout": "15min"}},
+     "tpu-fallback:fallback.podsReadyTimeout"),
+    ("pods-ready-timeout-not-string", {"fallback": {"podsReadyTimeout": 900}},
+     "tpu-fallback:fallback.podsReadyTimeout"),
+    ("pods-ready-timeout-too-short", {"fallback": {"podsReadyTimeout": "29s", "stockoutGracePeriod": "0s"}},
+     "tpu-fallback:fallback.podsReadyTimeout"),
+    ("pods-ready-timeout-too-long", {"fallback": {"podsReadyTimeout": "25h"}},
+     "tpu-fallback:fallback.podsReadyTimeout"),
+    ("stockout-grace-not-duration", {"fallback": {"stockoutGracePeriod": "-1m"}},
+     "tpu-fallback:fallback.stockoutGracePeriod"),
+    ("stockout-grace-not-shorter-than-timeout", {"fallback": {"podsReadyTimeout": "5m", "stockoutGracePeriod": "300s"}},
+     "tpu-fallback:fallback.stockoutGracePeriod"),
+    ("fallback-field-typo", {"fallback": {"podsReadyTimeOut": "5m"}}, "tpu-fallback:fallback.podsReadyTimeOut"),
 ]
 
 
@@ -75,6 +94,23 @@ def test_all_problems_are_reported_at_once():
 def test_allowed_values_are_listed_in_the_message():
     with pytest.raises(SettingsError, match="allowed: 2x2, 2x4, 4x4"):
         OfflineEngine().run(config_with({"tpu": {"topology": "3x3"}}))
+
+
+def test_stockout_grace_message_says_why_it_must_be_shorter():
+    with pytest.raises(SettingsError, match="already evicted the job, so the early failover would never act"):
+        OfflineEngine().run(config_with({"fallback": {"podsReadyTimeout": "2m", "stockoutGracePeriod": "2h"}}))
+
+
+@pytest.mark.parametrize("fallback, seconds", [
+    ({}, (900, 180)),  # the defaults: 15m and 3m
+    ({"podsReadyTimeout": "30s", "stockoutGracePeriod": "0s"}, (30, 0)),  # the lowest allowed
+    ({"podsReadyTimeout": "24h", "stockoutGracePeriod": "90m"}, (86400, 5400)),  # the highest timeout
+])
+def test_fallback_durations_are_read_as_seconds(fallback, seconds):
+    reader = ConfigReader(StubConfig({"fallback": json.dumps(fallback)}))
+    settings = read_fallback_settings(reader)
+    assert reader.problems == []
+    assert (settings.pods_ready_timeout_seconds, settings.stockout_grace_period_seconds) == seconds
 
 
 def test_unlisted_zone_is_accepted_when_asked():

@@ -8,7 +8,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.kueue import LOCAL_QUEUE_NAMESPACE, Kueue, local_queue
+from infra.kueue import LOCAL_QUEUE_NAMESPACE, Kueue, local_queues
 from infra.settings import PlatformSettings
 from workloads.rayjob import SCRIPT_KEY, SCRIPT_PATH, rayjob_manifest
 from workloads.settings import WorkloadSettings
@@ -62,7 +62,8 @@ class TrainingJobs(pulumi.ComponentResource):
             for role in BUCKET_ROLES
         ]
 
-        namespace_ready: list[pulumi.Resource] = [platform.kueue.local_queue]
+        # Every rung's LocalQueue, not only the one jobs are submitted to: a failover moves jobs down the chain.
+        namespace_ready: list[pulumi.Resource] = list(platform.kueue.local_queues.values())
         if settings.namespace != LOCAL_QUEUE_NAMESPACE:
             namespace_ready = self._namespace_with_queue(name, settings.namespace, platform, on_cluster)
         ksa = k8s.core.v1.ServiceAccount(
@@ -105,12 +106,16 @@ class TrainingJobs(pulumi.ComponentResource):
 
     def _namespace_with_queue(self, name: str, namespace: str, platform: PlatformHandles,
                               on_cluster: pulumi.ResourceOptions) -> list[pulumi.Resource]:
-        """A namespace of its own, with a LocalQueue of the same name pointing at the platform's ClusterQueue."""
+        """A namespace of its own, with the chain's LocalQueues, each pointing at its rung's ClusterQueue."""
         created = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": namespace}, opts=on_cluster)
-        manifest = local_queue(namespace)
-        queue = k8s.apiextensions.CustomResource(
-            f"{name}-localqueue", api_version=manifest["apiVersion"], kind=manifest["kind"],
-            metadata=manifest["metadata"], spec=manifest["spec"],
-            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
-                depends_on=[created, platform.kueue.release, platform.kueue.cluster_queue])))
-        return [queue]
+        queues: list[pulumi.Resource] = []
+        for index, manifest in enumerate(local_queues(platform.settings, namespace)):
+            # The first rung's keeps the resource name it had before the chain, so a deployed stack keeps it.
+            suffix = "" if index == 0 else f"-{manifest['metadata']['name']}"
+            cluster_queue = platform.kueue.cluster_queues[manifest["spec"]["clusterQueue"]]
+            queues.append(k8s.apiextensions.CustomResource(
+                f"{name}-localqueue{suffix}", api_version=manifest["apiVersion"], kind=manifest["kind"],
+                metadata=manifest["metadata"], spec=manifest["spec"],
+                opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
+                    depends_on=[created, platform.kueue.release, cluster_queue]))))
+        return queues
