@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -54,3 +55,40 @@ def crd_schemas() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return folder
+
+
+# ---- the real control plane (tests/controlplane/) ----------------------------------------------------------------
+CONTROLPLANE_MARK = "controlplane"
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", f"{CONTROLPLANE_MARK}: runs against the real etcd + kube-apiserver + Kueue "
+                                       "tier (first run builds it: see README); leave out with -m 'not controlplane'")
+
+
+def _tier_unavailable_or_fail(message: str) -> None:
+    # Under CI a missing tier is a failure, never a skip: the tier is part of what CI proves.
+    if os.environ.get("CI") == "true":
+        pytest.fail(message, pytrace=False)
+    pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def control_plane():
+    """One control plane for the session, started on free ports in a temp dir and stopped at the end."""
+    import shutil
+
+    from tests.controlplane import build
+    from tests.controlplane.cluster import ControlPlane
+
+    missing = build.missing()
+    if missing and shutil.which("go") is None:
+        _tier_unavailable_or_fail(f"the control-plane binaries {missing} are not built and Go is not installed")
+    if missing:
+        print(f"\nbuilding the control plane ({', '.join(missing)}): about 10-30 min on a fresh machine, "
+              "seconds later", file=sys.__stderr__, flush=True)
+    from tests.controlplane.stack import release_values
+
+    plane = ControlPlane(release_values(plan_for("dev"))).start()
+    yield plane
+    plane.stop()

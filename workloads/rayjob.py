@@ -26,6 +26,11 @@ PYTHON_TAG = "py311"  # the image's Python; the tests run the same minor version
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
 MAX_RUN_ANNOTATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
+# pulumi-kubernetes deletes in the foreground by default. A RayJob whose Workload waits on a DWS request can then
+# hang: Kueue re-creates the ProvisioningRequest while the garbage collector deletes it (measured on the real
+# tier, tests/test_controlplane_destroy.py). Deleted in the background, the job goes at once and its Workload after.
+# Ref: https://github.com/pulumi/pulumi-kubernetes/pull/3011 (the annotation, pulumi-kubernetes 4.12)
+DELETION_POLICY_ANNOTATION = "pulumi.com/deletionPropagationPolicy"
 
 
 @dataclass(frozen=True)
@@ -97,7 +102,10 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
     tpu, pins = platform.tpu, runtime_pins()
     plan_b = platform.flex_start.enabled
     volume, mount = _script_volume(configmap)
-    annotations = {ELASTIC_ANNOTATION: "true"}  # Kueue admits in-tree autoscaling only for elastic jobs
+    annotations = {
+        ELASTIC_ANNOTATION: "true",  # Kueue admits in-tree autoscaling only for elastic jobs
+        DELETION_POLICY_ANNOTATION: "background",
+    }
     if plan_b:
         annotations[MAX_RUN_ANNOTATION] = str(settings.max_run_duration_seconds)
     tolerations = [tolerate_no_schedule(TPU_RESOURCE)]

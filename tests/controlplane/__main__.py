@@ -1,7 +1,8 @@
 """The real control plane by hand.
 
     python -m tests.controlplane build [NAME...]   build what is missing (all by default) into the cache
-    python -m tests.controlplane up                start the tier, print how to reach it, stop on Ctrl-C
+    python -m tests.controlplane up [STACK]        start the tier (Kueue configured as STACK's release, dev
+                                                   by default), print how to reach it, stop on Ctrl-C
     python -m tests.controlplane wrappers          regenerate tests/controlplane/gomod/* after a version bump
 """
 
@@ -14,10 +15,13 @@ import time
 from tests.controlplane import build
 
 
-def up() -> int:
+def up(stack: str = "dev") -> int:
+    from infra.offline import PLACEHOLDER_PROJECT, run_program, stack_config
     from tests.controlplane.cluster import ControlPlane
+    from tests.controlplane.stack import release_values
 
-    plane = ControlPlane()
+    config = {"gcp:project": PLACEHOLDER_PROJECT, **stack_config(stack)}
+    plane = ControlPlane(release_values(run_program(config, stack)))  # Kueue as this stack's release configures it
     plane.start()
     print(f"control plane up in {sum(plane.timings.steps.values()):.1f} s: {plane.timings.steps}")
     print(f"  export KUBECONFIG={plane.kubeconfig}")
@@ -45,7 +49,7 @@ def main(argv: list[str]) -> int:
         build.write_wrappers()
         return 0
     if command == "up":
-        return up()
+        return up(*argv[1:2])
     print(__doc__, file=sys.stderr)
     return 2
 

@@ -44,8 +44,9 @@ class Timings:
 class ControlPlane:
     """Start with `start()`, stop with `stop()`; `kube` is an admin client, `kubeconfig` its file."""
 
-    def __init__(self, kueue_values: dict | None = None, workdir: Path | None = None):
-        self.kueue_values = stack_kueue.helm_values() if kueue_values is None else kueue_values
+    def __init__(self, kueue_values: dict, workdir: Path | None = None):
+        """`kueue_values`: the values a stack's Helm release passes (stack.release_values(plan))."""
+        self.kueue_values = kueue_values
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="tpu-fallback-cp-")) if workdir is None else workdir
         self.supervisor = Supervisor(self.workdir / "logs")

@@ -53,14 +53,11 @@ class Kube:
     def _call(self, method: str, path: str, body: Any = None, query: dict | None = None,
               content_type: str = "application/json") -> dict:
         try:
-            data = self.api_client.call_api(
-                path, method, query_params=list((query or {}).items()), body=body,
-                header_params={"Content-Type": content_type, "Accept": "application/json"},
-                auth_settings=["BearerToken"], response_type="object", _preload_content=True,
-                _return_http_data_only=True)
+            response = self.dynamic.request(method, path, body=body, query_params=list((query or {}).items()),
+                                            content_type=content_type, serialize=False)
         except ApiException as error:
             raise _rejected(error) from None
-        return data
+        return json.loads(response.data or b"{}")
 
     # ---- verbs -------------------------------------------------------------------------------------------------
     def create(self, manifest: dict, dry_run: bool = False) -> dict:

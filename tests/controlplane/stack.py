@@ -41,6 +41,11 @@ class Step:
         return self.manifest["apiVersion"], self.manifest["kind"], meta["name"], meta.get("namespace")
 
 
+def release_values(plan: Plan) -> dict:
+    """The values the stack's Kueue release passes to the chart: the tier renders the chart with exactly these."""
+    return plan.only(HELM_RELEASE).inputs.get("values") or {}
+
+
 def _edges(resource: Recorded) -> set[str]:
     return {*resource.dependencies, *(u for us in resource.property_dependencies.values() for u in us)}
 
