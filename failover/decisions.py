@@ -1,0 +1,219 @@
+"""What the failover controller decides, as pure functions of what it reads (no I/O here).
+
+Kueue tries the rungs of a queue in order but only by quota: when a rung's TPUs never come (a GCE stockout), the
+job is evicted after `waitForPodsReady.timeout` and re-admitted on the same rung, forever (kubernetes-sigs/kueue#2560).
+The controller moves such a job to the queue that starts at the next rung. Ref: ../shared/notes/kueue-stockout.md
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import re
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# On the Workload: the rung it was last admitted on. Kueue clears `status.admission` when it evicts, so the
+# controller writes it down while the Workload is admitted.
+ADMITTED_FLAVOR_ANNOTATION = "tpu-fallback/admitted-flavor"
+# On the RayJob: the move, written before the first change so a restart finishes it (JSON, see Move).
+FAILOVER_ANNOTATION = "tpu-fallback/failover"
+TPU_RESOURCE = "google.com/tpu"
+PODS_READY_TIMEOUT = "PodsReadyTimeout"
+STOCKOUT = "Stockout"
+MOVING, MOVED = "moving", "moved"
+# GKE's autoscaler on pods it could not get nodes for. Only a lack of capacity counts; a quota error does not.
+# Ref: https://cloud.google.com/kubernetes-engine/docs/troubleshooting/cluster-autoscaler-scale-up
+SCALE_UP_FAILURE_REASONS = frozenset({"FailedScaleUp", "NotTriggerScaleUp"})
+STOCKOUT_MESSAGE = re.compile(r"GCE out of resources|resource[_ ]pool[_ ]exhausted|stock-?out|"
+                              r"does not have enough resources", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class Rung:
+    flavor: str
+    cluster_queue: str
+    local_queue: str
+    admission_check: bool  # a rung with a check (DWS) provisions before admission: nothing to time out early
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The queue chain the stack declared, rung 0 first (the `queueChain` output, passed to the controller)."""
+
+    rungs: tuple[Rung, ...]
+
+    @classmethod
+    def from_json(cls, text: str) -> Chain:
+        return cls(tuple(Rung(r["flavor"], r["clusterQueue"], r["localQueue"], bool(r.get("admissionCheck")))
+                         for r in json.loads(text)))
+
+    def start_of_queue(self, local_queue: str) -> int | None:
+        """The rung a LocalQueue's ClusterQueue starts at; None for a queue outside the chain."""
+        return next((i for i, rung in enumerate(self.rungs) if rung.local_queue == local_queue), None)
+
+    def index_of_flavor(self, flavor: str | None) -> int | None:
+        return next((i for i, rung in enumerate(self.rungs) if rung.flavor == flavor), None)
+
+
+@dataclass(frozen=True)
+class WorkloadView:
+    """The parts of a Kueue Workload the decisions read."""
+
+    name: str
+    namespace: str
+    queue_name: str
+    active: bool
+    quota_reserved: bool
+    admitted: bool
+    admitted_at: datetime.datetime | None  # when QuotaReserved last turned True
+    flavor: str | None  # the TPU pod set's flavor while quota is reserved
+    recorded_flavor: str | None  # ADMITTED_FLAVOR_ANNOTATION
+    evicted_reason: str | None  # the Evicted condition's reason while it is True
+    rayjob: str | None  # the owning RayJob's name
+
+    @classmethod
+    def from_object(cls, obj: Mapping) -> WorkloadView:
+        meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+        conditions = {c["type"]: c for c in status.get("conditions") or []}
+
+        def true(kind: str) -> bool:
+            return (conditions.get(kind) or {}).get("status") == "True"
+
+        flavor = None
+        for assignment in (status.get("admission") or {}).get("podSetAssignments") or []:
+            flavor = (assignment.get("flavors") or {}).get(TPU_RESOURCE) or flavor
+        reserved = true("QuotaReserved")
+        owner = next((o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "RayJob"), None)
+        return cls(
+            name=meta["name"], namespace=meta["namespace"], queue_name=spec.get("queueName", ""),
+            active=spec.get("active", True) is not False, quota_reserved=reserved, admitted=true("Admitted"),
+            admitted_at=parse_time(conditions["QuotaReserved"]["lastTransitionTime"]) if reserved else None,
+            flavor=flavor if reserved else None,
+            recorded_flavor=(meta.get("annotations") or {}).get(ADMITTED_FLAVOR_ANNOTATION),
+            evicted_reason=conditions["Evicted"].get("reason") if true("Evicted") else None,
+            rayjob=owner)
+
+
+@dataclass(frozen=True)
+class Move:
+    """A move of one job to the queue starting at rung `to`; its JSON form is the RayJob annotation."""
+
+    from_flavor: str
+    to_flavor: str
+    to_local_queue: str
+    reason: str  # PodsReadyTimeout or Stockout
+    at: str  # RFC 3339
+    state: str = MOVING
+
+    def to_json(self) -> str:
+        return json.dumps({"from": self.from_flavor, "to": self.to_flavor, "localQueue": self.to_local_queue,
+                           "reason": self.reason, "at": self.at, "state": self.state}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> Move | None:
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(data["from"], data["to"], data["localQueue"], data["reason"], data["at"], data["state"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def done(self) -> Move:
+        return Move(self.from_flavor, self.to_flavor, self.to_local_queue, self.reason, self.at, MOVED)
+
+
+@dataclass(frozen=True)
+class RecordFlavor:
+    flavor: str
+
+
+@dataclass(frozen=True)
+class StartMove:
+    move: Move
+
+
+@dataclass(frozen=True)
+class FinishMove:
+    move: Move
+
+
+Action = RecordFlavor | StartMove | FinishMove | None
+
+
+def parse_time(text: str | None) -> datetime.datetime | None:
+    if not text:
+        return None
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def format_time(moment: datetime.datetime) -> str:
+    return moment.astimezone(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def stockout_since(events: Iterable[Mapping], pods: set[str], admitted_at: datetime.datetime | None
+                   ) -> datetime.datetime | None:
+    """When the autoscaler first reported, for one of `pods` and since admission, that it has no capacity."""
+    first = None
+    for event in events:
+        involved = event.get("involvedObject") or {}
+        if involved.get("kind") != "Pod" or involved.get("name") not in pods:
+            continue
+        if event.get("reason") not in SCALE_UP_FAILURE_REASONS or not STOCKOUT_MESSAGE.search(event.get("message") or ""):
+            continue
+        seen_first = parse_time(event.get("firstTimestamp") or event.get("eventTime"))
+        seen_last = parse_time(event.get("lastTimestamp") or event.get("eventTime")) or seen_first
+        if seen_first is None or (admitted_at is not None and seen_last < admitted_at):
+            continue  # from an earlier admission of the same pods' names
+        seen = max(seen_first, admitted_at) if admitted_at else seen_first
+        first = seen if first is None else min(first, seen)
+    return first
+
+
+def decide(chain: Chain, workload: WorkloadView, job_queue_label: str | None, job_failover: str | None,
+           stockout: datetime.datetime | None, grace: datetime.timedelta, now: datetime.datetime) -> Action:
+    """The one next step for a Workload owned by a RayJob; None when there is nothing to do.
+
+    Never moves up the chain nor past its last rung; a move in progress is finished first, so a restart, a
+    repeated event or a second replica moves nothing twice.
+    """
+    pending = Move.from_json(job_failover)
+    if pending is not None and pending.state == MOVING:
+        return FinishMove(pending)
+    start = chain.start_of_queue(workload.queue_name)
+    if start is None or workload.rayjob is None:
+        return None  # not a job of the chain
+    if workload.quota_reserved and workload.flavor and workload.flavor != workload.recorded_flavor:
+        return RecordFlavor(workload.flavor)
+
+    if not workload.quota_reserved and workload.evicted_reason == PODS_READY_TIMEOUT:
+        # Timeout path. Without a record (the controller was down for the whole admission), the queue's own
+        # first rung is the safe guess: the move can then only go down.
+        rung = chain.index_of_flavor(workload.recorded_flavor)
+        rung = start if rung is None else rung
+        return _move_to_next(chain, workload, start, rung, PODS_READY_TIMEOUT, now)
+
+    if workload.admitted and workload.flavor and stockout is not None and now - stockout >= grace:
+        rung = chain.index_of_flavor(workload.flavor)
+        if rung is not None and not chain.rungs[rung].admission_check:  # early path
+            return _move_to_next(chain, workload, start, rung, STOCKOUT, now)
+    return None
+
+
+def _move_to_next(chain: Chain, workload: WorkloadView, start: int, rung: int, reason: str,
+                  now: datetime.datetime) -> Action:
+    target = rung + 1
+    if target >= len(chain.rungs) or target <= start:
+        return None  # past the last rung, or already in a queue that starts at or below the target
+    to = chain.rungs[target]
+    return StartMove(Move(chain.rungs[rung].flavor, to.flavor, to.local_queue, reason, format_time(now)))
+
+
+def move_message(move: Move, from_queue: str) -> str:
+    """The one line logged, and the Event's message, for a move."""
+    cause = ("its pods were not ready within Kueue's waitForPodsReady timeout" if move.reason == PODS_READY_TIMEOUT
+             else "GKE's autoscaler reported no TPU capacity for its pods")
+    return (f"moved from {move.from_flavor} to {move.to_flavor} (LocalQueue {from_queue} -> {move.to_local_queue}): "
+            f"{cause}")

@@ -1,0 +1,157 @@
+"""The failover controller's decisions: pure functions of a Workload, its RayJob and the autoscaler's events."""
+
+from __future__ import annotations
+
+import datetime
+import json
+
+import pytest
+
+from failover import decisions
+from failover.decisions import (FinishMove, Move, RecordFlavor, StartMove, WorkloadView, decide, stockout_since)
+
+CHAIN = decisions.Chain.from_json(json.dumps([
+    {"flavor": "on-demand", "clusterQueue": "cluster-queue", "localQueue": "user-queue", "admissionCheck": False},
+    {"flavor": "dws", "clusterQueue": "cluster-queue-dws", "localQueue": "user-queue-dws", "admissionCheck": True},
+]))
+NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.timezone.utc)
+GRACE = datetime.timedelta(minutes=3)
+
+
+def _time(minutes_ago: float) -> str:
+    return decisions.format_time(NOW - datetime.timedelta(minutes=minutes_ago))
+
+
+def workload(queue="user-queue", reserved_on=None, admitted=None, evicted=None, recorded=None, active=True,
+             owner="job-1") -> dict:
+    """A Workload as the API returns it: reserved_on is the TPU pod set's flavor while quota is reserved."""
+    conditions = []
+    if reserved_on:
+        conditions.append({"type": "QuotaReserved", "status": "True", "lastTransitionTime": _time(10)})
+        conditions.append({"type": "Admitted", "status": "True" if admitted is not False else "False",
+                           "lastTransitionTime": _time(10)})
+    else:
+        conditions.append({"type": "QuotaReserved", "status": "False", "reason": "Pending",
+                           "lastTransitionTime": _time(1)})
+    if evicted:
+        conditions.append({"type": "Evicted", "status": "True", "reason": evicted, "lastTransitionTime": _time(1)})
+    status: dict = {"conditions": conditions}
+    if reserved_on:
+        status["admission"] = {"clusterQueue": "cluster-queue", "podSetAssignments": [
+            {"name": "head", "flavors": {"cpu": "default-cpu", "memory": "default-cpu"}},
+            {"name": "tpu-group", "flavors": {"cpu": reserved_on, "google.com/tpu": reserved_on}}]}
+    meta: dict = {"name": "rayjob-job-1-abcde", "namespace": "default"}
+    if owner:
+        meta["ownerReferences"] = [{"kind": "RayJob", "name": owner, "apiVersion": "ray.io/v1", "uid": "u"}]
+    if recorded:
+        meta["annotations"] = {decisions.ADMITTED_FLAVOR_ANNOTATION: recorded}
+    return {"metadata": meta, "spec": {"queueName": queue, "active": active}, "status": status}
+
+
+def _decide(obj: dict, failover: str | None = None, stockout: datetime.datetime | None = None):
+    view = WorkloadView.from_object(obj)
+    return decide(CHAIN, view, view.queue_name, failover, stockout, GRACE, NOW)
+
+
+def test_an_admission_is_written_down_once():
+    assert _decide(workload(reserved_on="on-demand")) == RecordFlavor("on-demand")
+    assert _decide(workload(reserved_on="on-demand", recorded="on-demand")) is None
+
+
+def test_timeout_on_plan_a_moves_to_the_queue_that_starts_at_plan_b():
+    action = _decide(workload(evicted="PodsReadyTimeout", recorded="on-demand"))
+    assert isinstance(action, StartMove)
+    assert (action.move.from_flavor, action.move.to_flavor, action.move.to_local_queue, action.move.reason) == (
+        "on-demand", "dws", "user-queue-dws", "PodsReadyTimeout")
+    assert action.move.at == decisions.format_time(NOW)
+
+
+def test_timeout_without_a_record_assumes_the_queues_first_rung():
+    assert isinstance(_decide(workload(evicted="PodsReadyTimeout")), StartMove)
+
+
+@pytest.mark.parametrize("case", [
+    # Already on the last rung: there is nowhere further down.
+    dict(queue="user-queue", evicted="PodsReadyTimeout", recorded="dws"),
+    # Already moved: the Workload sits in the dws queue, Evicted stays True until it is admitted again.
+    dict(queue="user-queue-dws", evicted="PodsReadyTimeout", recorded="on-demand"),
+    # Another eviction reason (preemption, deactivation) is not a stockout.
+    dict(evicted="Preempted", recorded="on-demand"),
+    dict(evicted="InactiveWorkload", recorded="on-demand"),
+    # A queue outside the chain, and a Workload not owned by a RayJob.
+    dict(queue="someone-elses-queue", evicted="PodsReadyTimeout", recorded="on-demand"),
+    dict(owner=None, evicted="PodsReadyTimeout", recorded="on-demand"),
+])
+def test_no_move(case):
+    assert _decide(workload(**case)) is None
+
+
+def test_never_moves_up_the_chain():
+    # Admitted (somehow) on on-demand from the dws queue, then timed out: the target would be dws again.
+    assert _decide(workload(queue="user-queue-dws", evicted="PodsReadyTimeout", recorded="on-demand")) is None
+
+
+def test_stockout_reported_longer_than_the_grace_period_moves_early():
+    since = NOW - GRACE - datetime.timedelta(seconds=1)
+    action = _decide(workload(reserved_on="on-demand", recorded="on-demand"), stockout=since)
+    assert isinstance(action, StartMove) and action.move.reason == "Stockout" and action.move.to_flavor == "dws"
+
+
+def test_stockout_within_the_grace_period_waits():
+    since = NOW - GRACE + datetime.timedelta(seconds=1)
+    assert _decide(workload(reserved_on="on-demand", recorded="on-demand"), stockout=since) is None
+
+
+def test_no_early_move_on_a_rung_with_an_admission_check():
+    # DWS admits only once capacity is provisioned; its pods waiting is not a stockout signal.
+    since = NOW - datetime.timedelta(hours=1)
+    assert _decide(workload(reserved_on="dws", recorded="dws"), stockout=since) is None
+
+
+def test_a_move_in_progress_is_finished_before_anything_else():
+    pending = Move("on-demand", "dws", "user-queue-dws", "PodsReadyTimeout", _time(1))
+    action = _decide(workload(reserved_on="on-demand"), failover=pending.to_json())
+    assert action == FinishMove(pending)
+    assert _decide(workload(queue="user-queue-dws"), failover=pending.done().to_json()) is None
+
+
+def test_move_round_trips_through_its_annotation():
+    move = Move("on-demand", "dws", "user-queue-dws", "Stockout", _time(0))
+    assert Move.from_json(move.to_json()) == move
+    assert Move.from_json("not json") is None and Move.from_json(None) is None
+
+
+def _event(reason: str, message: str, pod: str, first: float, last: float, kind: str = "Pod") -> dict:
+    return {"reason": reason, "message": message, "involvedObject": {"kind": kind, "name": pod},
+            "firstTimestamp": _time(first), "lastTimestamp": _time(last)}
+
+
+STOCKOUT_MESSAGE = ("Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources. "
+                    "Pod is at risk of not being scheduled.")
+
+
+def test_stockout_since_reads_the_autoscalers_capacity_failures_on_the_jobs_tpu_pods():
+    admitted = NOW - datetime.timedelta(minutes=10)
+    events = [
+        _event("FailedScaleUp", STOCKOUT_MESSAGE, "worker-0", first=8, last=1),
+        _event("FailedScaleUp", STOCKOUT_MESSAGE, "worker-1", first=6, last=1),
+        _event("FailedScaleUp", STOCKOUT_MESSAGE, "someone-else", first=9, last=1),  # not our pod
+        _event("FailedScaleUp", "Node scale up ... failed: GCE quota exceeded.", "worker-0", first=9, last=1),
+        _event("TriggeredScaleUp", "pod triggered scale-up", "worker-0", first=9, last=9),
+        _event("FailedScaleUp", STOCKOUT_MESSAGE, "worker-0", first=30, last=20),  # before this admission
+    ]
+    assert stockout_since(events, {"worker-0", "worker-1"}, admitted) == NOW - datetime.timedelta(minutes=8)
+    assert stockout_since(events, {"worker-9"}, admitted) is None
+
+
+def test_a_stockout_seen_before_admission_counts_from_admission():
+    admitted = NOW - datetime.timedelta(minutes=2)
+    events = [_event("NotTriggerScaleUp", "ZONE_RESOURCE_POOL_EXHAUSTED in us-east5-b", "worker-0", first=30, last=0)]
+    assert stockout_since(events, {"worker-0"}, admitted) == admitted
+
+
+def test_move_message_says_why():
+    move = Move("on-demand", "dws", "user-queue-dws", "PodsReadyTimeout", _time(0))
+    assert decisions.move_message(move, "user-queue") == (
+        "moved from on-demand to dws (LocalQueue user-queue -> user-queue-dws): its pods were not ready within "
+        "Kueue's waitForPodsReady timeout")
