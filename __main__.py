@@ -7,6 +7,7 @@ import pulumi
 
 from infra.cluster import GkeCluster
 from infra.commands import next_steps
+from infra.failover import FailoverController
 from infra.kueue import Kueue
 from infra.settings import DEFAULTS, ConfigReader, read_platform_settings
 from infra.tpu_pool import TpuNodePool
@@ -30,8 +31,10 @@ pools = {
     for plan in platform.plans
 }
 
-# Kueue: the release and the queues that try plan A, then plan B.
+# Kueue: the release and the chain of queues that try plan A, then plan B.
 kueue = Kueue("kueue", platform, cluster.provider)
+# The failover controller moves a job down the chain when its rung's TPUs never come (a stockout).
+failover = FailoverController("failover", platform, kueue, cluster.provider) if len(kueue.queue_chain) > 1 else None
 
 # Workloads: the training RayJobs, queued by Kueue, which picks the plan.
 jobs = None

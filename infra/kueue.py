@@ -219,9 +219,9 @@ def _cluster_queue(settings: PlatformSettings, name: str, flavors: list[dict], i
     }
     if in_cohort:
         spec["cohortName"] = COHORT
-    dws = settings.flex_start
-    if dws.enabled and any(flavor["name"] == dws.flavor for flavor in flavors):
-        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": ADMISSION_CHECK, "onFlavors": [dws.flavor]}]}
+    checked = [flavor["name"] for flavor in flavors if flavor["name"] in rungs_with_admission_check(settings)]
+    if checked:
+        spec["admissionChecksStrategy"] = {"admissionChecks": [{"name": ADMISSION_CHECK, "onFlavors": checked}]}
     manifest = _manifest("ClusterQueue", name, spec)
     # `pulumi up` finishes only once Kueue reports the queue usable: its flavors and checks exist and, for
     # plan B, the ProvisioningRequest API answers. Ref: https://www.pulumi.com/blog/improved-kubernetes-await-logic/
@@ -247,6 +247,11 @@ def provisioning_request_config() -> dict:
             "valueFromProvisioningClassDetail": "ResizeRequestName",
         }]},
     })
+
+
+def rungs_with_admission_check(settings: PlatformSettings) -> frozenset[str]:
+    """The flavors Kueue admits on only after a ProvisioningRequest is provisioned (plan B's DWS)."""
+    return frozenset({settings.flex_start.flavor} if settings.flex_start.enabled else ())
 
 
 def admission_check() -> dict:

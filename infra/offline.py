@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import copy
 import hashlib
 import json
 import runpy
@@ -95,7 +96,8 @@ class Plan:
         for r in self.resources:
             if not r.type.startswith("kubernetes:") or r.type.startswith("kubernetes:helm.sh"):
                 continue
-            body = {k: v for k, v in r.outputs.items() if k not in ("id", "urn", "status")}
+            # Copies: callers edit manifests (tests break them on purpose), and plans are cached between tests.
+            body = copy.deepcopy({k: v for k, v in r.outputs.items() if k not in ("id", "urn", "status")})
             head = {k: body.pop(k) for k in ("apiVersion", "kind", "metadata") if k in body}
             manifests.append({**head, **body})
         # Registration order varies run to run; review and golden files need one order.

@@ -244,7 +244,7 @@ def test_destroy_order_queue_before_flavors_and_checks_local_queue_before_queue(
 def test_release_waits_for_its_namespace():
     plan = plan_for()
     release = plan.only(RELEASE)
-    namespace = plan.only("kubernetes:core/v1:Namespace")
+    namespace = plan.named("kueue-namespace")
     assert namespace.inputs["metadata"]["name"] == "kueue-system"
     assert namespace.urn in release.dependencies or namespace.urn in release.property_dependencies.get("namespace", [])
 

@@ -54,3 +54,11 @@ def test_preview_declares_the_same_graph_as_up():
     preview = OfflineEngine(preview=True).run(base_config("dev"))
     up = plan_for("dev")
     assert sorted((r.type, r.name) for r in preview.resources) == sorted((r.type, r.name) for r in up.resources)
+
+
+def test_manifests_are_copies_so_a_test_cannot_corrupt_a_cached_plan():
+    plan = plan_for()
+    first = plan.kubernetes_manifests()
+    first[0]["metadata"]["name"] = "changed"
+    first[0]["spec" if "spec" in first[0] else "metadata"]["extra"] = True
+    assert plan.kubernetes_manifests()[0]["metadata"]["name"] != "changed"

@@ -126,7 +126,7 @@ def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
 
 def test_script_configmap_is_auto_named_and_mounted_everywhere():
     plan = plan_for()
-    configmap = plan.only("kubernetes:core/v1:ConfigMap")
+    configmap = plan.named("training-script")
     assert "name" not in configmap.inputs["metadata"]  # auto-named: a new script replaces it cleanly
     assert configmap.inputs["data"] == {"train.py": SCRIPT_PATH.read_text()}
     name = configmap.outputs["metadata"]["name"]
@@ -191,7 +191,7 @@ def test_checkpoint_bucket_and_keyless_identity():
     binding = plan.only("gcp:serviceaccount/iAMMember:IAMMember").inputs
     assert binding["role"] == "roles/iam.workloadIdentityUser"
     assert binding["member"] == "serviceAccount:example-project.svc.id.goog[default/ray-training]"
-    ksa = plan.only("kubernetes:core/v1:ServiceAccount").inputs
+    ksa = plan.named("training-ksa").inputs
     assert ksa["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": email}
     assert not [r for r in plan.resources if r.type == "gcp:serviceaccount/key:Key"]
 

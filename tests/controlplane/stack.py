@@ -8,6 +8,7 @@ the object to be gone, as pulumi-kubernetes does (provider/pkg/await/await.go: u
 
 from __future__ import annotations
 
+import copy
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -69,7 +70,7 @@ def creation_order(plan: Plan) -> list[Step]:
         if resource.type == HELM_RELEASE:
             steps.append(Step(resource, None))
         elif resource.type.startswith("kubernetes:") and resource.custom and "apiVersion" in resource.outputs:
-            body = {k: v for k, v in resource.outputs.items() if k not in ("id", "urn", "status")}
+            body = copy.deepcopy({k: v for k, v in resource.outputs.items() if k not in ("id", "urn", "status")})
             steps.append(Step(resource, body))
     return steps
 

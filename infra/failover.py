@@ -1,0 +1,129 @@
+"""The failover controller on the cluster: moves a job down the queue chain when its rung's TPUs never come.
+
+Its code is the `failover/` package, shipped in a ConfigMap named after its content (a change rolls the
+Deployment), run by a pinned Python image that installs the pinned client from failover/requirements.txt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
+from infra.settings import PlatformSettings
+
+PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
+PACKAGE_FILES = ("__init__.py", "__main__.py", "controller.py", "decisions.py", "requirements.txt")
+# The image's Python is the one the tests run the controller with (3.11); a patch release, pinned.
+PYTHON_IMAGE = "python:3.11.14-slim"
+NAMESPACE = "tpu-fallback-system"
+NAME = "failover-controller"
+CODE_MOUNT = "/opt/failover"
+DEPS_DIR = "/tmp/deps"  # pip installs here at start: the root filesystem stays untouched, the user unprivileged
+HEALTH_PORT = 8080
+RESYNC_SECONDS = 5
+
+# Least privilege: read Workloads, RayJobs, pods and events; write only what a move changes.
+RBAC_RULES = (
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "patch"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "patch"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create"]},
+)
+
+
+def package_sources() -> dict[str, str]:
+    return {name: (PACKAGE_DIR / name).read_text() for name in PACKAGE_FILES}
+
+
+def code_configmap_name(sources: dict[str, str]) -> str:
+    digest = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:10]
+    return f"{NAME}-code-{digest}"
+
+
+def chain_config(kueue: Kueue, settings: PlatformSettings) -> str:
+    """The chain as the controller reads it (FAILOVER_CHAIN): the stack's queueChain plus which rungs have a check."""
+    checked = rungs_with_admission_check(settings)
+    return json.dumps([{**rung.as_output(), "admissionCheck": rung.flavor in checked} for rung in kueue.queue_chain])
+
+
+def deployment(settings: PlatformSettings, chain: str, configmap: str) -> dict:
+    run = (f"pip install --quiet --no-cache-dir --target {DEPS_DIR} -r {CODE_MOUNT}/requirements.txt "
+           f"&& exec python -m failover")
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": {"app": NAME}},
+        "spec": {
+            "replicas": 1,  # moves are idempotent, so a second replica during a rollout is harmless
+            "selector": {"matchLabels": {"app": NAME}},
+            "template": {
+                "metadata": {"labels": {"app": NAME}},
+                "spec": {
+                    "serviceAccountName": NAME,
+                    "nodeSelector": {NODEPOOL_LABEL_KEY: settings.system_pool.name},
+                    "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
+                    "containers": [{
+                        "name": "controller",
+                        "image": PYTHON_IMAGE,
+                        "command": ["sh", "-c", run],
+                        "workingDir": str(Path(CODE_MOUNT).parent),
+                        "env": [
+                            {"name": "PYTHONPATH", "value": DEPS_DIR},
+                            {"name": "HOME", "value": "/tmp"},
+                            {"name": "FAILOVER_CHAIN", "value": chain},
+                            {"name": "FAILOVER_GRACE_SECONDS",
+                             "value": str(settings.fallback.stockout_grace_period_seconds)},
+                            {"name": "FAILOVER_RESYNC_SECONDS", "value": str(RESYNC_SECONDS)},
+                            {"name": "FAILOVER_HEALTH_PORT", "value": str(HEALTH_PORT)},
+                        ],
+                        "ports": [{"name": "health", "containerPort": HEALTH_PORT}],
+                        # The first pass comes after pip: give it a minute before the probe counts.
+                        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"},
+                                          "initialDelaySeconds": 60, "periodSeconds": 20, "failureThreshold": 3},
+                        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
+                                      "limits": {"memory": "512Mi"}},
+                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+                        "volumeMounts": [{"name": "code", "mountPath": CODE_MOUNT, "readOnly": True}],
+                    }],
+                    "volumes": [{"name": "code", "configMap": {"name": configmap}}],
+                },
+            },
+        },
+    }
+
+
+class FailoverController(pulumi.ComponentResource):
+    """Namespace, ServiceAccount, ClusterRole and binding, the code's ConfigMap and the Deployment."""
+
+    def __init__(self, name: str, settings: PlatformSettings, kueue: Kueue, provider: k8s.Provider,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-fallback:infra:FailoverController", name, None, opts)
+        on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
+        namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE}, opts=on_cluster)
+        in_namespace = pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[namespace]))
+        account = k8s.core.v1.ServiceAccount(f"{name}-account", metadata={"name": NAME, "namespace": NAMESPACE},
+                                             opts=in_namespace)
+        role = k8s.rbac.v1.ClusterRole(f"{name}-role", metadata={"name": f"tpu-fallback-{NAME}"},
+                                       rules=[dict(rule) for rule in RBAC_RULES], opts=on_cluster)
+        binding = k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-binding", metadata={"name": f"tpu-fallback-{NAME}"},
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                      "name": f"tpu-fallback-{NAME}"},
+            subjects=[{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
+            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[role, account])))
+        sources = package_sources()
+        self.configmap_name = code_configmap_name(sources)
+        code = k8s.core.v1.ConfigMap(f"{name}-code", metadata={"name": self.configmap_name, "namespace": NAMESPACE},
+                                     data=sources, opts=in_namespace)
+        manifest = deployment(settings, chain_config(kueue, settings), self.configmap_name)
+        # After Kueue: the Workload API must exist before the controller lists it.
+        self.deployment = k8s.apps.v1.Deployment(
+            f"{name}-deployment", metadata=manifest["metadata"], spec=manifest["spec"],
+            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
+                depends_on=[code, binding, kueue.release])))
+        self.register_outputs({"namespace": NAMESPACE, "deployment": NAME})

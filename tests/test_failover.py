@@ -1,0 +1,96 @@
+"""The failover controller's objects in the plan: least-privilege RBAC, the code it runs, its pins and config."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import json
+
+from infra import failover
+from tests.conftest import plan_for
+
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+
+
+def _container(plan) -> dict:
+    (container,) = plan.only(DEPLOYMENT).inputs["spec"]["template"]["spec"]["containers"]
+    return container
+
+
+def _env(plan) -> dict[str, str]:
+    return {item["name"]: item["value"] for item in _container(plan)["env"]}
+
+
+def test_dev_deploys_the_controller_on_the_cpu_pool_with_its_own_account():
+    plan = plan_for()
+    spec = plan.only(DEPLOYMENT).inputs["spec"]["template"]["spec"]
+    assert plan.only(DEPLOYMENT).inputs["metadata"]["namespace"] == failover.NAMESPACE
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "default-pool"}
+    assert spec["serviceAccountName"] == failover.NAME
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    account = plan.named("failover-account").inputs["metadata"]
+    assert (account["name"], account["namespace"]) == (failover.NAME, failover.NAMESPACE)
+
+
+def test_rbac_is_exactly_what_a_move_needs():
+    plan = plan_for()
+    role = plan.only("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole").inputs
+    assert role["rules"] == [
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create"]},
+    ]
+    binding = plan.only("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding").inputs
+    assert binding["roleRef"]["name"] == role["metadata"]["name"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": failover.NAME,
+                                    "namespace": failover.NAMESPACE}]
+
+
+def test_the_controller_runs_the_repositorys_failover_package_at_the_pinned_versions():
+    plan = plan_for()
+    code = plan.named("failover-code").inputs
+    assert code["data"] == {name: (failover.PACKAGE_DIR / name).read_text() for name in failover.PACKAGE_FILES}
+    volumes = plan.only(DEPLOYMENT).inputs["spec"]["template"]["spec"]["volumes"]
+    assert volumes == [{"name": "code", "configMap": {"name": code["metadata"]["name"]}}]
+    container = _container(plan)
+    assert container["image"] == failover.PYTHON_IMAGE and ":" in container["image"]
+    assert "latest" not in container["image"]
+    assert "-r /opt/failover/requirements.txt" in container["command"][-1]
+    assert container["command"][-1].endswith("exec python -m failover")
+
+
+def test_a_changed_controller_gets_a_new_configmap_so_the_deployment_rolls():
+    sources = failover.package_sources()
+    changed = {**sources, "decisions.py": sources["decisions.py"] + "\n# changed\n"}
+    assert failover.code_configmap_name(sources) != failover.code_configmap_name(changed)
+
+
+def test_pins_are_exact_and_what_the_tests_run_with():
+    for line in (failover.PACKAGE_DIR / "requirements.txt").read_text().splitlines():
+        requirement = line.split("#", 1)[0].strip()
+        if requirement:
+            name, _, version = requirement.partition("==")
+            assert version, f"{requirement} is not pinned"
+            assert importlib.metadata.version(name) == version
+
+
+def test_the_controller_gets_the_chain_and_the_grace_period_from_the_stack():
+    plan = plan_for("dev", {"fallback": {"podsReadyTimeout": "10m", "stockoutGracePeriod": "90s"}})
+    env = _env(plan)
+    chain = json.loads(env["FAILOVER_CHAIN"])
+    assert [{k: v for k, v in rung.items() if k != "admissionCheck"} for rung in chain] == plan.outputs["queueChain"]
+    assert [rung["admissionCheck"] for rung in chain] == [False, True]
+    assert env["FAILOVER_GRACE_SECONDS"] == "90"
+    probe = _container(plan)["livenessProbe"]["httpGet"]
+    assert probe["path"] == "/healthz" and str(failover.HEALTH_PORT) == env["FAILOVER_HEALTH_PORT"]
+
+
+def test_the_controller_waits_for_kueue_its_code_and_its_rights():
+    plan = plan_for()
+    deployment = plan.only(DEPLOYMENT)
+    for name in ("kueue-release", "failover-code", "failover-binding"):
+        assert plan.named(name).urn in deployment.dependencies, name
+
+
+def test_a_single_rung_stack_has_no_controller():
+    assert plan_for("team-c-us-west4-a").of_type(DEPLOYMENT) == []
