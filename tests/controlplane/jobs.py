@@ -6,6 +6,7 @@ import datetime
 from dataclasses import dataclass
 
 from infra.kueue import KUEUE_API_VERSION
+from workloads.rayjob import QUEUE_LABEL  # noqa: F401 - the label tests read and rewrite
 from tests.controlplane.kube import Kube, condition, condition_reason, wait_for
 
 RAYJOB = ("ray.io/v1", "RayJob")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import socket
 import ssl
@@ -46,13 +45,14 @@ class Supervisor:
     logs: Path
     processes: list[Process] = field(default_factory=list)
 
-    def start(self, name: str, argv: list[str]) -> Process:
+    def start(self, name: str, argv: list[str], env: dict[str, str] | None = None,
+              cwd: Path | None = None) -> Process:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
         with log.open("ab") as sink:
             # A session of its own: a signal to the test runner's group never reaches it, and we stop it alone.
             popen = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                     start_new_session=True)
+                                     start_new_session=True, env=env, cwd=cwd)
         process = Process(name, popen, log)
         self.processes.append(process)
         return process
@@ -96,10 +96,3 @@ def http_ok(url: str, context: ssl.SSLContext | None = None, expect: str | None 
     except (urllib.error.URLError, ConnectionError, TimeoutError, ssl.SSLError):
         return False
 
-
-def process_group_alive(pid: int) -> bool:
-    try:
-        os.killpg(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True

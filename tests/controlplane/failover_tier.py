@@ -1,0 +1,132 @@
+"""The failover controller on the tier: the stack's platform with a short PodsReady timeout, the controller run
+from `failover/` with its ServiceAccount's token (not admin), and what the tests play: KubeRay and GKE's autoscaler.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import os
+import sys
+import time
+from dataclasses import dataclass
+
+from infra import failover as stack_failover
+from infra.offline import Plan
+from tests.conftest import REPO, plan_for
+from tests.controlplane import jobs
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.kube import Kube, wait_for
+from tests.controlplane.processes import Process, free_port, http_ok
+from tests.controlplane.stack import deploy, release_values
+
+# Short enough for tests, through stack config as a user would set it (Kueue is configured from the release).
+PODS_READY_TIMEOUT_SECONDS = 30  # the smallest the stack accepts
+GRACE_SECONDS = 4
+RESYNC_SECONDS = 1  # the Deployment's default is 5 s; one second keeps the tests short
+NAMESPACE = "default"
+STOCKOUT_MESSAGE = ("Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources. "
+                    "Pod is at risk of not being scheduled.")
+
+
+def platform_plan(pods_ready_timeout: int = PODS_READY_TIMEOUT_SECONDS, grace: int = GRACE_SECONDS) -> Plan:
+    """The dev stack's platform (no jobs: the tests submit their own) with the fallback timings given."""
+    return plan_for("dev", {"fallback": {"podsReadyTimeout": f"{pods_ready_timeout}s",
+                                         "stockoutGracePeriod": f"{grace}s"},
+                            "workloads": {"jobs": 0}})
+
+
+def rayjob(name: str, queue: str = "user-queue") -> dict:
+    """The dev stack's RayJob, renamed and queued on `queue`."""
+    (template,) = [m for m in plan_for().kubernetes_manifests() if m["kind"] == "RayJob"][:1]
+    job = copy.deepcopy(template)
+    job["metadata"]["name"] = name
+    job["metadata"]["labels"][jobs.QUEUE_LABEL] = queue
+    return job
+
+
+@dataclass
+class FailoverTier:
+    plane: ControlPlane
+    plan: Plan
+    controller: Process | None = None
+
+    @property
+    def kube(self) -> Kube:
+        return self.plane.kube
+
+    def start(self) -> FailoverTier:
+        self.plane.start()
+        deploy(self.kube, self.plan)  # the controller's Deployment, RBAC and code included: the server judges them
+        return self
+
+    def controller_env(self) -> dict[str, str]:
+        """The Deployment's own environment, with the tier's credentials: the controller's ServiceAccount."""
+        (deployment,) = [m for m in self.plan.kubernetes_manifests() if m["kind"] == "Deployment"]
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {item["name"]: item["value"] for item in container["env"] if item["name"].startswith("FAILOVER_")}
+        port = free_port()
+        kubeconfig = self.plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
+        return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(RESYNC_SECONDS),
+                "FAILOVER_HEALTH_PORT": str(port), "KUBECONFIG": str(kubeconfig)}
+
+    def start_controller(self) -> Process:
+        env = self.controller_env()
+        self.controller = self.plane.supervisor.start("failover", [sys.executable, "-m", "failover"], env=env,
+                                                      cwd=REPO)
+        url = f"http://127.0.0.1:{env['FAILOVER_HEALTH_PORT']}/healthz"
+        self.plane.supervisor.wait_until(self.controller, lambda: http_ok(url), 30, "/healthz")
+        return self.controller
+
+    def stop_controller(self) -> None:
+        if self.controller is not None:
+            self.plane.supervisor.stop(self.controller)
+            self.controller = None
+
+    def submit(self, name: str, queue: str = "user-queue") -> float:
+        """Create a RayJob and wait for Kueue's first decision; the monotonic time it was created."""
+        created = time.monotonic()
+        self.kube.create(rayjob(name, queue))
+        wait_for(lambda: jobs.decided(jobs.workload_of(self.kube, NAMESPACE, name)), 30, f"Kueue's decision on {name}")
+        return created
+
+    def delete_all_jobs(self) -> None:
+        for job in self.kube.list(*jobs.RAYJOB, namespace=NAMESPACE):
+            self.kube.delete(*jobs.RAYJOB, job["metadata"]["name"], NAMESPACE, propagation="Background")
+        for pod in self.kube.list("v1", "Pod", namespace=NAMESPACE):
+            self.kube.delete("v1", "Pod", pod["metadata"]["name"], NAMESPACE, propagation="Background")
+        wait_for(lambda: not self.kube.list(*jobs.WORKLOAD, namespace=NAMESPACE), 60, "no Workload left")
+
+    def play_kuberay_and_a_stockout(self, job: str) -> None:
+        """What a GKE cluster shows in a stockout: KubeRay's RayCluster and TPU worker pod, and the autoscaler's
+        FailedScaleUp event for lack of capacity on it."""
+        cluster = f"{job}-raycluster"
+        self.kube.patch(*jobs.RAYJOB, job, {"status": {"rayClusterName": cluster}}, namespace=NAMESPACE,
+                        subresource="status")
+        (worker,) = rayjob(job)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+        pod_name = f"{cluster}-tpu-group-worker-0"
+        container = copy.deepcopy(worker["template"]["spec"]["containers"][0])
+        container.pop("volumeMounts", None)
+        self.kube.create({"apiVersion": "v1", "kind": "Pod",
+                          "metadata": {"name": pod_name, "namespace": NAMESPACE,
+                                       "labels": {"ray.io/cluster": cluster, "ray.io/group": worker["groupName"],
+                                                  "ray.io/node-type": "worker"}},
+                          "spec": {"containers": [container]}})
+        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        self.kube.create({"apiVersion": "v1", "kind": "Event",
+                          "metadata": {"name": f"{pod_name}.stockout", "namespace": NAMESPACE},
+                          "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod_name,
+                                             "namespace": NAMESPACE},
+                          "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
+                          "source": {"component": "cluster-autoscaler"}, "count": 1,
+                          "firstTimestamp": now, "lastTimestamp": now})
+
+    def moves_recorded(self, job: str) -> list[dict]:
+        return [e for e in self.kube.list("v1", "Event", namespace=NAMESPACE)
+                if e["involvedObject"].get("kind") == "RayJob" and e["involvedObject"]["name"] == job
+                and e["reason"] == "MovedToNextRung"]
+
+
+def start_failover_tier(**timings) -> FailoverTier:
+    plan = platform_plan(**timings)
+    return FailoverTier(ControlPlane(release_values(plan)), plan).start()

@@ -1,0 +1,157 @@
+"""The failover controller against a real kube-apiserver 1.36 and Kueue 0.19.2, with its ServiceAccount's rights.
+
+There is no kubelet, so pods never become ready: a natural stockout. Kueue runs with what the chart renders from
+the stack's values, with `fallback.podsReadyTimeout: 30s` and `stockoutGracePeriod: 4s` set through stack config.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from failover import decisions
+from infra import kueue as stack_kueue
+from tests.controlplane import jobs
+from tests.controlplane.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS, RESYNC_SECONDS,
+                                              start_failover_tier)
+from tests.controlplane.kube import wait_for
+
+pytestmark = pytest.mark.controlplane
+
+# Kueue evicts at the timeout; the controller acts within a pass; Kueue then reserves dws and creates the request.
+TIME_TO_PLAN_B_SLACK = 10
+
+
+@pytest.fixture(scope="module")
+def tier():
+    tier = start_failover_tier()
+    tier.start_controller()
+    yield tier
+    tier.plane.stop()
+
+
+@pytest.fixture
+def clean(tier):
+    yield tier
+    if tier.controller is None:
+        tier.start_controller()
+    tier.delete_all_jobs()
+
+
+def _failover(tier, job: str) -> decisions.Move | None:
+    rayjob = tier.kube.get(*jobs.RAYJOB, job, NAMESPACE)
+    return decisions.Move.from_json((rayjob["metadata"].get("annotations") or {}).get(decisions.FAILOVER_ANNOTATION))
+
+
+def _queue(tier, job: str) -> tuple[str, str]:
+    """(the RayJob's queue label, its Workload's spec.queueName)."""
+    rayjob = tier.kube.get(*jobs.RAYJOB, job, NAMESPACE)
+    return rayjob["metadata"]["labels"][jobs.QUEUE_LABEL], jobs.workload_of(tier.kube, NAMESPACE, job)["spec"]["queueName"]
+
+
+def test_the_controllers_objects_are_accepted_and_its_rbac_is_enough(tier):
+    for kind, name in (("Deployment", "failover-controller"), ("ConfigMap", None)):
+        found = [m for m in tier.plan.kubernetes_manifests() if m["kind"] == kind]
+        assert found and all(tier.kube.get(m["apiVersion"], kind, m["metadata"]["name"],
+                                           m["metadata"].get("namespace")) for m in found), kind
+    # The controller runs with its ServiceAccount's token and completes passes (its health says so).
+    assert tier.controller.alive()
+    assert "Forbidden" not in tier.controller.tail(200)
+
+
+def test_capacity_is_counted_once_across_the_chain(clean):
+    tier = clean
+    tier.submit("fill-on-demand")
+    tier.submit("borrow-dws", queue="user-queue")  # plan A full: reserves dws, whose quota cluster-queue-dws holds
+    tier.submit("direct-dws", queue="user-queue-dws")
+    flavors = {job: jobs.decision(tier.kube, NAMESPACE, job).flavor
+               for job in ("fill-on-demand", "borrow-dws", "direct-dws")}
+    assert flavors == {"fill-on-demand": "on-demand", "borrow-dws": "dws", "direct-dws": None}, flavors
+
+
+def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
+    tier = clean
+    created = tier.submit("stockout-timeout")
+    assert jobs.decision(tier.kube, NAMESPACE, "stockout-timeout").flavor == "on-demand"
+    request = jobs.wait_provisioning_request(tier.kube, NAMESPACE, "stockout-timeout",
+                                             timeout=PODS_READY_TIMEOUT_SECONDS + 30)
+    time_to_plan_b = time.monotonic() - created
+    print(f"timeout path: RayJob created -> dws ProvisioningRequest in {time_to_plan_b:.1f} s "
+          f"(podsReadyTimeout {PODS_READY_TIMEOUT_SECONDS} s)")
+    assert time_to_plan_b <= PODS_READY_TIMEOUT_SECONDS + TIME_TO_PLAN_B_SLACK
+    assert request["spec"]["provisioningClassName"] == stack_kueue.PROVISIONING_CLASS
+    assert _queue(tier, "stockout-timeout") == ("user-queue-dws", "user-queue-dws")
+    move = wait_for(lambda: (m := _failover(tier, "stockout-timeout")) and m.state == decisions.MOVED and m, 10,
+                    "the move recorded")
+    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", "PodsReadyTimeout")
+    assert [e["message"] for e in tier.moves_recorded("stockout-timeout")] == [
+        decisions.move_message(move, "user-queue")]
+    assert "default/stockout-timeout: moved from on-demand to dws" in tier.controller.tail(50)
+
+    jobs.mark_provisioned(tier.kube, request, "tier-resize-timeout")
+    wait_for(lambda: jobs.decision(tier.kube, NAMESPACE, "stockout-timeout").admitted, 20, "Admitted on dws")
+    assert jobs.decision(tier.kube, NAMESPACE, "stockout-timeout").flavor == "dws"
+
+    # On dws the pods never come either: Kueue evicts it again, and the controller moves nothing: it is on the
+    # last rung. Passes keep seeing the same Evicted condition (a repeated event): still one move, one Event.
+    wait_for(lambda: jobs.workload_of(tier.kube, NAMESPACE, "stockout-timeout")["status"].get("requeueState"),
+             PODS_READY_TIMEOUT_SECONDS + 15, "the eviction from dws")
+    time.sleep(3 * RESYNC_SECONDS)
+    assert _queue(tier, "stockout-timeout") == ("user-queue-dws", "user-queue-dws")
+    assert _failover(tier, "stockout-timeout") == move
+    assert len(tier.moves_recorded("stockout-timeout")) == 1
+
+
+def test_early_path_moves_on_the_autoscalers_stockout_before_the_timeout(clean):
+    tier = clean
+    tier.submit("stockout-early")
+    admitted = time.monotonic()
+    tier.play_kuberay_and_a_stockout("stockout-early")
+    jobs.wait_provisioning_request(tier.kube, NAMESPACE, "stockout-early", timeout=PODS_READY_TIMEOUT_SECONDS)
+    time_to_plan_b = time.monotonic() - admitted
+    print(f"early path: stockout reported -> dws ProvisioningRequest in {time_to_plan_b:.1f} s "
+          f"(grace {GRACE_SECONDS} s)")
+    assert time_to_plan_b < PODS_READY_TIMEOUT_SECONDS
+    assert time_to_plan_b <= GRACE_SECONDS + TIME_TO_PLAN_B_SLACK
+    move = _failover(tier, "stockout-early")
+    assert (move.reason, move.state) == ("Stockout", decisions.MOVED)
+    workload = jobs.workload_of(tier.kube, NAMESPACE, "stockout-early")
+    assert workload["spec"].get("active", True) is True  # it always ends active
+
+
+def test_a_job_outside_the_chain_is_left_alone(clean):
+    tier = clean
+    tier.kube.create({"apiVersion": stack_kueue.KUEUE_API_VERSION, "kind": "LocalQueue",
+                      "metadata": {"name": "outside-queue", "namespace": NAMESPACE},
+                      "spec": {"clusterQueue": stack_kueue.CLUSTER_QUEUE}})
+    try:
+        tier.submit("outside", queue="outside-queue")
+        wait_for(lambda: jobs.workload_of(tier.kube, NAMESPACE, "outside")["status"].get("requeueState"),
+                 PODS_READY_TIMEOUT_SECONDS + 15, "the PodsReady eviction")
+        time.sleep(3 * RESYNC_SECONDS)
+        assert _queue(tier, "outside") == ("outside-queue", "outside-queue")
+        assert _failover(tier, "outside") is None
+    finally:
+        tier.delete_all_jobs()
+        tier.kube.delete(stack_kueue.KUEUE_API_VERSION, "LocalQueue", "outside-queue", NAMESPACE)
+
+
+def test_a_restart_mid_move_finishes_the_move(clean):
+    tier = clean
+    tier.stop_controller()
+    tier.submit("restart")
+    # What a controller that crashed after its first two writes leaves: the intent, and the Workload inactive.
+    move = decisions.Move("on-demand", "dws", "user-queue-dws", "Stockout", "2026-11-30T00:00:00Z")
+    tier.kube.patch(*jobs.RAYJOB, "restart", {"metadata": {"annotations": {
+        decisions.FAILOVER_ANNOTATION: move.to_json()}}}, namespace=NAMESPACE)
+    workload = jobs.workload_of(tier.kube, NAMESPACE, "restart")
+    tier.kube.patch(*jobs.WORKLOAD, workload["metadata"]["name"], {"spec": {"active": False}}, namespace=NAMESPACE)
+    wait_for(lambda: jobs.suspended(tier.kube.get(*jobs.RAYJOB, "restart", NAMESPACE)), 20, "Kueue suspends it")
+
+    tier.start_controller()
+    jobs.wait_provisioning_request(tier.kube, NAMESPACE, "restart", timeout=20)
+    assert _queue(tier, "restart") == ("user-queue-dws", "user-queue-dws")
+    assert jobs.workload_of(tier.kube, NAMESPACE, "restart")["spec"].get("active", True) is True
+    assert _failover(tier, "restart") == move.done()
+    assert len(tier.moves_recorded("restart")) == 1
