@@ -9,8 +9,9 @@ def test_next_steps_name_this_stacks_cluster_queues_and_jobs():
     steps = plan_for().outputs["nextSteps"]
     assert steps[0] == ("gcloud container clusters get-credentials tpu-cluster "
                         "--location=us-east5-b --project=example-project")
-    assert "kubectl get clusterqueue cluster-queue" in steps
-    assert "kubectl get localqueue user-queue -n default" in steps
+    assert "kubectl get clusterqueue cluster-queue cluster-queue-dws" in steps
+    assert "kubectl get localqueue user-queue user-queue-dws -n default" in steps
+    assert "kubectl logs -n tpu-fallback-system deploy/failover-controller" in steps
     assert ('gcloud container node-pools describe dws-pool --cluster=tpu-cluster --location=us-east5-b '
             '--project=example-project --format="get(config.flexStart)"') in steps
     assert "kubectl logs -f job/rayjob-tpu-v6e-dws-1" in steps
@@ -21,3 +22,4 @@ def test_next_steps_check_every_plan_b_pool_and_none_without_plan_b():
     assert sum("node-pools describe team-c-dws-" in step for step in team_c) == 2
     without_b = plan_for(overrides={"flexStart": {"maxSlices": 0}}).outputs["nextSteps"]
     assert not any("flexStart" in step for step in without_b)
+    assert not any("failover" in step for step in team_c + without_b)  # one rung: no controller
