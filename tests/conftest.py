@@ -61,6 +61,13 @@ def crd_schemas() -> Path:
 CONTROLPLANE_MARK = "controlplane"
 
 
+def pytest_terminal_summary(terminalreporter):
+    # Shown under -q too (a report header is not): which of Google's schemas judged the GCP half.
+    from tests.gcp_schema import discovery_header
+
+    terminalreporter.write_line(discovery_header())
+
+
 def pytest_configure(config):
     config.addinivalue_line("markers", f"{CONTROLPLANE_MARK}: runs against the real etcd + kube-apiserver + Kueue "
                                        "tier (first run builds it: see README); leave out with -m 'not controlplane'")
@@ -74,8 +81,9 @@ def _tier_unavailable_or_fail(message: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def control_plane():
-    """One control plane for the session, started on free ports in a temp dir and stopped at the end."""
+def control_plane(request):
+    """One control plane for the session, started on free ports in a temp dir and stopped at the end; its logs
+    (etcd, kube-apiserver, kube-controller-manager, Kueue) are kept when a test failed."""
     import shutil
 
     from tests.controlplane import build
@@ -91,4 +99,7 @@ def control_plane():
 
     plane = ControlPlane(release_values(plan_for("dev"))).start()
     yield plane
-    plane.stop()
+    failed = request.session.testsfailed > 0
+    plane.stop(keep_workdir=failed)
+    if failed:
+        print(f"\ncontrol plane logs kept in {plane.supervisor.logs}", file=sys.__stderr__, flush=True)

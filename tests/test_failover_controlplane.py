@@ -50,6 +50,12 @@ def _queue(tier, job: str) -> tuple[str, str]:
     return rayjob["metadata"]["labels"][jobs.QUEUE_LABEL], jobs.workload_of(tier.kube, NAMESPACE, job)["spec"]["queueName"]
 
 
+def test_kueue_runs_the_timeout_the_stack_config_sets(tier):
+    # Set as `fallback.podsReadyTimeout` in stack config, passed through the Helm values, rendered by the chart.
+    assert tier.plane.kueue_config["waitForPodsReady"]["timeout"] == f"{PODS_READY_TIMEOUT_SECONDS}s"
+    assert tier.plane.kueue.alive()
+
+
 def test_the_controllers_objects_are_accepted_and_its_rbac_is_enough(tier):
     for kind, name in (("Deployment", "failover-controller"), ("ConfigMap", None)):
         found = [m for m in tier.plan.kubernetes_manifests() if m["kind"] == kind]
