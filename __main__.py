@@ -9,7 +9,7 @@ from infra.cluster import GkeCluster
 from infra.commands import next_steps
 from infra.failover import FailoverController
 from infra.kueue import Kueue
-from infra.settings import DEFAULTS, ConfigReader, read_platform_settings
+from infra.settings import DEFAULTS, ConfigReader, read_platform_settings, tpu_quota
 from infra.tpu_pool import TpuNodePool
 from workloads.jobs import PlatformHandles, TrainingJobs
 from workloads.settings import read_workload_settings
@@ -45,8 +45,10 @@ if workloads.enabled and workloads.jobs > 0:
 pulumi.export("clusterName", cluster.cluster.name)
 pulumi.export("kubeconfig", cluster.kubeconfig)
 pulumi.export("nodePools", {key: pool.pool_names for key, pool in pools.items()})
-# The TPU quota each plan needs in the zone: on-demand for plan A, preemptible for plan B (flex-start).
+# The TPU chips each rung needs in the zone, and the quota they draw on (on-demand, preemptible: Spot and
+# flex-start, reserved).
 pulumi.export("tpuChips", {plan.config_key: plan.chips(platform.tpu) for plan in platform.plans})
+pulumi.export("tpuQuota", tpu_quota(platform))
 pulumi.export("flexStart", pools["flexStart"].flex_start if "flexStart" in pools else {})
 pulumi.export("localQueue", kueue.local_queue_name)
 # The queues a job can be moved down to after a stockout, first rung first (for a failover controller).

@@ -20,7 +20,7 @@ def next_steps(settings: PlatformSettings, job_names: list[str]) -> list[str]:
     if len(chain) > 1:  # the failover controller: one log line per move, and the Events it records
         steps.append(f"kubectl logs -n {failover.NAMESPACE} deploy/{failover.NAME}")
         steps.append(f"kubectl get events -n {LOCAL_QUEUE_NAMESPACE} --field-selector reason=MovedToNextRung")
-    if settings.flex_start.enabled:
+    if settings.flex_start is not None:
         for pool in settings.flex_start.pool_names(settings.tpu):
             steps.append(f"gcloud container node-pools describe {pool} --cluster={settings.cluster_name} "
                          f'{location} --format="get(config.flexStart)"')

@@ -14,6 +14,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from infra.rungs import SPOT_LABEL_KEY
 from infra.settings import PlanSettings, PlatformSettings
 from infra.tpu import TPU_RESOURCE
 from infra.tpu_pool import PLAN_LABEL_KEY
@@ -131,6 +132,11 @@ def default_flavor(settings: PlatformSettings) -> dict:
 
 def plan_flavor(plan: PlanSettings) -> dict:
     spec: dict = {"nodeLabels": {PLAN_LABEL_KEY: plan.flavor}}
+    if plan.kind.spot:
+        # GKE's own label on Spot nodes, and the toleration of the taint our Spot pools carry: Kueue adds both to
+        # every pod it admits on this flavor. Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/spot-vms
+        spec["nodeLabels"][SPOT_LABEL_KEY] = "true"
+        spec["tolerations"] = [{**tolerate_no_schedule(SPOT_LABEL_KEY), "operator": "Equal", "value": "true"}]
     if plan.flex_start:
         # GKE taints queued-provisioning nodes itself; Kueue adds this toleration to every pod it admits on
         # the flavor, so a job that forgot it still lands. Ref: https://kueue.sigs.k8s.io/docs/concepts/resource_flavor/
@@ -251,7 +257,7 @@ def provisioning_request_config() -> dict:
 
 def rungs_with_admission_check(settings: PlatformSettings) -> frozenset[str]:
     """The flavors Kueue admits on only after a ProvisioningRequest is provisioned (plan B's DWS)."""
-    return frozenset({settings.flex_start.flavor} if settings.flex_start.enabled else ())
+    return frozenset(plan.flavor for plan in settings.plans if plan.kind.admission_check)
 
 
 def admission_check() -> dict:
@@ -299,7 +305,7 @@ class Kueue(pulumi.ComponentResource):
         flavors = [self._object(default_flavor(settings))]
         flavors += [self._object(plan_flavor(plan)) for plan in settings.plans]
         checks = []
-        if settings.flex_start.enabled:
+        if settings.flex_start is not None:
             config = self._object(provisioning_request_config())
             checks.append(self._object(admission_check(), after=[config]))
         self.queue_chain = queue_chain(settings)

@@ -15,6 +15,7 @@ from typing import Any
 import pulumi
 
 from infra.cpu import CpuMachineType, lookup_cpu_machine
+from infra.rungs import RESERVATION_AFFINITY_KEY, RUNG_KINDS, RungKind
 from infra.tpu import MACHINE_TYPES, ZONES_AS_OF, TpuSlice, lookup_slice
 
 NAMESPACE = "tpu-fallback"
@@ -28,8 +29,11 @@ DEFAULTS: Mapping[str, Any] = {
     "deletionProtection": False,
     "systemPool": {"machineType": "n2-standard-16", "nodeCount": 3},
     "tpu": {"machineType": "ct6e-standard-4t", "topology": "4x4", "allowUnlistedZone": False},
+    "reservation": {"nodePool": "reserved-pool", "reservations": []},
     "onDemand": {"nodePool": "on-demand-pool", "maxSlices": 1},
+    "spot": {"nodePool": "spot-pool", "maxSlices": 0},
     "flexStart": {"nodePool": "dws-pool", "maxSlices": 1},
+    "rungOrder": [],
     "kueue": {"version": "0.19.2"},
     "fallback": {"podsReadyTimeout": "15m", "stockoutGracePeriod": "3m"},
 }
@@ -56,6 +60,9 @@ _PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _GKE_VERSION = re.compile(r"^1\.(\d+)(?:\.(\d+)(?:-gke\.(\d+))?)?$")
 _SEMVER = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
+# A reservation in this project by name, or a shared one in another project by its path.
+# Ref: https://cloud.google.com/compute/docs/instances/reservations-shared#consuming_shared_reservations
+_RESERVATION = re.compile(r"^(?:projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
 _DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
 _SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600}
 SYSTEM_POOL_NAME = "default-pool"  # the seed's Kueue flavor and Ray head select this pool by name
@@ -145,6 +152,19 @@ class ConfigReader:
                 merged[field] = given
         return merged
 
+    def array(self, name: str, default: list) -> list:
+        raw = self.config.get(name)
+        if raw is None:
+            return list(default)
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = None
+        if not isinstance(value, list):
+            self.fail(name, f"must be a list; got {raw!r}")
+            return list(default)
+        return value
+
     def check(self, name: str, ok: bool, message: str) -> bool:
         if not ok:
             self.fail(name, message)
@@ -167,27 +187,59 @@ class SystemPoolSettings:
 
 
 @dataclass(frozen=True)
-class PlanSettings:
-    """One way of getting TPU capacity: plan A (on-demand) or plan B (DWS flex-start, queued provisioning)."""
+class ReservedSlices:
+    """A reservation the reservation rung consumes, and its size in slices (the program cannot read it)."""
 
-    config_key: str  # onDemand / flexStart
-    flavor: str  # the Kueue ResourceFlavor name (the seed's on-demand / dws)
+    name: str  # a name in this project, or projects/<project>/reservations/<name> for a shared one
+    slices: int
+
+
+@dataclass(frozen=True)
+class PoolSpec:
+    name: str
+    max_nodes: int
+    reservation: str | None = None
+
+
+@dataclass(frozen=True)
+class PlanSettings:
+    """One rung of the ladder: a kind of capacity (infra/rungs.py) with its pools' name and size."""
+
+    kind: RungKind
     node_pool: str
     max_slices: int
-    flex_start: bool
+    reservations: tuple[ReservedSlices, ...] = ()
+
+    @property
+    def config_key(self) -> str:
+        return self.kind.key
+
+    @property
+    def flavor(self) -> str:
+        return self.kind.flavor
+
+    @property
+    def flex_start(self) -> bool:
+        return self.kind.flex_start
 
     @property
     def enabled(self) -> bool:
         return self.max_slices > 0
 
-    def pool_names(self, tpu: TpuSlice) -> tuple[str, ...]:
-        """A multi-host slice is a whole node pool, so N slices need N pools; single-host slices share one."""
-        if not tpu.is_multi_host or self.max_slices == 1:
-            return (self.node_pool,)
-        return tuple(f"{self.node_pool}-{i}" for i in range(1, self.max_slices + 1))
+    def pools(self, tpu: TpuSlice) -> tuple[PoolSpec, ...]:
+        """A multi-host slice is a whole node pool, so N slices need N pools; single-host slices share one.
+        A reservation rung keeps each reservation's slices in pools of their own."""
+        groups = [(r.name, r.slices) for r in self.reservations] if self.reservations else [(None, self.max_slices)]
+        specs, index, several = [], 0, self.max_slices > 1 and (tpu.is_multi_host or len(groups) > 1)
+        for reservation, slices in groups:
+            for _ in range(slices if tpu.is_multi_host else 1):
+                index += 1
+                name = f"{self.node_pool}-{index}" if several else self.node_pool
+                specs.append(PoolSpec(name, tpu.hosts if tpu.is_multi_host else slices, reservation))
+        return tuple(specs)
 
-    def nodes_per_pool(self, tpu: TpuSlice) -> int:
-        return tpu.hosts if tpu.is_multi_host else self.max_slices
+    def pool_names(self, tpu: TpuSlice) -> tuple[str, ...]:
+        return tuple(pool.name for pool in self.pools(tpu))
 
     def chips(self, tpu: TpuSlice) -> int:
         return self.max_slices * tpu.chips
@@ -214,8 +266,7 @@ class PlatformSettings:
     deletion_protection: bool
     system_pool: SystemPoolSettings
     tpu: TpuSlice
-    on_demand: PlanSettings
-    flex_start: PlanSettings
+    plans: tuple[PlanSettings, ...]  # the enabled rungs, in the order Kueue tries them
     kueue_version: str
     fallback: FallbackSettings
 
@@ -223,24 +274,72 @@ class PlatformSettings:
     def region(self) -> str:
         return self.zone.rsplit("-", 1)[0]
 
+    def plan(self, key: str) -> PlanSettings | None:
+        """The enabled rung of this config key, or None."""
+        return next((plan for plan in self.plans if plan.config_key == key), None)
+
     @property
-    def plans(self) -> tuple[PlanSettings, ...]:
-        """The enabled plans in the order Kueue tries them: A, then B."""
-        return tuple(p for p in (self.on_demand, self.flex_start) if p.enabled)
+    def on_demand(self) -> PlanSettings | None:
+        return self.plan("onDemand")
+
+    @property
+    def flex_start(self) -> PlanSettings | None:
+        return self.plan("flexStart")
 
     def service_account_id(self, role: str) -> str:
         """`<cluster>-<role>`: service account IDs are 6-30 characters, so a long cluster name is cut."""
         return f"{self.cluster_name[:29 - len(role)].rstrip('-')}-{role}"
 
 
-def _read_plan(reader: ConfigReader, key: str, flavor: str, flex_start: bool) -> PlanSettings:
+def _read_plan(reader: ConfigReader, kind: RungKind) -> PlanSettings:
+    key = kind.key
     raw = reader.obj(key, DEFAULTS[key])
     reader.check(f"{key}.nodePool", bool(_NODE_POOL_NAME.match(raw["nodePool"])),
                  f"{raw['nodePool']!r} is not a GKE node pool name (lowercase letters, digits and hyphens, "
                  "starting with a letter, at most 40 characters)")
+    if kind.reservation:
+        reservations = _read_reservations(reader, key, raw["reservations"])
+        return PlanSettings(kind, raw["nodePool"], sum(r.slices for r in reservations), reservations)
     reader.check(f"{key}.maxSlices", 0 <= raw["maxSlices"] <= MAX_SLICES_PER_PLAN,
-                 f"{raw['maxSlices']} is out of range; use 0 (plan off) to {MAX_SLICES_PER_PLAN}")
-    return PlanSettings(key, flavor, raw["nodePool"], raw["maxSlices"], flex_start)
+                 f"{raw['maxSlices']} is out of range; use 0 (rung off) to {MAX_SLICES_PER_PLAN}")
+    return PlanSettings(kind, raw["nodePool"], raw["maxSlices"])
+
+
+def _read_reservations(reader: ConfigReader, key: str, items: list) -> tuple[ReservedSlices, ...]:
+    """`reservations: [{name, slices}]`: each reservation and how many slices it holds (its Kueue quota)."""
+    found: list[ReservedSlices] = []
+    for index, item in enumerate(items):
+        where = f"{key}.reservations[{index}]"
+        if not isinstance(item, dict) or set(item) != {"name", "slices"}:
+            reader.fail(where, f"must be an object with fields name, slices; got {item!r}")
+            continue
+        name, slices = item["name"], item["slices"]
+        ok = reader.check(f"{where}.name", isinstance(name, str) and bool(_RESERVATION.match(name)),
+                          f"{name!r} is not a reservation name, nor projects/<project>/reservations/<name> for "
+                          "a shared reservation")
+        ok &= reader.check(f"{where}.slices", type(slices) is int and 1 <= slices <= MAX_SLICES_PER_PLAN,
+                           f"{slices!r} is out of range; a reservation holds 1 to {MAX_SLICES_PER_PLAN} slices")
+        if ok:
+            found.append(ReservedSlices(name, slices))
+    names = [r.name for r in found]
+    reader.check(f"{key}.reservations", len(set(names)) == len(names), "a reservation is listed twice")
+    reader.check(f"{key}.reservations", sum(r.slices for r in found) <= MAX_SLICES_PER_PLAN,
+                 f"more than {MAX_SLICES_PER_PLAN} slices in all")
+    return tuple(found)
+
+
+def _read_rung_order(reader: ConfigReader, plans: dict[str, PlanSettings]) -> tuple[PlanSettings, ...]:
+    """The enabled rungs in `rungOrder` (default: the catalogue's order), each exactly once."""
+    enabled = [key for key, plan in plans.items() if plan.enabled]
+    order = reader.array("rungOrder", DEFAULTS["rungOrder"]) or enabled
+    unknown = [key for key in order if key not in RUNG_KINDS]
+    if not reader.check("rungOrder", not unknown, f"unknown rung(s) {', '.join(map(str, unknown))}; rungs: "
+                                                  f"{', '.join(RUNG_KINDS)}"):
+        return tuple(plans[key] for key in enabled)
+    reader.check("rungOrder", len(set(order)) == len(order), "a rung is listed twice")
+    reader.check("rungOrder", set(order) == set(enabled),
+                 f"must list exactly the enabled rungs ({', '.join(enabled) or 'none'}); got {', '.join(order)}")
+    return tuple(plans[key] for key in dict.fromkeys(order) if key in enabled)
 
 
 def _read_tpu(reader: ConfigReader, zone: str) -> tuple[TpuSlice | None, bool]:
@@ -260,13 +359,17 @@ def _read_tpu(reader: ConfigReader, zone: str) -> tuple[TpuSlice | None, bool]:
 
 
 def _check_plans(reader: ConfigReader, settings: PlatformSettings, allow_unlisted_zone: bool) -> None:
-    on_demand, flex = settings.on_demand, settings.flex_start
-    reader.check("onDemand.maxSlices", on_demand.enabled or flex.enabled,
-                 "both plans are off (onDemand.maxSlices and flexStart.maxSlices are 0); turn one on")
-    if on_demand.enabled and flex.enabled:
-        clash = set(on_demand.pool_names(settings.tpu)) & set(flex.pool_names(settings.tpu))
-        reader.check("flexStart.nodePool", not clash,
-                     f"node pool name(s) {', '.join(sorted(clash))} also used by onDemand.nodePool")
+    flex = settings.flex_start
+    reader.check("onDemand.maxSlices", bool(settings.plans),
+                 "every rung is off (onDemand.maxSlices and flexStart.maxSlices are 0, no reservation or spot); "
+                 "turn one on")
+    taken: dict[str, str] = {}
+    for plan in settings.plans:
+        clash = sorted(name for name in plan.pool_names(settings.tpu) if name in taken)
+        reader.check(f"{plan.config_key}.nodePool", not clash,
+                     f"node pool name(s) {', '.join(clash)} also used by "
+                     f"{', '.join(sorted({taken[name] for name in clash}))}.nodePool")
+        taken.update({name: plan.config_key for name in plan.pool_names(settings.tpu)})
     for plan in settings.plans:
         names = plan.pool_names(settings.tpu)
         reader.check(f"{plan.config_key}.nodePool", SYSTEM_POOL_NAME not in names,
@@ -274,7 +377,7 @@ def _check_plans(reader: ConfigReader, settings: PlatformSettings, allow_unliste
         longest = max(names, key=len)
         reader.check(f"{plan.config_key}.nodePool", len(longest) <= 40,
                      f"derived pool name {longest!r} is longer than GKE's 40 characters; shorten nodePool")
-    if flex.enabled:
+    if flex is not None:
         reader.check("gkeVersion", gke_version_at_least(settings.gke_version, MIN_GKE_FOR_QUEUED_TPU),
                      f"{settings.gke_version} is too old for TPU flex-start with queued provisioning (plan B); "
                      f"use {MIN_GKE_FOR_QUEUED_TPU} or later, or set flexStart.maxSlices to 0")
@@ -343,8 +446,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
                  f"{system_raw['nodeCount']} is out of range; Kueue and the Ray heads need 1 to 100 nodes")
 
     tpu, allow_unlisted_zone = _read_tpu(reader, zone)
-    on_demand = _read_plan(reader, "onDemand", "on-demand", flex_start=False)
-    flex_start = _read_plan(reader, "flexStart", "dws", flex_start=True)
+    plans = _read_rung_order(reader, {key: _read_plan(reader, kind) for key, kind in RUNG_KINDS.items()})
     kueue_version = _read_kueue_version(reader)
     fallback = read_fallback_settings(reader)
 
@@ -354,7 +456,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
         project=project, zone=zone, cluster_name=cluster_name, gke_version=gke_version,
         deletion_protection=deletion_protection,
         system_pool=SystemPoolSettings(machine, system_raw["nodeCount"]),
-        tpu=tpu, on_demand=on_demand, flex_start=flex_start, kueue_version=kueue_version, fallback=fallback,
+        tpu=tpu, plans=plans, kueue_version=kueue_version, fallback=fallback,
     )
     reader.check("gkeVersion", gke_version_at_least(gke_version, MIN_GKE_FOR_RAY_OPERATOR),
                  f"{gke_version} is older than the Ray Operator add-on's {MIN_GKE_FOR_RAY_OPERATOR}")
@@ -370,3 +472,11 @@ def _lookup_or_fail(reader: ConfigReader, name: str, lookup: Callable[[str], Any
     except ValueError as err:
         reader.fail(name, str(err))
         return None
+
+
+def tpu_quota(settings: PlatformSettings) -> dict[str, int]:
+    """Chips per TPU quota kind (onDemand, preemptible, reserved) the enabled rungs draw on."""
+    quota: dict[str, int] = {}
+    for plan in settings.plans:
+        quota[plan.kind.tpu_quota] = quota.get(plan.kind.tpu_quota, 0) + plan.chips(settings.tpu)
+    return quota

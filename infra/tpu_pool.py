@@ -6,33 +6,43 @@ import pulumi
 import pulumi_gcp as gcp
 
 from infra.cluster import node_config_common
-from infra.settings import PlanSettings, PlatformSettings
+from infra.rungs import RESERVATION_AFFINITY_KEY, SPOT_LABEL_KEY
+from infra.settings import PlanSettings, PlatformSettings, PoolSpec
 
 # The node label each plan's pools carry and the plan's Kueue ResourceFlavor selects. The seed selects by
 # cloud.google.com/gke-nodepool, which names one pool; a plan of several multi-host slices has several.
 PLAN_LABEL_KEY = "tpu-fallback/capacity"
 
 
-def node_pool_args(settings: PlatformSettings, plan: PlanSettings, pool_name: str,
+def reservation_affinity(pool: PoolSpec) -> dict:
+    """Reservation pools consume exactly their reservation; every other rung consumes none, so a reservation
+    is never used up by on-demand, Spot or flex-start nodes (queued provisioning requires NO_RESERVATION).
+    Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/consuming-reservations"""
+    if pool.reservation is None:
+        return {"consume_reservation_type": "NO_RESERVATION"}
+    return {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": RESERVATION_AFFINITY_KEY,
+            "values": [pool.reservation]}
+
+
+def node_pool_args(settings: PlatformSettings, plan: PlanSettings, pool: PoolSpec,
                    cluster_name: pulumi.Input[str], service_account_email: pulumi.Input[str]) -> dict:
     """The NodePool arguments of one pool of `plan`, as keyword arguments for gcp.container.NodePool."""
     tpu = settings.tpu
     node_config = {
         "machine_type": tpu.machine_type.name,
         "labels": {PLAN_LABEL_KEY: plan.flavor},
-        # On-demand and flex-start capacity; reservations would be another plan.
-        "reservation_affinity": {"consume_reservation_type": "NO_RESERVATION"},
+        "reservation_affinity": reservation_affinity(pool),
         **node_config_common(service_account_email),
     }
     args: dict = {
         "project": settings.project,
         "cluster": cluster_name,
         "location": settings.zone,
-        "name": pool_name,
+        "name": pool.name,
         "initial_node_count": 0,
         # Per-zone limits: GKE validates a multi-host slice against max_node_count, and rejects total_*.
         # Ref: https://github.com/vllm-project/ci-infra/pull/545
-        "autoscaling": {"min_node_count": 0, "max_node_count": plan.nodes_per_pool(tpu)},
+        "autoscaling": {"min_node_count": 0, "max_node_count": pool.max_nodes},
         "node_config": node_config,
     }
     if tpu.is_multi_host:
@@ -46,6 +56,14 @@ def node_pool_args(settings: PlatformSettings, plan: PlanSettings, pool_name: st
         args["autoscaling"]["location_policy"] = "ANY"
         # "enable_flex_start needs node auto_repair set to false" (GKE; Cluster Toolkit gke-node-pool checks).
         args["management"] = {"auto_repair": False, "auto_upgrade": True}
+    if plan.kind.spot:
+        # Spot VMs (GKE labels them cloud.google.com/gke-spot=true); the taint keeps other pods off them.
+        # Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/spot-vms
+        node_config["spot"] = True
+        node_config["taints"] = [{"key": SPOT_LABEL_KEY, "value": "true", "effect": "NO_SCHEDULE"}]
+    if plan.kind.reservation:
+        # Take the reserved VMs wherever they are free first. Ref: gke-tpu.md (location_policy)
+        args["autoscaling"]["location_policy"] = "ANY"
     return args
 
 
@@ -65,11 +83,11 @@ class TpuNodePool(pulumi.ComponentResource):
         super().__init__("tpu-fallback:infra:TpuNodePool", name, None, opts)
         self.pools = [
             gcp.container.NodePool(
-                f"{name}-{pool_name}",
-                **node_pool_args(settings, plan, pool_name, cluster.name, service_account_email),
+                f"{name}-{pool.name}",
+                **node_pool_args(settings, plan, pool, cluster.name, service_account_email),
                 opts=pulumi.ResourceOptions(parent=self),
             )
-            for pool_name in plan.pool_names(settings.tpu)
+            for pool in plan.pools(settings.tpu)
         ]
         self.pool_names = pulumi.Output.all(*(pool.name for pool in self.pools))
         # The seed's check: gcloud container node-pools describe ... --format="get(config.flexStart)".

@@ -100,7 +100,7 @@ def _resources(cpu: str, memory: str, tpu_chips: int = 0) -> dict:
 def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_name: str,
                     configmap: str, bucket: str, service_account: str, local_queue: str) -> dict:
     tpu, pins = platform.tpu, runtime_pins()
-    plan_b = platform.flex_start.enabled
+    plan_b = platform.flex_start is not None
     volume, mount = _script_volume(configmap)
     annotations = {
         ELASTIC_ANNOTATION: "true",  # Kueue admits in-tree autoscaling only for elastic jobs
