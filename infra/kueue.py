@@ -295,11 +295,13 @@ class Kueue(pulumi.ComponentResource):
             name=RELEASE_NAME,
             chart=CHART,
             version=settings.kueue_version,
-            namespace=namespace.metadata["name"],
+            # The known name, not one lifted from the Namespace (a `pulumi up --target` that skips it has none);
+            # depends_on keeps the order.
+            namespace=NAMESPACE,
             values=helm_values(settings),
             # Awaited (no skip_await): the release is done once the controller and its webhook are ready.
             timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, provider=provider),
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
         )
 
         flavors = [self._object(default_flavor(settings))]

@@ -184,8 +184,6 @@ REQUESTS: Mapping[str, ApiRequest] = MappingProxyType({
             "forceDestroy": ProviderOnly("on destroy the provider deletes every object, then the bucket "
                                          "(meta.yaml: provider_only)"),
         },
-        filled_by_pulumi={"name": "auto-named: the provider's Check adds `<resource name>-<suffix>` before the "
-                                  "request; the recording engine sees the inputs before Check"},
         ref=f"{_META}/storage/resource_storage_bucket_meta.yaml"),
     "gcp:storage/bucketIAMMember:BucketIAMMember": ApiRequest(
         "storage.v1", "buckets.setIamPolicy", "bindings[]",

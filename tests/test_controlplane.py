@@ -15,6 +15,7 @@ import pytest
 
 from infra import kueue as stack_kueue
 from infra.offline import Plan, namespaced
+from infra.rungs import RUNG_KINDS
 from infra.settings import DEFAULTS
 from infra.tpu import TPU_RESOURCE, lookup_slice
 from tests.conftest import SHIPPED_STACKS, config_with, plan_for
@@ -34,6 +35,11 @@ SCENARIOS = {
     # Two slices per plan, five jobs: two on plan A, two through DWS, one waits.
     "multi-slice": ("dev", {"onDemand": {"nodePool": "on-demand-pool", "maxSlices": 2},
                             "flexStart": {"nodePool": "dws-pool", "maxSlices": 2}, "workloads": {"jobs": 5}}),
+    # The whole ladder: two reserved slices, then on-demand, Spot and DWS; the sixth job waits.
+    "ladder": ("dev", {"reservation": {"reservations": [
+                           {"name": "team-a-v6e", "slices": 1},
+                           {"name": "projects/shared-capacity/reservations/pool-v6e", "slices": 1}]},
+                       "spot": {"maxSlices": 1}, "workloads": {"jobs": 6}}),
 }
 DECISION_TIMEOUT = 30.0
 DESTROY_BOUND = 30.0  # seconds per object; pulumi-kubernetes itself would wait 300
@@ -64,11 +70,15 @@ class Scenario:
         tpu = self.value("tpu")
         return lookup_slice(tpu["machineType"], tpu["topology"]).hosts
 
+    def slices(self, key: str) -> int:
+        raw = self.value(key)
+        return sum(r["slices"] for r in raw["reservations"]) if "reservations" in raw else raw["maxSlices"]
+
     def expected_flavors(self) -> list[str | None]:
-        """From the stack config alone: plan A's slices first, then plan B's, then nothing (one slice a job)."""
-        on_demand, flex = self.value("onDemand")["maxSlices"], self.value("flexStart")["maxSlices"]
-        return ((["on-demand"] * on_demand + ["dws"] * flex + [None] * len(self.job_names))
-                [:len(self.job_names)])
+        """From the stack config alone: each rung's slices in the ladder's order, then nothing (a slice a job)."""
+        order = json.loads(self.config.get(namespaced("rungOrder"), "[]")) or list(RUNG_KINDS)
+        flavors = [RUNG_KINDS[key].flavor for key in order for _ in range(self.slices(key))]
+        return (flavors + [None] * len(self.job_names))[:len(self.job_names)]
 
 
 @pytest.fixture(scope="class", params=sorted(SCENARIOS))
@@ -112,10 +122,16 @@ class TestStackOnRealKueue:
         assert [d.flavor for d in decisions] == expected, decisions
         for want, got in zip(expected, decisions):
             rayjob = kube.get(*jobs.RAYJOB, got.job, scenario.namespace)
-            if want == "on-demand":
+            if want in ("reservation", "on-demand", "spot"):  # rungs without a check: admitted at once
                 assert got.admitted and got.checks == {}, got
-                wait_for(lambda j=got.job: not jobs.suspended(kube.get(*jobs.RAYJOB, j, scenario.namespace)),
-                         10, f"{got.job} unsuspended")
+                rayjob = wait_for(lambda j=got.job: (r := kube.get(*jobs.RAYJOB, j, scenario.namespace))
+                                  and not jobs.suspended(r) and r, 10, f"{got.job} unsuspended")
+                spec = jobs.worker_template(rayjob)["spec"]
+                assert spec["nodeSelector"]["tpu-fallback/capacity"] == want
+                if want == "spot":  # what the Spot flavor adds: GKE's Spot label and our pools' taint
+                    assert spec["nodeSelector"]["cloud.google.com/gke-spot"] == "true"
+                    assert {"key": "cloud.google.com/gke-spot", "operator": "Equal", "value": "true",
+                            "effect": "NoSchedule"} in spec["tolerations"]
             elif want == "dws":
                 assert not got.admitted and got.checks == {stack_kueue.ADMISSION_CHECK: "Pending"}, got
                 assert jobs.suspended(rayjob)

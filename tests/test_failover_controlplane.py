@@ -161,3 +161,29 @@ def test_a_restart_mid_move_finishes_the_move(clean):
     assert jobs.workload_of(tier.kube, NAMESPACE, "restart")["spec"].get("active", True) is True
     assert _failover(tier, "restart") == move.done()
     assert len(tier.moves_recorded("restart")) == 1
+
+
+LADDER = {"reservation": {"reservations": [{"name": "team-a-v6e", "slices": 1}]}, "spot": {"maxSlices": 1}}
+
+
+def test_a_stocked_out_job_walks_down_the_whole_ladder():
+    """reservation -> on-demand -> spot -> dws, one stockout at a time, each moved by the early path."""
+    ladder = start_failover_tier(overrides=LADDER)
+    try:
+        ladder.start_controller()
+        ladder.submit("walker")
+        seen = []
+        for here, there in (("reservation", "on-demand"), ("on-demand", "spot"), ("spot", "dws")):
+            wait_for(lambda h=here: jobs.decision(ladder.kube, NAMESPACE, "walker").flavor == h, 20, f"on {here}")
+            seen.append(here)
+            time.sleep(1.1)  # the autoscaler's report comes after this admission (events have 1 s resolution)
+            ladder.play_kuberay_and_a_stockout("walker")
+            wait_for(lambda t=there: (m := _failover(ladder, "walker")) and m.to_flavor == t
+                     and m.state == decisions.MOVED, 20, f"moved to {there}")
+        jobs.wait_provisioning_request(ladder.kube, NAMESPACE, "walker", timeout=20)
+        assert seen == ["reservation", "on-demand", "spot"]
+        assert _queue(ladder, "walker") == ("user-queue-dws", "user-queue-dws")
+        assert sorted(e["message"].split(" (")[0] for e in ladder.moves_recorded("walker")) == [
+            "moved from on-demand to spot", "moved from reservation to on-demand", "moved from spot to dws"]
+    finally:
+        ladder.plane.stop()

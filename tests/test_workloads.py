@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
+import re
 import shlex
 
 import pytest
@@ -10,7 +12,9 @@ import yaml
 
 from infra.offline import OfflineEngine
 from infra.settings import SettingsError
+from workloads import jobs as jobs_module
 from workloads import train
+from workloads.jobs import checkpoint_bucket_name, script_configmap_name
 from workloads.rayjob import RUNTIME_REQUIREMENTS, SCRIPT_PATH, runtime_pins
 from tests.conftest import config_with, plan_for
 from tests.k8s_schema import validation_errors
@@ -124,18 +128,110 @@ def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
     assert args.steps == 500 and args.dtype == "bfloat16" and args.d_model == 1024  # the configured flags
 
 
-def test_script_configmap_is_auto_named_and_mounted_everywhere():
+def test_script_configmap_is_named_by_content_and_mounted_everywhere():
     plan = plan_for()
     configmap = plan.named("training-script")
-    assert "name" not in configmap.inputs["metadata"]  # auto-named: a new script replaces it cleanly
-    assert configmap.inputs["data"] == {"train.py": SCRIPT_PATH.read_text()}
-    name = configmap.outputs["metadata"]["name"]
+    script = SCRIPT_PATH.read_text()
+    # Named by the program from the script's content: known at preview, and a new script is a new ConfigMap.
+    name = f"train-script-{hashlib.sha256(script.encode()).hexdigest()[:10]}"
+    assert configmap.inputs["metadata"] == {"name": name, "namespace": "default"}
+    assert configmap.inputs["data"] == {"train.py": script}
+    assert configmap.options["deleteBeforeReplace"] is False  # a new name: created before the old one goes
+    for recorded in plan.of_type(RAYJOB):
+        assert configmap.urn in recorded.dependencies  # an explicit dependency, no name lifted from it
     for job in rayjobs(plan).values():
         cluster = job["spec"]["rayClusterSpec"]
         for pod in (cluster["headGroupSpec"]["template"]["spec"], worker_group(job)["template"]["spec"]):
             assert pod["volumes"] == [{"name": "train-script", "configMap": {"name": name}}]
             assert pod["containers"][0]["volumeMounts"] == [{"name": "train-script", "mountPath": "/app"}]
             assert pod["serviceAccountName"] == "ray-training"
+
+
+def test_a_changed_script_gives_a_new_configmap_the_rayjobs_follow(monkeypatch, tmp_path):
+    changed = tmp_path / "train.py"
+    changed.write_text(SCRIPT_PATH.read_text() + "\n# changed\n")
+    monkeypatch.setattr(jobs_module, "SCRIPT_PATH", changed)
+    plan = OfflineEngine().run(config_with({}))
+    name = plan.named("training-script").inputs["metadata"]["name"]
+    assert name == script_configmap_name(changed.read_text())
+    assert name != plan_for().named("training-script").inputs["metadata"]["name"]
+    for job in rayjobs(plan).values():
+        volumes = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["volumes"]
+        assert volumes == [{"name": "train-script", "configMap": {"name": name}}]
+
+
+def test_configmap_name_depends_on_the_script_only():
+    assert script_configmap_name("print(1)\n") == script_configmap_name("print(1)\n")
+    assert script_configmap_name("print(1)\n") != script_configmap_name("print(2)\n")
+    assert re.fullmatch(r"train-script-[0-9a-f]{10}", script_configmap_name(""))
+
+
+# GCS bucket naming rules, as Google states them (no dots: ours never have any).
+# Ref: https://cloud.google.com/storage/docs/buckets#naming
+def bucket_name_problems(name: str) -> list[str]:
+    problems = []
+    if not 3 <= len(name) <= 63:
+        problems.append(f"{len(name)} characters")
+    if not re.fullmatch(r"[a-z0-9][a-z0-9_-]*[a-z0-9]", name):
+        problems.append("not lowercase letters, digits, dashes, starting and ending with a letter or digit")
+    if name.startswith("goog"):
+        problems.append('starts with "goog"')
+    if re.search(r"g[o0]{2,}g[l1]*e?", name):  # "google" and close misspellings such as "g00gle"
+        problems.append('contains "google" or a close misspelling')
+    return problems
+
+
+LONG_PROJECT = "a-very-long-project-id-of-30ch"  # the longest a GCP project ID gets
+assert len(LONG_PROJECT) == 30
+
+
+@pytest.mark.parametrize("project, stack", [
+    ("example-project", "dev"),
+    (LONG_PROJECT, "team-b-us-east5-a"),
+    (LONG_PROJECT, "s" * 100),                      # Pulumi allows stack names of 100 characters
+    ("p" * 6, "Team_B.US-East5" + "-x" * 40),       # upper case, "_" and "." as Pulumi allows them
+    ("google-project", "dev"),
+    ("goog-research", "goog"),
+    ("my-g00gle-lab", "GOOGLE"),
+    ("googoogle-x", "google_google"),
+    ("abcdef", "---"),
+])
+def test_bucket_name_obeys_gcs_rules(project, stack):
+    name = checkpoint_bucket_name(project, stack, "tpu-fallback")
+    assert bucket_name_problems(name) == [], name
+    assert re.fullmatch(r"(?:[a-z0-9-]+-)?ckpt-[0-9a-f]{8}", name)
+
+
+def test_bucket_name_is_readable_and_deterministic():
+    name = checkpoint_bucket_name("example-project", "dev", "tpu-fallback")
+    assert name.startswith("example-project-dev-ckpt-")
+    assert name == checkpoint_bucket_name("example-project", "dev", "tpu-fallback")
+    # The program's bucket gets exactly this name, and the RayJobs write to it.
+    plan = plan_for()
+    assert plan.only("gcp:storage/bucket:Bucket").inputs["name"] == name
+    assert plan.outputs["checkpointBucket"] == f"gs://{name}"
+    for job in rayjobs(plan).values():
+        assert f"--storage-path gs://{name}/ray" in job["spec"]["entrypoint"]
+
+
+def test_long_names_are_cut_and_stay_apart():
+    stack = "team-" + "x" * 90
+    names = {checkpoint_bucket_name(LONG_PROJECT, stack + end, "tpu-fallback") for end in ("-a", "-b", "_a", ".a")}
+    assert len(names) == 4  # the same readable part, told apart by the hash of the full names
+    assert all(len(name) == 63 and name.startswith(LONG_PROJECT[:24]) for name in names)
+    # A short stack leaves the project whole.
+    assert checkpoint_bucket_name(LONG_PROJECT, "dev", "p").startswith(f"{LONG_PROJECT}-dev-ckpt-")
+
+
+def test_bucket_names_differ_by_stack_project_and_pulumi_project():
+    stacks = ["dev", "team-b-us-east5-a", "team-c-us-west4-a", "Dev", "team_b", "team-b", "team.b"]
+    assert len({checkpoint_bucket_name("example-project", stack, "tpu-fallback") for stack in stacks}) == len(stacks)
+    assert len({checkpoint_bucket_name("example-project", "dev", "tpu-fallback"),
+                checkpoint_bucket_name("example-project-2", "dev", "tpu-fallback"),
+                checkpoint_bucket_name("example-project", "dev", "another-copy")}) == 3
+    buckets = {plan_for(stack).only("gcp:storage/bucket:Bucket").inputs["name"]
+               for stack in ("dev", "team-b-us-east5-a", "team-c-us-west4-a")}
+    assert len(buckets) == 3
 
 
 @pytest.mark.parametrize("stack", ["dev", "team-b-us-east5-a", "team-c-us-west4-a"])

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import re
 from dataclasses import dataclass
 
 import pulumi
@@ -14,8 +16,45 @@ from workloads.rayjob import SCRIPT_KEY, SCRIPT_PATH, rayjob_manifest
 from workloads.settings import WorkloadSettings
 
 KSA_NAME = "ray-training"
+SCRIPT_CONFIGMAP_PREFIX = "train-script"
+BUCKET_SUFFIX = "ckpt"
 # The bucket only: objects read/write/delete, and bucket metadata that gcsfs and pyarrow look up.
 BUCKET_ROLES = ("roles/storage.objectUser", "roles/storage.legacyBucketReader")
+
+
+def script_configmap_name(script: str) -> str:
+    """Named after the script's content: a changed script is a new ConfigMap (created before the old one is
+    deleted, no name clash) and the RayJobs follow it; the same script keeps the same name, known at preview."""
+    return f"{SCRIPT_CONFIGMAP_PREFIX}-{hashlib.sha256(script.encode()).hexdigest()[:10]}"
+
+
+# Bucket names: 3-63 characters of [a-z0-9-_.], a letter or digit at both ends, not starting with "goog", not
+# containing "google" or a close misspelling such as "g00gle"; public and globally unique.
+# Ref: https://cloud.google.com/storage/docs/buckets#naming
+BUCKET_NAME_MAX = 63
+_BUCKET_HASH_LENGTH = 8
+_NOT_NAME_CHARS = re.compile(r"[^a-z0-9]+")
+_GOOGLE_LIKE = re.compile(r"g[o0]{2,}g[l1]*e?")  # "goog" (the prefix), "google", "g00gle", "goog1e", ...
+
+
+def checkpoint_bucket_name(gcp_project: str, stack: str, pulumi_project: str = "") -> str:
+    """`<gcp project>-<stack>-ckpt-<hash>`: readable, fixed for a stack (so known at preview), and globally unique.
+
+    GCP project IDs are globally unique and one stack is one team and zone in it; the hash covers all three
+    names as given, so names cut to fit, or made valid, never collide. Anything Google forbids is dropped.
+    """
+    digest = hashlib.sha256(f"{gcp_project}\0{pulumi_project}\0{stack}".encode()).hexdigest()[:_BUCKET_HASH_LENGTH]
+    tail = f"-{BUCKET_SUFFIX}-{digest}"
+
+    def clean(text: str) -> str:
+        return _NOT_NAME_CHARS.sub("-", _GOOGLE_LIKE.sub("-", text.lower())).strip("-")
+
+    room = BUCKET_NAME_MAX - len(tail)
+    project, stack_part = clean(gcp_project), clean(stack)
+    if len(project) + 1 + len(stack_part) > room:  # too long: the project keeps at least half the room
+        project = project[:max(room // 2, room - 1 - len(stack_part))].strip("-")
+    readable = "-".join(part for part in (project, stack_part) if part)[:room].strip("-")
+    return f"{readable}{tail}" if readable else tail.lstrip("-")
 
 
 @dataclass(frozen=True)
@@ -32,6 +71,8 @@ class TrainingJobs(pulumi.ComponentResource):
     """Checkpoint storage and identity, then the RayJobs, each queued by Kueue on the platform's LocalQueue."""
 
     bucket: gcp.storage.Bucket
+    bucket_name: str  # fixed by the program: checkpoint_bucket_name()
+    script_configmap_name: str  # fixed by the program: script_configmap_name()
     service_account: gcp.serviceaccount.Account
     rayjobs: list[k8s.apiextensions.CustomResource]
     job_names: list[str]
@@ -42,8 +83,12 @@ class TrainingJobs(pulumi.ComponentResource):
         project, child = platform.settings.project, pulumi.ResourceOptions(parent=self)
         on_cluster = pulumi.ResourceOptions(parent=self, provider=platform.provider)
 
+        self.bucket_name = checkpoint_bucket_name(project, pulumi.get_stack(), pulumi.get_project())
         self.bucket = gcp.storage.Bucket(
             f"{name}-checkpoints",
+            # Fixed, so the RayJobs that write to it are known at preview. A stack deployed when the bucket was
+            # auto-named gets a new bucket under this name (the old one, checkpoints included, is deleted).
+            name=self.bucket_name,
             project=project,
             location=platform.settings.region,  # next to the slices
             uniform_bucket_level_access=True,
@@ -78,19 +123,21 @@ class TrainingJobs(pulumi.ComponentResource):
             member=f"serviceAccount:{project}.svc.id.goog[{settings.namespace}/{KSA_NAME}]",
             opts=pulumi.ResourceOptions(parent=self, depends_on=[platform.cluster])))
 
-        # Auto-named: a changed script makes a new ConfigMap and the RayJobs follow it, no name clash.
+        script_text = SCRIPT_PATH.read_text()
+        self.script_configmap_name = script_configmap_name(script_text)
         script = k8s.core.v1.ConfigMap(
-            f"{name}-script", metadata={"namespace": settings.namespace},
-            data={SCRIPT_KEY: SCRIPT_PATH.read_text()},
+            f"{name}-script", metadata={"name": self.script_configmap_name, "namespace": settings.namespace},
+            data={SCRIPT_KEY: script_text},
             opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=namespace_ready)))
 
         self.job_names = list(settings.job_names())
         self.rayjobs = []
         for job_name in self.job_names:
-            manifest = pulumi.Output.all(script.metadata["name"], self.bucket.name).apply(
-                lambda names, job=job_name: rayjob_manifest(
-                    platform.settings, settings, job, configmap=names[0], bucket=names[1],
-                    service_account=KSA_NAME, local_queue=platform.kueue.local_queue_name))
+            # Plain values only, no output of another resource: the whole RayJob is known at preview, and a
+            # targeted update that skips the ConfigMap or the bucket still builds it. Order is kept by depends_on.
+            manifest = rayjob_manifest(platform.settings, settings, job_name, configmap=self.script_configmap_name,
+                                       bucket=self.bucket_name, service_account=KSA_NAME,
+                                       local_queue=platform.kueue.local_queue_name)
             self.rayjobs.append(k8s.apiextensions.CustomResource(
                 f"{name}-{job_name}",
                 api_version="ray.io/v1",
@@ -101,7 +148,7 @@ class TrainingJobs(pulumi.ComponentResource):
                 # queue. And only once its pods may write checkpoints. No await on the job itself: it runs
                 # for as long as training does.
                 opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
-                    depends_on=[platform.kueue.release, *namespace_ready, ksa, *grants]))))
+                    depends_on=[platform.kueue.release, *namespace_ready, ksa, script, self.bucket, *grants]))))
         self.register_outputs({"jobs": self.job_names, "bucket": self.bucket.name})
 
     def _namespace_with_queue(self, name: str, namespace: str, platform: PlatformHandles,

@@ -29,11 +29,12 @@ STOCKOUT_MESSAGE = ("Node scale up in zones us-east5-b associated with this pod 
                     "Pod is at risk of not being scheduled.")
 
 
-def platform_plan(pods_ready_timeout: int = PODS_READY_TIMEOUT_SECONDS, grace: int = GRACE_SECONDS) -> Plan:
+def platform_plan(pods_ready_timeout: int = PODS_READY_TIMEOUT_SECONDS, grace: int = GRACE_SECONDS,
+                  overrides: dict | None = None) -> Plan:
     """The dev stack's platform (no jobs: the tests submit their own) with the fallback timings given."""
     return plan_for("dev", {"fallback": {"podsReadyTimeout": f"{pods_ready_timeout}s",
                                          "stockoutGracePeriod": f"{grace}s"},
-                            "workloads": {"jobs": 0}})
+                            "workloads": {"jobs": 0}, **(overrides or {})})
 
 
 def rayjob(name: str, queue: str = "user-queue") -> dict:
@@ -107,14 +108,16 @@ class FailoverTier:
         pod_name = f"{cluster}-tpu-group-worker-0"
         container = copy.deepcopy(worker["template"]["spec"]["containers"][0])
         container.pop("volumeMounts", None)
-        self.kube.create({"apiVersion": "v1", "kind": "Pod",
-                          "metadata": {"name": pod_name, "namespace": NAMESPACE,
-                                       "labels": {"ray.io/cluster": cluster, "ray.io/group": worker["groupName"],
-                                                  "ray.io/node-type": "worker"}},
-                          "spec": {"containers": [container]}})
-        now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        if self.kube.get("v1", "Pod", pod_name, NAMESPACE) is None:
+            self.kube.create({"apiVersion": "v1", "kind": "Pod",
+                              "metadata": {"name": pod_name, "namespace": NAMESPACE,
+                                           "labels": {"ray.io/cluster": cluster, "ray.io/group": worker["groupName"],
+                                                      "ray.io/node-type": "worker"}},
+                              "spec": {"containers": [container]}})
+        moment = datetime.datetime.now(datetime.timezone.utc)
+        now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
         self.kube.create({"apiVersion": "v1", "kind": "Event",
-                          "metadata": {"name": f"{pod_name}.stockout", "namespace": NAMESPACE},
+                          "metadata": {"name": f"{pod_name}.{moment.timestamp():.0f}", "namespace": NAMESPACE},
                           "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod_name,
                                              "namespace": NAMESPACE},
                           "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
@@ -127,6 +130,6 @@ class FailoverTier:
                 and e["reason"] == "MovedToNextRung"]
 
 
-def start_failover_tier(**timings) -> FailoverTier:
-    plan = platform_plan(**timings)
+def start_failover_tier(**settings) -> FailoverTier:
+    plan = platform_plan(**settings)
     return FailoverTier(ControlPlane(release_values(plan)), plan).start()
