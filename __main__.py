@@ -17,7 +17,7 @@ from workloads.settings import read_workload_settings
 # Settings: every key validated before any resource is declared.
 reader = ConfigReader(pulumi.Config())
 platform = read_platform_settings(reader, pulumi.Config("gcp"))
-workloads = read_workload_settings(reader, platform) if platform else None
+workloads = read_workload_settings(reader, platform)
 reader.unknown_keys({*DEFAULTS, "workloads"})
 reader.raise_if_failed()
 

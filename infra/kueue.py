@@ -20,8 +20,9 @@ from infra.tpu import TPU_RESOURCE
 from infra.tpu_pool import PLAN_LABEL_KEY
 
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
+# The chart's name in its repository (`kueue.chartRepository`, registry.k8s.io's OCI path by default).
 # Ref: https://kueue.sigs.k8s.io/docs/installation/#install-by-helm
-CHART = "oci://registry.k8s.io/kueue/charts/kueue"
+CHART_NAME = "kueue"
 # Another release name makes the controller crash-loop (kubernetes-sigs/kueue#6797).
 RELEASE_NAME = "kueue"
 NAMESPACE = "kueue-system"
@@ -116,6 +117,13 @@ def manager_config(settings: PlatformSettings) -> dict:
     """The chart's default configuration plus waitForPodsReady. No `featureGates` here: they stay in
     `controllerManager.featureGates`, and Kueue refuses to start when both are set."""
     return {**copy.deepcopy(MANAGER_CONFIG_BASE), "waitForPodsReady": wait_for_pods_ready(settings)}
+
+
+def chart_source(repository: str) -> dict:
+    """The Release's chart arguments: an OCI repository names the chart by URL, an HTTPS one by repo option."""
+    if repository.startswith("oci://"):
+        return {"chart": f"{repository}/{CHART_NAME}"}
+    return {"chart": CHART_NAME, "repository_opts": {"repo": repository}}
 
 
 def helm_values(settings: PlatformSettings) -> dict:
@@ -293,7 +301,7 @@ class Kueue(pulumi.ComponentResource):
         self.release = k8s.helm.v3.Release(
             f"{name}-release",
             name=RELEASE_NAME,
-            chart=CHART,
+            **chart_source(settings.kueue_chart_repository),
             version=settings.kueue_version,
             # The known name, not one lifted from the Namespace (a `pulumi up --target` that skips it has none);
             # depends_on keeps the order.

@@ -16,7 +16,7 @@ import pulumi
 
 from infra.cpu import CpuMachineType, lookup_cpu_machine
 from infra.rungs import RESERVATION_AFFINITY_KEY, RUNG_KINDS, RungKind
-from infra.tpu import MACHINE_TYPES, ZONES_AS_OF, TpuSlice, lookup_slice
+from infra.tpu import MACHINE_TYPES, ZONES_AS_OF, TpuGeneration, TpuSlice, lookup_slice
 
 NAMESPACE = "tpu-fallback"
 
@@ -34,7 +34,7 @@ DEFAULTS: Mapping[str, Any] = {
     "spot": {"nodePool": "spot-pool", "maxSlices": 0},
     "flexStart": {"nodePool": "dws-pool", "maxSlices": 1},
     "rungOrder": [],
-    "kueue": {"version": "0.19.2"},
+    "kueue": {"version": "0.19.2", "chartRepository": "oci://registry.k8s.io/kueue/charts"},
     "fallback": {"podsReadyTimeout": "15m", "stockoutGracePeriod": "3m"},
 }
 
@@ -59,6 +59,8 @@ _NODE_POOL_NAME = re.compile(r"^[a-z](?:[-a-z0-9]{0,38}[a-z0-9])?$")
 _PROJECT_ID = re.compile(r"^[a-z][-a-z0-9]{4,28}[a-z0-9]$")
 _ZONE = re.compile(r"^[a-z]+-[a-z]+[0-9]+-[a-z]$")
 _GKE_VERSION = re.compile(r"^1\.(\d+)(?:\.(\d+)(?:-gke\.(\d+))?)?$")
+# A Helm repository: an OCI registry path or an HTTPS chart repository (no trailing slash).
+_CHART_REPOSITORY = re.compile(r"^(oci|https)://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[-a-zA-Z0-9._~]+)*$")
 _SEMVER = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 # A reservation in this project by name, or a shared one in another project by its path.
 # Ref: https://cloud.google.com/compute/docs/instances/reservations-shared#consuming_shared_reservations
@@ -68,8 +70,12 @@ _SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600}
 SYSTEM_POOL_NAME = "default-pool"  # the seed's Kueue flavor and Ray head select this pool by name
 
 
-class SettingsError(ValueError):
-    """The stack configuration is invalid; `problems` holds one line per bad key."""
+class SettingsError(pulumi.RunError, ValueError):
+    """The stack configuration is invalid; `problems` holds one line per bad key.
+
+    A RunError: the Pulumi CLI prints its message alone, with no "Program failed with an unhandled exception"
+    and no traceback. Ref: https://github.com/pulumi/pulumi/blob/master/sdk/python/cmd/pulumi-language-python-exec
+    """
 
     def __init__(self, problems: list[str]):
         self.problems = problems
@@ -268,6 +274,7 @@ class PlatformSettings:
     tpu: TpuSlice
     plans: tuple[PlanSettings, ...]  # the enabled rungs, in the order Kueue tries them
     kueue_version: str
+    kueue_chart_repository: str
     fallback: FallbackSettings
 
     @property
@@ -342,24 +349,46 @@ def _read_rung_order(reader: ConfigReader, plans: dict[str, PlanSettings]) -> tu
     return tuple(plans[key] for key in dict.fromkeys(order) if key in enabled)
 
 
-def _read_tpu(reader: ConfigReader, zone: str) -> tuple[TpuSlice | None, bool]:
+def _read_tpu(reader: ConfigReader, zone: str) -> tuple[TpuSlice | None, TpuGeneration | None, bool]:
+    """The slice, and its generation as soon as the machine type is known (the zone is checked against it even
+    while the topology is wrong: every key is reported in one pass)."""
     raw = reader.obj("tpu", DEFAULTS["tpu"])
     if not reader.check("tpu.machineType", raw["machineType"] in MACHINE_TYPES,
                         f"unknown TPU machine type {raw['machineType']!r}; known: {', '.join(MACHINE_TYPES)}"):
-        return None, raw["allowUnlistedZone"]
+        return None, None, raw["allowUnlistedZone"]
+    generation = MACHINE_TYPES[raw["machineType"]].generation
+    if not raw["allowUnlistedZone"]:
+        reader.check("zone", zone in generation.zones,
+                     f"{zone} offers no TPU {generation.name} per the catalogue ({ZONES_AS_OF}); zones: "
+                     f"{', '.join(sorted(generation.zones))}. A zone added since: set tpu.allowUnlistedZone")
     tpu = _lookup_or_fail(reader, "tpu.topology", lambda topology: lookup_slice(raw["machineType"], topology),
                           raw["topology"])
-    if tpu is None:
-        return None, raw["allowUnlistedZone"]
-    if not raw["allowUnlistedZone"]:
-        reader.check("zone", zone in tpu.generation.zones,
-                     f"{zone} offers no TPU {tpu.generation.name} per the catalogue ({ZONES_AS_OF}); zones: "
-                     f"{', '.join(sorted(tpu.generation.zones))}. A zone added since: set tpu.allowUnlistedZone")
-    return tpu, raw["allowUnlistedZone"]
+    return tpu, generation, raw["allowUnlistedZone"]
 
 
-def _check_plans(reader: ConfigReader, settings: PlatformSettings, allow_unlisted_zone: bool) -> None:
-    flex = settings.flex_start
+def _check_versions_and_zones(reader: ConfigReader, plans: tuple[PlanSettings, ...], zone: str, gke_version: str,
+                              generation: TpuGeneration | None, allow_unlisted_zone: bool) -> None:
+    """The rules that need only the version, the zone and the TPU generation."""
+    if not _GKE_VERSION.match(gke_version):
+        return
+    reader.check("gkeVersion", gke_version_at_least(gke_version, MIN_GKE_FOR_RAY_OPERATOR),
+                 f"{gke_version} is older than the Ray Operator add-on's {MIN_GKE_FOR_RAY_OPERATOR}")
+    if generation is not None:
+        reader.check("gkeVersion", gke_version_at_least(gke_version, generation.min_gke_version),
+                     f"{gke_version} is older than TPU {generation.name}'s {generation.min_gke_version}")
+    if not any(plan.flex_start for plan in plans):
+        return
+    reader.check("gkeVersion", gke_version_at_least(gke_version, MIN_GKE_FOR_QUEUED_TPU),
+                 f"{gke_version} is too old for TPU flex-start with queued provisioning (plan B); "
+                 f"use {MIN_GKE_FOR_QUEUED_TPU} or later, or set flexStart.maxSlices to 0")
+    if generation is not None and not allow_unlisted_zone:
+        reader.check("zone", zone in generation.flex_start_zones,
+                     f"{zone} offers no flex-start TPU {generation.name} per the catalogue "
+                     f"({ZONES_AS_OF}); zones: {', '.join(sorted(generation.flex_start_zones))}. A zone "
+                     "added since: set tpu.allowUnlistedZone")
+
+
+def _check_plans(reader: ConfigReader, settings: PlatformSettings) -> None:
     reader.check("onDemand.maxSlices", bool(settings.plans),
                  "every rung is off (onDemand.maxSlices and flexStart.maxSlices are 0, no reservation or spot); "
                  "turn one on")
@@ -377,27 +406,22 @@ def _check_plans(reader: ConfigReader, settings: PlatformSettings, allow_unliste
         longest = max(names, key=len)
         reader.check(f"{plan.config_key}.nodePool", len(longest) <= 40,
                      f"derived pool name {longest!r} is longer than GKE's 40 characters; shorten nodePool")
-    if flex is not None:
-        reader.check("gkeVersion", gke_version_at_least(settings.gke_version, MIN_GKE_FOR_QUEUED_TPU),
-                     f"{settings.gke_version} is too old for TPU flex-start with queued provisioning (plan B); "
-                     f"use {MIN_GKE_FOR_QUEUED_TPU} or later, or set flexStart.maxSlices to 0")
-        generation = settings.tpu.generation
-        if not allow_unlisted_zone:
-            reader.check("zone", settings.zone in generation.flex_start_zones,
-                         f"{settings.zone} offers no flex-start TPU {generation.name} per the catalogue "
-                         f"({ZONES_AS_OF}); zones: {', '.join(sorted(generation.flex_start_zones))}. A zone "
-                         "added since: set tpu.allowUnlistedZone")
 
 
-def _read_kueue_version(reader: ConfigReader) -> str:
-    version = reader.obj("kueue", DEFAULTS["kueue"])["version"]
+def _read_kueue(reader: ConfigReader) -> tuple[str, str]:
+    """The Kueue chart's version and the repository it comes from (a mirror for air-gapped clusters)."""
+    raw = reader.obj("kueue", DEFAULTS["kueue"])
+    version, repository = raw["version"], raw["chartRepository"]
+    reader.check("kueue.chartRepository", bool(_CHART_REPOSITORY.match(repository)),
+                 f"{repository!r} is not a Helm repository URL; use oci://host/path (like the default "
+                 f"{DEFAULTS['kueue']['chartRepository']}) or https://host/path")
     match = _SEMVER.match(version)
     if not reader.check("kueue.version", match is not None,
                         f"{version!r} is not a chart version like 0.19.2 (no leading v)"):
-        return version
+        return version, repository
     reader.check("kueue.version", tuple(map(int, match.groups())) >= MIN_KUEUE_VERSION,
                  f"{version} predates v1beta2 storage; use {'.'.join(map(str, MIN_KUEUE_VERSION))} or later")
-    return version
+    return version, repository
 
 
 def _duration_seconds(reader: ConfigReader, name: str, value: str) -> int | None:
@@ -426,7 +450,9 @@ def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:
 
 
 def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> PlatformSettings | None:
-    """The platform half of the settings, or None when `reader.problems` says why not."""
+    """The platform half of the settings, built whenever its parts are readable so that the checks which need
+    it (pool names, the workloads' fit) run in the same pass; only valid when `reader.problems` is empty.
+    None when a part is unreadable (`reader.problems` says why)."""
     project = gcp_config.get("project")
     if project is None:
         reader.problems.append("gcp:project: required; run `pulumi config set gcp:project <your-project-id>`")
@@ -445,25 +471,23 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
     reader.check("systemPool.nodeCount", 1 <= system_raw["nodeCount"] <= 100,
                  f"{system_raw['nodeCount']} is out of range; Kueue and the Ray heads need 1 to 100 nodes")
 
-    tpu, allow_unlisted_zone = _read_tpu(reader, zone)
+    tpu, generation, allow_unlisted_zone = _read_tpu(reader, zone)
     plans = _read_rung_order(reader, {key: _read_plan(reader, kind) for key, kind in RUNG_KINDS.items()})
-    kueue_version = _read_kueue_version(reader)
+    kueue_version, kueue_chart_repository = _read_kueue(reader)
     fallback = read_fallback_settings(reader)
 
-    if reader.problems or tpu is None or machine is None or project is None or fallback is None:
+    _check_versions_and_zones(reader, plans, zone, gke_version, generation, allow_unlisted_zone)
+    if tpu is None or machine is None or fallback is None:
         return None
     settings = PlatformSettings(
-        project=project, zone=zone, cluster_name=cluster_name, gke_version=gke_version,
+        project=project or "", zone=zone, cluster_name=cluster_name, gke_version=gke_version,
         deletion_protection=deletion_protection,
         system_pool=SystemPoolSettings(machine, system_raw["nodeCount"]),
-        tpu=tpu, plans=plans, kueue_version=kueue_version, fallback=fallback,
+        tpu=tpu, plans=plans, kueue_version=kueue_version, kueue_chart_repository=kueue_chart_repository,
+        fallback=fallback,
     )
-    reader.check("gkeVersion", gke_version_at_least(gke_version, MIN_GKE_FOR_RAY_OPERATOR),
-                 f"{gke_version} is older than the Ray Operator add-on's {MIN_GKE_FOR_RAY_OPERATOR}")
-    reader.check("gkeVersion", gke_version_at_least(gke_version, tpu.generation.min_gke_version),
-                 f"{gke_version} is older than TPU {tpu.generation.name}'s {tpu.generation.min_gke_version}")
-    _check_plans(reader, settings, allow_unlisted_zone)
-    return None if reader.problems else settings
+    _check_plans(reader, settings)
+    return settings
 
 
 def _lookup_or_fail(reader: ConfigReader, name: str, lookup: Callable[[str], Any], value: str) -> Any:

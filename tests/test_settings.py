@@ -152,3 +152,37 @@ def test_pulumi_yaml_documents_every_key_with_the_code_default():
         assert len(decl.get("description", "")) > 20, key
         # Pulumi's project schema types only scalars and arrays; objects must stay untyped.
         assert ("type" in decl) == (not isinstance(defaults[key], dict)), key
+
+
+def _cli_output(config: dict[str, str]) -> str:
+    """What `pulumi up` prints for a failed program: the Python language host logs a RunError's message alone,
+    and anything else as "Program failed with an unhandled exception" plus the traceback.
+    Ref: https://github.com/pulumi/pulumi/blob/master/sdk/python/cmd/pulumi-language-python-exec"""
+    import traceback
+
+    import pulumi
+
+    try:
+        OfflineEngine("dev").run(config)
+    except pulumi.RunError as error:
+        return f"error: {error}"
+    except Exception:  # noqa: BLE001 - what the language host does with any other exception
+        return "Program failed with an unhandled exception:\n" + traceback.format_exc()
+    return ""
+
+
+def test_a_bad_config_shows_its_problems_without_a_traceback():
+    output = _cli_output(config_with({"tpu": {"machineType": "ct6e-standard-4t", "topology": "3x3"}}))
+    assert output.startswith("error: invalid stack configuration:")
+    assert "Traceback" not in output and "unhandled exception" not in output
+    assert "tpu-fallback:tpu.topology: topology '3x3' is not valid" in output
+
+
+def test_every_key_is_checked_in_one_pass():
+    # A wrong topology no longer hides the zone; a platform problem no longer hides the workloads'.
+    config = config_with({"tpu": {"machineType": "ct6e-standard-4t", "topology": "3x3"}, "zone": "europe-west9-z",
+                          "workloads": {"headCpu": "two"}})
+    config.pop("gcp:project")
+    output = _cli_output(config)
+    for key in ("gcp:project", "tpu-fallback:tpu.topology", "tpu-fallback:zone", "tpu-fallback:workloads.headCpu"):
+        assert f"  - {key}:" in output, (key, output)

@@ -22,6 +22,7 @@ RUNTIME_REQUIREMENTS = Path(__file__).resolve().parent / "requirements-runtime.t
 SCRIPT_PATH = Path(__file__).resolve().parent / "train.py"
 SCRIPT_MOUNT = "/app"
 SCRIPT_KEY = "train.py"
+RAY_IMAGE_REPOSITORY = "rayproject/ray"
 PYTHON_TAG = "py311"  # the image's Python; the tests run the same minor version
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 ELASTIC_ANNOTATION = "kueue.x-k8s.io/elastic-job"
@@ -40,9 +41,9 @@ class RuntimePins:
     ray: str
     packages: tuple[str, ...]  # pip requirements for the runtime env, as the cluster installs them
 
-    @property
-    def image(self) -> str:
-        return f"rayproject/ray:{self.ray}-{PYTHON_TAG}"
+    def image(self, repository: str = RAY_IMAGE_REPOSITORY) -> str:
+        """The Ray image at the pinned version, from Docker Hub or a mirror of it (`workloads.rayImageRepository`)."""
+        return f"{repository}:{self.ray}-{PYTHON_TAG}"
 
 
 @functools.cache  # read once per program run, not once per RayJob
@@ -119,7 +120,7 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
             "nodeSelector": {NODEPOOL_LABEL_KEY: platform.system_pool.name},
             "containers": [{
                 "name": "ray-head",
-                "image": pins.image,
+                "image": pins.image(settings.ray_image_repository),
                 "ports": [{"containerPort": 6379, "name": "gcs-server"},
                           {"containerPort": 8265, "name": "dashboard"},
                           {"containerPort": 10001, "name": "client"}],
@@ -142,7 +143,7 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
             "tolerations": tolerations,
             "containers": [{
                 "name": "ray-worker",
-                "image": pins.image,
+                "image": pins.image(settings.ray_image_repository),
                 "env": [{"name": "JAX_PLATFORMS", "value": "tpu,cpu"}],
                 "resources": _resources(settings.worker_cpu, settings.worker_memory, tpu.chips_per_host),
                 "volumeMounts": [mount],

@@ -26,6 +26,8 @@ WORKLOAD_DEFAULTS: Mapping[str, Any] = {
                      "--heads", "16", "--batch-size", "256"],
     "maxRunDuration": 86400,
     "backoffLimit": 2,
+    # Docker Hub's; an air-gapped cluster names its mirror (registry/path, no tag: the tag is the Ray pin).
+    "rayImageRepository": "rayproject/ray",
 }
 
 # Flags the workloads module derives from the platform; a user value would contradict the slice.
@@ -34,6 +36,9 @@ DERIVED_FLAGS = ("--use-tpu", "--topology", "--accelerator-type", "--num-workers
 MAX_RUN_DURATION = 7 * 24 * 3600  # DWS nodes run for up to seven days
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CPU = re.compile(r"^([0-9]+)(m)?$")
+# An image reference without tag or digest: [registry[:port]/]path, lowercase path components.
+# Ref: https://github.com/distribution/reference/blob/main/regexp.go
+_IMAGE_REPOSITORY = re.compile(r"^(?:[a-zA-Z0-9.-]+(?::[0-9]+)?/)?[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$")
 _MEMORY = re.compile(r"^([0-9]+)(Mi|Gi)$")
 
 
@@ -50,6 +55,7 @@ class WorkloadSettings:
     training_args: tuple[str, ...]
     max_run_duration_seconds: int
     backoff_limit: int
+    ray_image_repository: str
 
     def job_names(self) -> tuple[str, ...]:
         return tuple(f"{self.name_prefix}-{i}" for i in range(1, self.jobs + 1))
@@ -65,7 +71,7 @@ def _memory_gib(value: str) -> float | None:
     return None if match is None else int(match[1]) / (1024 if match[2] == "Mi" else 1)
 
 
-def _check_training_args(reader: ConfigReader, args: list[str], platform: PlatformSettings) -> None:
+def _check_training_args(reader: ConfigReader, args: list[str], platform: PlatformSettings | None) -> None:
     """The flags must be ones train.py knows, with valid values, and must not contradict the slice."""
     clash = sorted({a.split("=", 1)[0] for a in args} & set(DERIVED_FLAGS))
     if not reader.check("workloads.trainingArgs", not clash,
@@ -81,12 +87,16 @@ def _check_training_args(reader: ConfigReader, args: list[str], platform: Platfo
     if not reader.check("workloads.trainingArgs", not unknown,
                         f"train.py has no flag(s) {' '.join(unknown)}; see python workloads/train.py --help"):
         return
+    if platform is None:
+        return  # the slice is unreadable (reported under its own key): nothing to compare the batch with
     chips = platform.tpu.chips  # one JAX device per chip: the global batch is split evenly across them
     reader.check("workloads.trainingArgs", parsed.batch_size % chips == 0,
                  f"--batch-size {parsed.batch_size} is not a multiple of the slice's {chips} chips")
 
 
-def read_workload_settings(reader: ConfigReader, platform: PlatformSettings) -> WorkloadSettings | None:
+def read_workload_settings(reader: ConfigReader, platform: PlatformSettings | None) -> WorkloadSettings | None:
+    """The workloads' settings, checked in the same pass as the platform's; the checks that compare them with
+    the machines run when the platform's shapes are readable."""
     raw = reader.obj("workloads", WORKLOAD_DEFAULTS)
     reader.check("workloads.jobs", 0 <= raw["jobs"] <= 50, f"{raw['jobs']} is out of range; use 0 to 50")
     reader.check("workloads.namespace", bool(_DNS_LABEL.match(raw["namespace"])) and len(raw["namespace"]) <= 63,
@@ -95,17 +105,16 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings) -> 
     # KubeRay names the head service <rayjob>-<random>-head-svc; the RayJob name must leave room for that.
     reader.check("workloads.namePrefix", bool(_DNS_LABEL.match(raw["namePrefix"])) and len(longest) <= 40,
                  f"{raw['namePrefix']!r}: job names like {longest!r} must be DNS labels of at most 40 characters")
-    machine = platform.tpu.machine_type
-    for field, parse, capacity, unit in (("headCpu", _cpu_cores, platform.system_pool.machine.vcpus, "vCPUs"),
-                                         ("headMemory", _memory_gib, platform.system_pool.machine.memory_gib, "GiB"),
-                                         ("workerCpu", _cpu_cores, machine.vcpus, "vCPUs"),
-                                         ("workerMemory", _memory_gib, machine.memory_gib, "GiB")):
+    for field, parse in (("headCpu", _cpu_cores), ("headMemory", _memory_gib), ("workerCpu", _cpu_cores),
+                         ("workerMemory", _memory_gib)):
         amount = parse(raw[field])
-        host = platform.system_pool.machine.name if field.startswith("head") else machine.name
         if amount is None:
             reader.fail(f"workloads.{field}", f"{raw[field]!r} is not a quantity like "
                                               f"{WORKLOAD_DEFAULTS[field]!r}")
-        else:
+        elif platform is not None:
+            host_machine = platform.system_pool.machine if field.startswith("head") else platform.tpu.machine_type
+            capacity = (host_machine.vcpus if field.endswith("Cpu") else host_machine.memory_gib)
+            unit, host = ("vCPUs" if field.endswith("Cpu") else "GiB"), host_machine.name
             reader.check(f"workloads.{field}", 0 < amount <= capacity,
                          f"{raw[field]} does not fit one {host} ({capacity} {unit})")
     args = raw["trainingArgs"]
@@ -114,6 +123,9 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings) -> 
         _check_training_args(reader, args, platform)
     reader.check("workloads.maxRunDuration", 0 < raw["maxRunDuration"] <= MAX_RUN_DURATION,
                  f"{raw['maxRunDuration']} is out of range; use 1 to {MAX_RUN_DURATION} seconds (7 days)")
+    reader.check("workloads.rayImageRepository", bool(_IMAGE_REPOSITORY.match(raw["rayImageRepository"])),
+                 f"{raw['rayImageRepository']!r} is not an image repository like rayproject/ray or "
+                 "registry.example.com:5000/mirror/rayproject/ray (no tag: the tag comes from the Ray pin)")
     reader.check("workloads.backoffLimit", 1 <= raw["backoffLimit"] <= 10,
                  f"{raw['backoffLimit']} is out of range; use 1 to 10 (each retry resumes from the checkpoint)")
     if reader.problems:
@@ -123,4 +135,5 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings) -> 
         head_cpu=raw["headCpu"], head_memory=raw["headMemory"], worker_cpu=raw["workerCpu"],
         worker_memory=raw["workerMemory"], training_args=tuple(args),
         max_run_duration_seconds=raw["maxRunDuration"], backoff_limit=raw["backoffLimit"],
+        ray_image_repository=raw["rayImageRepository"],
     )
