@@ -135,20 +135,25 @@ class ConfigReader:
             return default
         return value.lower() == "true"
 
-    def obj(self, name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
-        """An object key merged over its defaults; unknown or mistyped fields are problems."""
+    def _structured(self, name: str, kind: type, expected: str) -> Any:
+        """A JSON object or list key as the CLI passes it; None when unset or (a problem) of another kind."""
         raw = self.config.get(name)
         if raw is None:
-            return dict(defaults)
+            return None
         try:
             value = json.loads(raw)
         except json.JSONDecodeError:
             value = None
-        if not isinstance(value, dict):
-            self.fail(name, f"must be an object with fields {', '.join(defaults)}; got {raw!r}")
-            return dict(defaults)
+        if not isinstance(value, kind):
+            self.fail(name, f"must be {expected}; got {raw!r}")
+            return None
+        return value
+
+    def obj(self, name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """An object key merged over its defaults; unknown or mistyped fields are problems."""
+        value = self._structured(name, dict, f"an object with fields {', '.join(defaults)}")
         merged = dict(defaults)
-        for field, given in value.items():
+        for field, given in (value or {}).items():
             if field not in defaults:
                 self.fail(f"{name}.{field}", f"unknown field; allowed: {', '.join(defaults)}")
             elif type(given) is not type(defaults[field]):
@@ -159,17 +164,8 @@ class ConfigReader:
         return merged
 
     def array(self, name: str, default: list) -> list:
-        raw = self.config.get(name)
-        if raw is None:
-            return list(default)
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = None
-        if not isinstance(value, list):
-            self.fail(name, f"must be a list; got {raw!r}")
-            return list(default)
-        return value
+        value = self._structured(name, list, "a list")
+        return list(default) if value is None else value
 
     def check(self, name: str, ok: bool, message: str) -> bool:
         if not ok:
