@@ -15,7 +15,7 @@ from typing import Any
 import pulumi
 
 from infra.cpu import CpuMachineType, lookup_cpu_machine
-from infra.rungs import RESERVATION_AFFINITY_KEY, RUNG_KINDS, RungKind
+from infra.rungs import RUNG_KINDS, RungKind
 from infra.tpu import MACHINE_TYPES, ZONES_AS_OF, TpuGeneration, TpuSlice, lookup_slice
 
 NAMESPACE = "tpu-fallback"
