@@ -65,9 +65,8 @@ class Controller:
         stockout = None
         if view.admitted and view.flavor is not None:
             stockout = decisions.stockout_since(self._events(view.namespace), self._tpu_pods(job), view.admitted_at)
-        action = decisions.decide(self.chain, view, (meta.get("labels") or {}).get(QUEUE_LABEL),
-                                  (meta.get("annotations") or {}).get(FAILOVER_ANNOTATION), stockout, self.grace,
-                                  self.clock())
+        action = decisions.decide(self.chain, view, (meta.get("annotations") or {}).get(FAILOVER_ANNOTATION),
+                                  stockout, self.grace, self.clock())
         if action is None:
             return 0
         if isinstance(action, RecordFlavor):

@@ -172,7 +172,7 @@ def stockout_since(events: Iterable[Mapping], pods: set[str], admitted_at: datet
     return first
 
 
-def decide(chain: Chain, workload: WorkloadView, job_queue_label: str | None, job_failover: str | None,
+def decide(chain: Chain, workload: WorkloadView, job_failover: str | None,
            stockout: datetime.datetime | None, grace: datetime.timedelta, now: datetime.datetime) -> Action:
     """The one next step for a Workload owned by a RayJob; None when there is nothing to do.
 

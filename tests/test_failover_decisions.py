@@ -50,7 +50,7 @@ def workload(queue="user-queue", reserved_on=None, admitted=None, evicted=None, 
 
 def _decide(obj: dict, failover: str | None = None, stockout: datetime.datetime | None = None):
     view = WorkloadView.from_object(obj)
-    return decide(CHAIN, view, view.queue_name, failover, stockout, GRACE, NOW)
+    return decide(CHAIN, view, failover, stockout, GRACE, NOW)
 
 
 def test_an_admission_is_written_down_once():
