@@ -82,12 +82,13 @@ class ControlPlane:
         self.kubeconfig = self._write_kubeconfig("admin", admin)
         self.kube = Kube(self.kubeconfig)
         now = self.timings.mark("kube-apiserver", now)
-        self._start_controller_manager(binaries["kube-controller-manager"])
-        now = self.timings.mark("kube-controller-manager", now)
-
         self.webhook_port = free_port()
         self._install_crds()
         now = self.timings.mark("crds", now)
+        # After the CRDs: the garbage collector discovers resource types at start and then only every 30 s
+        # (kube-controller-manager's GC sync), so a deletion right after a CRD appears could wait that long.
+        self._start_controller_manager(binaries["kube-controller-manager"])
+        now = self.timings.mark("kube-controller-manager", now)
         self._start_kueue(binaries["kueue"])
         self.timings.mark("kueue", now)
 
