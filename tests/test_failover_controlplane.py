@@ -39,17 +39,6 @@ def clean(tier):
     tier.delete_all_jobs()
 
 
-def _failover(tier, job: str) -> decisions.Move | None:
-    rayjob = tier.kube.get(*jobs.RAYJOB, job, NAMESPACE)
-    return decisions.Move.from_json((rayjob["metadata"].get("annotations") or {}).get(decisions.FAILOVER_ANNOTATION))
-
-
-def _queue(tier, job: str) -> tuple[str, str]:
-    """(the RayJob's queue label, its Workload's spec.queueName)."""
-    rayjob = tier.kube.get(*jobs.RAYJOB, job, NAMESPACE)
-    return rayjob["metadata"]["labels"][jobs.QUEUE_LABEL], jobs.workload_of(tier.kube, NAMESPACE, job)["spec"]["queueName"]
-
-
 def test_kueue_runs_the_timeout_the_stack_config_sets(tier):
     # Set as `fallback.podsReadyTimeout` in stack config, passed through the Helm values, rendered by the chart.
     assert tier.plane.kueue_config["waitForPodsReady"]["timeout"] == f"{PODS_READY_TIMEOUT_SECONDS}s"
@@ -87,8 +76,8 @@ def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
           f"(podsReadyTimeout {PODS_READY_TIMEOUT_SECONDS} s)")
     assert time_to_plan_b <= PODS_READY_TIMEOUT_SECONDS + TIME_TO_PLAN_B_SLACK
     assert request["spec"]["provisioningClassName"] == stack_kueue.PROVISIONING_CLASS
-    assert _queue(tier, "stockout-timeout") == ("user-queue-dws", "user-queue-dws")
-    move = wait_for(lambda: (m := _failover(tier, "stockout-timeout")) and m.state == decisions.MOVED and m, 10,
+    assert tier.queues_of("stockout-timeout") == ("user-queue-dws", "user-queue-dws")
+    move = wait_for(lambda: (m := tier.move_of("stockout-timeout")) and m.state == decisions.MOVED and m, 10,
                     "the move recorded")
     assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", "PodsReadyTimeout")
     assert [e["message"] for e in tier.moves_recorded("stockout-timeout")] == [
@@ -104,8 +93,8 @@ def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
     wait_for(lambda: jobs.workload_of(tier.kube, NAMESPACE, "stockout-timeout")["status"].get("requeueState"),
              PODS_READY_TIMEOUT_SECONDS + 15, "the eviction from dws")
     time.sleep(3 * RESYNC_SECONDS)
-    assert _queue(tier, "stockout-timeout") == ("user-queue-dws", "user-queue-dws")
-    assert _failover(tier, "stockout-timeout") == move
+    assert tier.queues_of("stockout-timeout") == ("user-queue-dws", "user-queue-dws")
+    assert tier.move_of("stockout-timeout") == move
     assert len(tier.moves_recorded("stockout-timeout")) == 1
 
 
@@ -120,7 +109,7 @@ def test_early_path_moves_on_the_autoscalers_stockout_before_the_timeout(clean):
           f"(grace {GRACE_SECONDS} s)")
     assert time_to_plan_b < PODS_READY_TIMEOUT_SECONDS
     assert time_to_plan_b <= GRACE_SECONDS + TIME_TO_PLAN_B_SLACK
-    move = _failover(tier, "stockout-early")
+    move = tier.move_of("stockout-early")
     assert (move.reason, move.state) == ("Stockout", decisions.MOVED)
     workload = jobs.workload_of(tier.kube, NAMESPACE, "stockout-early")
     assert workload["spec"].get("active", True) is True  # it always ends active
@@ -136,8 +125,8 @@ def test_a_job_outside_the_chain_is_left_alone(clean):
         wait_for(lambda: jobs.workload_of(tier.kube, NAMESPACE, "outside")["status"].get("requeueState"),
                  PODS_READY_TIMEOUT_SECONDS + 15, "the PodsReady eviction")
         time.sleep(3 * RESYNC_SECONDS)
-        assert _queue(tier, "outside") == ("outside-queue", "outside-queue")
-        assert _failover(tier, "outside") is None
+        assert tier.queues_of("outside") == ("outside-queue", "outside-queue")
+        assert tier.move_of("outside") is None
     finally:
         tier.delete_all_jobs()
         tier.kube.delete(stack_kueue.KUEUE_API_VERSION, "LocalQueue", "outside-queue", NAMESPACE)
@@ -157,33 +146,8 @@ def test_a_restart_mid_move_finishes_the_move(clean):
 
     tier.start_controller()
     jobs.wait_provisioning_request(tier.kube, NAMESPACE, "restart", timeout=20)
-    assert _queue(tier, "restart") == ("user-queue-dws", "user-queue-dws")
+    assert tier.queues_of("restart") == ("user-queue-dws", "user-queue-dws")
     assert jobs.workload_of(tier.kube, NAMESPACE, "restart")["spec"].get("active", True) is True
-    assert _failover(tier, "restart") == move.done()
+    assert tier.move_of("restart") == move.done()
     assert len(tier.moves_recorded("restart")) == 1
 
-
-LADDER = {"reservation": {"reservations": [{"name": "team-a-v6e", "slices": 1}]}, "spot": {"maxSlices": 1}}
-
-
-def test_a_stocked_out_job_walks_down_the_whole_ladder():
-    """reservation -> on-demand -> spot -> dws, one stockout at a time, each moved by the early path."""
-    ladder = start_failover_tier(overrides=LADDER)
-    try:
-        ladder.start_controller()
-        ladder.submit("walker")
-        seen = []
-        for here, there in (("reservation", "on-demand"), ("on-demand", "spot"), ("spot", "dws")):
-            wait_for(lambda h=here: jobs.decision(ladder.kube, NAMESPACE, "walker").flavor == h, 20, f"on {here}")
-            seen.append(here)
-            time.sleep(1.1)  # the autoscaler's report comes after this admission (events have 1 s resolution)
-            ladder.play_kuberay_and_a_stockout("walker")
-            wait_for(lambda t=there: (m := _failover(ladder, "walker")) and m.to_flavor == t
-                     and m.state == decisions.MOVED, 20, f"moved to {there}")
-        jobs.wait_provisioning_request(ladder.kube, NAMESPACE, "walker", timeout=20)
-        assert seen == ["reservation", "on-demand", "spot"]
-        assert _queue(ladder, "walker") == ("user-queue-dws", "user-queue-dws")
-        assert sorted(e["message"].split(" (")[0] for e in ladder.moves_recorded("walker")) == [
-            "moved from on-demand to spot", "moved from reservation to on-demand", "moved from spot to dws"]
-    finally:
-        ladder.plane.stop()

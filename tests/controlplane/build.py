@@ -12,6 +12,7 @@ go.mod/go.sum live in the repository (tests/controlplane/gomod/); sources and bi
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -77,20 +78,28 @@ def _targets() -> dict[str, tuple[str | None, str, str]]:
 
 
 def build(name: str) -> Path:
-    """The binary `name` at its pinned version, built only when the cache lacks it."""
+    """The binary `name` at its pinned version, built only when the cache lacks it. Test workers started in
+    parallel on a fresh machine wait for one build instead of running four."""
     target = versions.binary_path(name, versions.BINARIES[name])
     if target.exists():
         return target
-    wrapper, package, ldflags = _targets()[name]
     target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.with_name(f".{target.name}.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not target.exists():
+            _build(name, target)
+    return target
+
+
+def _build(name: str, target: Path) -> None:
+    wrapper, package, ldflags = _targets()[name]
     started = time.monotonic()
     partial = target.with_name(target.name + ".partial")
     if wrapper is None:
         # `go install pkg@version` builds the module with its own go.mod/go.sum; GOBIN puts it in a scratch dir.
         with tempfile.TemporaryDirectory(dir=target.parent) as gobin:
-            subprocess_env_gobin = {"GOBIN": gobin}
             result = subprocess.run(["go", "install", "-trimpath", "-ldflags", ldflags, package],
-                                    env={**_go_env(), **subprocess_env_gobin}, text=True, capture_output=True)
+                                    env={**_go_env(), "GOBIN": gobin}, text=True, capture_output=True)
             if result.returncode != 0:
                 raise RuntimeError(f"building {name} failed:\n{result.stderr[-4000:]}")
             shutil.move(Path(gobin) / name, partial)
@@ -98,7 +107,6 @@ def build(name: str) -> Path:
         _go("build", "-trimpath", "-ldflags", ldflags, "-o", str(partial), package, cwd=GOMOD / wrapper)
     partial.rename(target)  # atomic: a killed build never leaves a binary that looks finished
     print(f"built {target.name} in {time.monotonic() - started:.0f} s", file=sys.stderr, flush=True)
-    return target
 
 
 def build_all() -> dict[str, Path]:

@@ -8,6 +8,7 @@ Ref: ../shared/notes/real-control-plane.md
 
 from __future__ import annotations
 
+import fcntl
 import shutil
 import ssl
 import tempfile
@@ -175,11 +176,7 @@ class ControlPlane:
         serving = self.ca.serving("kueue-webhook")
         shutil.copy(serving.cert, cert_dir / "tls.crt")
         shutil.copy(serving.key, cert_dir / "tls.key")
-        if not (KUEUE_METRICS_CERTS / "tls.crt").exists():
-            KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
-            metrics = self.ca.serving("kueue-metrics")
-            shutil.copy(metrics.cert, KUEUE_METRICS_CERTS / "tls.crt")
-            shutil.copy(metrics.key, KUEUE_METRICS_CERTS / "tls.key")
+        self._ensure_metrics_certs()
 
         health = free_port()
         self.kueue_config = chart.out_of_cluster_config(self.chart.manager_config(), health, self.webhook_port,
@@ -194,6 +191,17 @@ class ControlPlane:
         self._kueue_argv = [str(binary), f"--config={config_file}", f"--kubeconfig={self.kubeconfig}", *args]
         self._kueue_health = health
         self._run_kueue()
+
+    def _ensure_metrics_certs(self) -> None:
+        """Any matching pair will do (metrics are off); a lock keeps tiers started in parallel from mixing a
+        certificate of one with the key of another."""
+        KUEUE_METRICS_CERTS.mkdir(parents=True, exist_ok=True)
+        with open(KUEUE_METRICS_CERTS / ".lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not (KUEUE_METRICS_CERTS / "tls.crt").exists():
+                metrics = self.ca.serving("kueue-metrics")
+                shutil.copy(metrics.key, KUEUE_METRICS_CERTS / "tls.key")
+                shutil.copy(metrics.cert, KUEUE_METRICS_CERTS / "tls.crt")  # last: its presence means done
 
     def _run_kueue(self) -> None:
         process = self.supervisor.start("kueue", self._kueue_argv)

@@ -11,6 +11,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from failover import decisions
 from infra import failover as stack_failover
 from infra.offline import Plan
 from tests.conftest import REPO, plan_for
@@ -123,6 +124,18 @@ class FailoverTier:
                           "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
                           "source": {"component": "cluster-autoscaler"}, "count": 1,
                           "firstTimestamp": now, "lastTimestamp": now})
+
+    def move_of(self, job: str) -> decisions.Move | None:
+        """The move the controller recorded on the RayJob (its annotation)."""
+        rayjob = self.kube.get(*jobs.RAYJOB, job, NAMESPACE)
+        return decisions.Move.from_json((rayjob["metadata"].get("annotations") or {}).get(
+            decisions.FAILOVER_ANNOTATION))
+
+    def queues_of(self, job: str) -> tuple[str, str]:
+        """(the RayJob's queue label, its Workload's spec.queueName): a move changes both."""
+        rayjob = self.kube.get(*jobs.RAYJOB, job, NAMESPACE)
+        workload = jobs.workload_of(self.kube, NAMESPACE, job)
+        return rayjob["metadata"]["labels"][jobs.QUEUE_LABEL], workload["spec"]["queueName"]
 
     def moves_recorded(self, job: str) -> list[dict]:
         return [e for e in self.kube.list("v1", "Event", namespace=NAMESPACE)
