@@ -41,11 +41,13 @@ class Controller:
         self.workloads = self.api.resources.get(api_version=WORKLOAD[0], kind=WORKLOAD[1])
         self.rayjobs = self.api.resources.get(api_version=RAYJOB[0], kind=RAYJOB[1])
         self.chain, self.grace, self.clock = chain, grace, clock
+        self._events_by_namespace: dict[str, list[dict]] = {}  # read once per pass, only where needed
 
     # ---- one pass ----------------------------------------------------------------------------------------------
     def reconcile_all(self) -> int:
         """One pass over every Workload owned by a RayJob; the number of actions taken."""
         actions = 0
+        self._events_by_namespace.clear()
         for workload in self._list(self.workloads):
             try:
                 actions += self.reconcile(workload)
@@ -63,7 +65,7 @@ class Controller:
             return 0
         meta = job["metadata"]
         stockout = None
-        if view.admitted and view.flavor is not None:
+        if view.admitted and self.chain.stocks_out_after_admission(view.flavor):
             stockout = decisions.stockout_since(self._events(view.namespace), self._tpu_pods(job), view.admitted_at)
         action = decisions.decide(self.chain, view, (meta.get("annotations") or {}).get(FAILOVER_ANNOTATION),
                                   stockout, self.grace, self.clock())
@@ -75,8 +77,7 @@ class Controller:
         elif isinstance(action, StartMove):
             log.info("%s/%s: starting a move to %s (%s, from %s)", view.namespace, view.rayjob,
                      action.move.to_flavor, action.move.reason, action.move.from_flavor)
-            job = self._patch(self.rayjobs, job, {"metadata": {"annotations": {
-                FAILOVER_ANNOTATION: action.move.to_json()}}})
+            self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: action.move.to_json()}}})
             self._finish(action.move, workload_obj["metadata"]["name"], view.namespace, view.queue_name)
         elif isinstance(action, FinishMove):
             self._finish(action.move, workload_obj["metadata"]["name"], view.namespace, view.queue_name)
@@ -154,8 +155,11 @@ class Controller:
                               content_type=MERGE_PATCH).to_dict()
 
     def _events(self, namespace: str) -> list[dict]:
-        events = self.core.list_namespaced_event(namespace)
-        return [self.api.client.sanitize_for_serialization(event) for event in events.items]
+        if namespace not in self._events_by_namespace:
+            events = self.core.list_namespaced_event(namespace)
+            self._events_by_namespace[namespace] = [self.api.client.sanitize_for_serialization(event)
+                                                    for event in events.items]
+        return self._events_by_namespace[namespace]
 
     def _tpu_pods(self, job: dict) -> set[str]:
         """The names of the RayJob's pods that request TPUs (KubeRay labels them with their RayCluster)."""

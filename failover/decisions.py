@@ -56,6 +56,11 @@ class Chain:
     def index_of_flavor(self, flavor: str | None) -> int | None:
         return next((i for i, rung in enumerate(self.rungs) if rung.flavor == flavor), None)
 
+    def stocks_out_after_admission(self, flavor: str | None) -> bool:
+        """A rung without an admission check admits before capacity exists; DWS provisions first."""
+        rung = self.index_of_flavor(flavor)
+        return rung is not None and not self.rungs[rung].admission_check
+
 
 @dataclass(frozen=True)
 class WorkloadView:
@@ -195,10 +200,9 @@ def decide(chain: Chain, workload: WorkloadView, job_failover: str | None,
         rung = start if rung is None else rung
         return _move_to_next(chain, workload, start, rung, PODS_READY_TIMEOUT, now)
 
-    if workload.admitted and workload.flavor and stockout is not None and now - stockout >= grace:
-        rung = chain.index_of_flavor(workload.flavor)
-        if rung is not None and not chain.rungs[rung].admission_check:  # early path
-            return _move_to_next(chain, workload, start, rung, STOCKOUT, now)
+    if (workload.admitted and chain.stocks_out_after_admission(workload.flavor) and stockout is not None
+            and now - stockout >= grace):  # early path
+        return _move_to_next(chain, workload, start, chain.index_of_flavor(workload.flavor), STOCKOUT, now)
     return None
 
 
