@@ -240,6 +240,3 @@ class ControlPlane:
         self.supervisor.stop_all()
         if self._own_workdir and not keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
-
-    def logs(self) -> dict[str, str]:
-        return {process.name: process.tail(200) for process in self.supervisor.processes}

@@ -78,7 +78,6 @@ def creation_order(plan: Plan) -> list[Step]:
 @dataclass
 class Deployed:
     steps: list[Step]
-    created_seconds: dict[str, float] = field(default_factory=dict)
 
 
 def deploy(kube: Kube, plan: Plan, wait_timeout: float = 60.0,
@@ -90,7 +89,6 @@ def deploy(kube: Kube, plan: Plan, wait_timeout: float = 60.0,
     for step in steps:
         if step.manifest is None:
             continue  # the tier already runs Kueue with what this release renders
-        started = time.monotonic()
         kube.create(step.manifest)
         awaited = (step.manifest["metadata"].get("annotations") or {}).get(WAIT_FOR)
         if awaited:
@@ -100,7 +98,6 @@ def deploy(kube: Kube, plan: Plan, wait_timeout: float = 60.0,
                      f"{step.label} {awaited}")
         if after_create is not None:
             after_create(step)
-        deployed.created_seconds[step.label] = time.monotonic() - started
     return deployed
 
 
