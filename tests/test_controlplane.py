@@ -21,7 +21,7 @@ from infra.tpu import TPU_RESOURCE, lookup_slice
 from tests.conftest import SHIPPED_STACKS, config_with, plan_for
 from tests.controlplane import jobs
 from tests.controlplane.kube import condition, wait_for
-from tests.controlplane.stack import Deployed, Step, deploy, destroy
+from tests.controlplane.stack import Deployed, deploy, destroy
 from tests.test_workloads import MAX_RAY_WORKER_GROUPS
 from workloads.settings import WORKLOAD_DEFAULTS
 
@@ -87,13 +87,7 @@ def scenario(request, control_plane):
     plan = plan_for(stack, overrides or None)
     kube = control_plane.kube
 
-    def judged_in_order(step: Step) -> None:
-        if step.manifest and step.manifest["kind"] == "RayJob":
-            meta = step.manifest["metadata"]
-            wait_for(lambda: jobs.decided(jobs.workload_of(kube, meta["namespace"], meta["name"])),
-                     DECISION_TIMEOUT, f"Kueue's decision on {meta['name']}")
-
-    deployed = deploy(kube, plan, after_create=judged_in_order)
+    deployed = deploy(kube, plan, after_create=jobs.judged_in_order(kube, DECISION_TIMEOUT))
     current = Scenario(request.param, plan, config_with(overrides, stack), deployed)
     yield current
     if not getattr(current, "destroyed", False):
@@ -184,11 +178,6 @@ class TestStackOnRealKueue:
                 assert kube.get(*step.ref()) is None, step.label
 
 
-def _dev_rayjob() -> dict:
-    (job,) = [m for m in plan_for().kubernetes_manifests() if m["kind"] == "RayJob"][:1]
-    return json.loads(json.dumps(job))
-
-
 def _without_elastic_annotation(job: dict) -> None:
     del job["metadata"]["annotations"]["kueue.x-k8s.io/elastic-job"]
 
@@ -233,7 +222,7 @@ BROKEN_RAYJOBS = {
 
 
 def test_our_rayjob_passes_the_real_webhooks(control_plane):
-    created = control_plane.kube.create(_dev_rayjob(), dry_run=True)
+    created = control_plane.kube.create(jobs.dev_rayjob(), dry_run=True)
     assert created["spec"]["suspend"] is True  # Kueue's mutating webhook suspends it until admitted
 
 
@@ -242,7 +231,7 @@ def test_broken_rayjob_is_rejected_with_the_webhooks_message(control_plane, case
     from tests.controlplane.kube import Rejected
 
     breaks, message = BROKEN_RAYJOBS[case]
-    job = _dev_rayjob()
+    job = jobs.dev_rayjob()
     breaks(job)
     with pytest.raises(Rejected) as rejected:
         control_plane.kube.create(job, dry_run=True)

@@ -17,7 +17,7 @@ from tests.conftest import plan_for
 from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.kube import wait_for
-from tests.controlplane.stack import HELM_RELEASE, Step, deletion_policy, deploy, destroy, release_values
+from tests.controlplane.stack import HELM_RELEASE, deletion_policy, deploy, destroy, release_values
 
 pytestmark = pytest.mark.controlplane
 
@@ -29,13 +29,7 @@ def _deploy_until_job_waits_on_its_request(kube):
     """The dev stack with job 2 holding `dws` quota while its ProvisioningRequest is pending."""
     plan = plan_for()
 
-    def judged(step: Step) -> None:
-        if step.manifest and step.manifest["kind"] == "RayJob":
-            meta = step.manifest["metadata"]
-            wait_for(lambda: jobs.decided(jobs.workload_of(kube, meta["namespace"], meta["name"])), 30,
-                     f"Kueue's decision on {meta['name']}")
-
-    deployed = deploy(kube, plan, after_create=judged)
+    deployed = deploy(kube, plan, after_create=jobs.judged_in_order(kube))
     waiting = plan.outputs["trainingJobs"][1]
     request = jobs.wait_provisioning_request(kube, "default", waiting)
     return deployed, waiting, request

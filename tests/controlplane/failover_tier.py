@@ -38,15 +38,6 @@ def platform_plan(pods_ready_timeout: int = PODS_READY_TIMEOUT_SECONDS, grace: i
                             "workloads": {"jobs": 0}, **(overrides or {})})
 
 
-def rayjob(name: str, queue: str = "user-queue") -> dict:
-    """The dev stack's RayJob, renamed and queued on `queue`."""
-    (template,) = [m for m in plan_for().kubernetes_manifests() if m["kind"] == "RayJob"][:1]
-    job = copy.deepcopy(template)
-    job["metadata"]["name"] = name
-    job["metadata"]["labels"][jobs.QUEUE_LABEL] = queue
-    return job
-
-
 @dataclass
 class FailoverTier:
     plane: ControlPlane
@@ -88,8 +79,8 @@ class FailoverTier:
     def submit(self, name: str, queue: str = "user-queue") -> float:
         """Create a RayJob and wait for Kueue's first decision; the monotonic time it was created."""
         created = time.monotonic()
-        self.kube.create(rayjob(name, queue))
-        wait_for(lambda: jobs.decided(jobs.workload_of(self.kube, NAMESPACE, name)), 30, f"Kueue's decision on {name}")
+        self.kube.create(jobs.dev_rayjob(name, queue))
+        jobs.wait_decided(self.kube, NAMESPACE, name)
         return created
 
     def delete_all_jobs(self) -> None:
@@ -105,7 +96,7 @@ class FailoverTier:
         cluster = f"{job}-raycluster"
         self.kube.patch(*jobs.RAYJOB, job, {"status": {"rayClusterName": cluster}}, namespace=NAMESPACE,
                         subresource="status")
-        (worker,) = rayjob(job)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+        (worker,) = jobs.dev_rayjob(job)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
         pod_name = f"{cluster}-tpu-group-worker-0"
         container = copy.deepcopy(worker["template"]["spec"]["containers"][0])
         container.pop("volumeMounts", None)

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import copy
 import datetime
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from infra.kueue import KUEUE_API_VERSION
-from workloads.rayjob import QUEUE_LABEL  # noqa: F401 - the label tests read and rewrite
+from tests.conftest import plan_for
+from tests.controlplane.stack import Step
+from workloads.rayjob import QUEUE_LABEL
 from tests.controlplane.kube import Kube, condition, condition_reason, wait_for
 
 RAYJOB = ("ray.io/v1", "RayJob")
@@ -58,6 +62,34 @@ def decision(kube: Kube, namespace: str, rayjob: str) -> Decision:
     return Decision(rayjob, tpu_flavor(workload) if condition(workload, "QuotaReserved") == "True" else None,
                     condition(workload, "Admitted") == "True", check_states(workload),
                     condition_reason(workload, "QuotaReserved"))
+
+
+def wait_decided(kube: Kube, namespace: str, rayjob: str, timeout: float = 30.0) -> dict:
+    def judged() -> dict | None:
+        workload = workload_of(kube, namespace, rayjob)
+        return workload if decided(workload) else None
+    return wait_for(judged, timeout, f"Kueue's decision on {rayjob}")
+
+
+def judged_in_order(kube: Kube, timeout: float = 30.0) -> Callable[[Step], None]:
+    """A deploy hook that waits for Kueue's decision on each RayJob before the next is created, so jobs are
+    judged in submission order (pulumi up creates them in parallel; the tests need a fixed order)."""
+    def hook(step: Step) -> None:
+        if step.manifest and step.manifest["kind"] == "RayJob":
+            meta = step.manifest["metadata"]
+            wait_decided(kube, meta["namespace"], meta["name"], timeout)
+    return hook
+
+
+def dev_rayjob(name: str | None = None, queue: str | None = None) -> dict:
+    """A copy of the dev stack's first RayJob, optionally renamed and queued elsewhere."""
+    (template,) = [m for m in plan_for().kubernetes_manifests() if m["kind"] == "RayJob"][:1]
+    job = copy.deepcopy(template)
+    if name:
+        job["metadata"]["name"] = name
+    if queue:
+        job["metadata"]["labels"][QUEUE_LABEL] = queue
+    return job
 
 
 def provisioning_requests(kube: Kube, namespace: str, workload: dict) -> list[dict]:
