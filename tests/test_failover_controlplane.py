@@ -21,14 +21,21 @@ pytestmark = pytest.mark.controlplane
 
 # Kueue evicts at the timeout; the controller acts within a pass; Kueue then reserves dws and creates the request.
 TIME_TO_PLAN_B_SLACK = 10
+# How long to wait for Kueue or the controller to react where no timing is being measured: generous, because the
+# suite runs four test files at a time on two cores (the restart test failed once under that load, cause not
+# captured; the tier keeps its logs on failure now).
+REACTION_TIMEOUT = 60
 
 
 @pytest.fixture(scope="module")
-def tier():
+def tier(request):
     tier = start_failover_tier()
     tier.start_controller()
     yield tier
-    tier.plane.stop()
+    failed = request.session.testsfailed > 0
+    tier.plane.stop(keep_workdir=failed)  # the controller's and Kueue's logs, for whoever reads the failure
+    if failed:
+        print(f"\nfailover tier logs kept in {tier.plane.supervisor.logs}")
 
 
 @pytest.fixture
@@ -142,10 +149,11 @@ def test_a_restart_mid_move_finishes_the_move(clean):
         decisions.FAILOVER_ANNOTATION: move.to_json()}}}, namespace=NAMESPACE)
     workload = jobs.workload_of(tier.kube, NAMESPACE, "restart")
     tier.kube.patch(*jobs.WORKLOAD, workload["metadata"]["name"], {"spec": {"active": False}}, namespace=NAMESPACE)
-    wait_for(lambda: jobs.suspended(tier.kube.get(*jobs.RAYJOB, "restart", NAMESPACE)), 20, "Kueue suspends it")
+    wait_for(lambda: jobs.suspended(tier.kube.get(*jobs.RAYJOB, "restart", NAMESPACE)), REACTION_TIMEOUT,
+             "Kueue suspends it")
 
     tier.start_controller()
-    jobs.wait_provisioning_request(tier.kube, NAMESPACE, "restart", timeout=20)
+    jobs.wait_provisioning_request(tier.kube, NAMESPACE, "restart", timeout=REACTION_TIMEOUT)
     assert tier.queues_of("restart") == ("user-queue-dws", "user-queue-dws")
     assert jobs.workload_of(tier.kube, NAMESPACE, "restart")["spec"].get("active", True) is True
     assert tier.move_of("restart") == move.done()
