@@ -123,7 +123,9 @@ class Controller:
         current = Move.from_json((meta.get("annotations") or {}).get(FAILOVER_ANNOTATION))
         if current is not None and current.state == decisions.MOVED:
             return
-        self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: move.done().to_json()}}})
+        self._patch(self.rayjobs, job, {"metadata": {"annotations": {
+            FAILOVER_ANNOTATION: move.done().to_json(),
+            decisions.MOVES_ANNOTATION: decisions.with_move_recorded(meta.get("annotations"), move)}}})
         message = decisions.move_message(move, from_queue or "?")
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
         self.core.create_namespaced_event(meta["namespace"], client.CoreV1Event(

@@ -19,6 +19,9 @@ QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 ADMITTED_FLAVOR_ANNOTATION = "tpu-fallback/admitted-flavor"
 # On the RayJob: the move, written before the first change so a restart finishes it (JSON, see Move).
 FAILOVER_ANNOTATION = "tpu-fallback/failover"
+# On the RayJob: every completed move, oldest first (a JSON list of Move objects), written in the same guarded patch
+# that marks the move done. Events expire (an hour by default); this history lasts as long as the job.
+MOVES_ANNOTATION = "tpu-fallback/moves"
 TPU_RESOURCE = "google.com/tpu"
 PODS_READY_TIMEOUT = "PodsReadyTimeout"
 STOCKOUT = "Stockout"
@@ -213,6 +216,25 @@ def _move_to_next(chain: Chain, workload: WorkloadView, start: int, rung: int, r
         return None  # past the last rung, or already in a queue that starts at or below the target
     to = chain.rungs[target]
     return StartMove(Move(chain.rungs[rung].flavor, to.flavor, to.local_queue, reason, format_time(now)))
+
+
+def move_history(annotations: Mapping[str, str] | None) -> list[Move]:
+    """The completed moves recorded on a RayJob, oldest first (unreadable entries are skipped)."""
+    try:
+        entries = json.loads((annotations or {}).get(MOVES_ANNOTATION) or "[]")
+    except ValueError:
+        return []
+    moves = [Move.from_json(json.dumps(entry)) for entry in entries if isinstance(entry, dict)]
+    return [move for move in moves if move is not None]
+
+
+def with_move_recorded(annotations: Mapping[str, str] | None, move: Move) -> str:
+    """The history annotation's value once `move` is done (a move already recorded is not added twice)."""
+    history = move_history(annotations)
+    done = move.done()
+    if done not in history:
+        history.append(done)
+    return json.dumps([json.loads(m.to_json()) for m in history], sort_keys=True)
 
 
 def move_message(move: Move, from_queue: str) -> str:
