@@ -3,8 +3,11 @@
 Configuration (environment, set by the stack's Deployment):
     FAILOVER_CHAIN            JSON list of {flavor, clusterQueue, localQueue, admissionCheck}, rung 0 first
     FAILOVER_GRACE_SECONDS    how long the autoscaler must report no capacity before the early move (default 180)
-    FAILOVER_RESYNC_SECONDS   seconds between passes over the Workloads (default 5)
+    FAILOVER_RESYNC_SECONDS   seconds between resyncs, the safety net that queues every Workload again (default
+                              300); changes are handled as the watches deliver them
+    FAILOVER_WORKERS          Workloads reconciled at once (default 4; a move waits up to 10 s for Kueue)
     FAILOVER_HEALTH_PORT      /healthz port (default 8080; 0 turns it off)
+    FAILOVER_METRICS_PORT     Prometheus /metrics port (default 9090; 0 turns it off)
     KUBECONFIG                outside a cluster; in a Pod the ServiceAccount's credentials are used
 """
 
@@ -22,19 +25,24 @@ from kubernetes import client, config
 
 from failover.controller import Controller
 from failover.decisions import Chain
+from failover.metrics import Metrics
 
 log = logging.getLogger("tpu-fallback.failover")
 
 
 class Health:
-    """Healthy while passes keep completing: a stuck or crashing loop fails the liveness probe."""
+    """Healthy while every watch runs and the main loop keeps ticking: a dead watch or a stuck loop fails the
+    liveness probe, and the kubelet restarts the controller."""
 
-    def __init__(self, resync: float):
-        self.limit = 3 * resync + 30
-        self.last_pass = time.monotonic()
+    LIMIT_SECONDS = 60
+
+    def __init__(self, informers):
+        self.informers = informers
+        self.last_tick = time.monotonic()
 
     def ok(self) -> bool:
-        return time.monotonic() - self.last_pass < self.limit
+        return (time.monotonic() - self.last_tick < self.LIMIT_SECONDS
+                and all(informer.is_alive() for informer in self.informers))
 
     def serve(self, port: int) -> None:
         health = self
@@ -64,21 +72,36 @@ def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     chain = Chain.from_json(os.environ["FAILOVER_CHAIN"])
     grace = datetime.timedelta(seconds=float(os.environ.get("FAILOVER_GRACE_SECONDS", "180")))
-    resync = float(os.environ.get("FAILOVER_RESYNC_SECONDS", "5"))
-    health = Health(resync)
+    resync = float(os.environ.get("FAILOVER_RESYNC_SECONDS", "300"))
+    workers = int(os.environ.get("FAILOVER_WORKERS", "4"))
+    metrics = Metrics()
+    metrics_port = int(os.environ.get("FAILOVER_METRICS_PORT", "9090"))
+    if metrics_port:
+        metrics.serve(metrics_port)
+    controller = Controller(api_client(), chain, grace, metrics=metrics)
+    informers = controller.informers()
+    health = Health(informers)
     port = int(os.environ.get("FAILOVER_HEALTH_PORT", "8080"))
+    for informer in informers:
+        informer.start()
+    # Workers start once every cache is filled: a half-done move is only seen with its RayJob's annotation.
+    for informer in informers:
+        while not informer.synced.wait(timeout=10):
+            log.info("waiting for the first list of %s", informer.watched.resource)
+    stopping = threading.Event()
+    for number in range(workers):
+        threading.Thread(target=controller.work, args=(stopping,), name=f"worker-{number}", daemon=True).start()
     if port:
         health.serve(port)
-    controller = Controller(api_client(), chain, grace)
-    log.info("watching %s, grace %s, every %.1f s",
+    log.info("watching %s, grace %s, resync every %.0f s",
              " -> ".join(f"{r.flavor} ({r.local_queue})" for r in chain.rungs), grace, resync)
+    next_resync = time.monotonic() + resync
     while True:
-        try:
-            controller.reconcile_all()
-            health.last_pass = time.monotonic()
-        except Exception:  # noqa: BLE001 - one bad pass (API hiccup) must not end the controller
-            log.exception("pass failed; retrying")
-        time.sleep(resync)
+        time.sleep(min(1.0, resync))
+        health.last_tick = time.monotonic()
+        if time.monotonic() >= next_resync:
+            controller.resync()
+            next_resync = time.monotonic() + resync
 
 
 if __name__ == "__main__":

@@ -1,24 +1,35 @@
-"""The failover controller's I/O: read Workloads, RayJobs, pods and events; carry out what `decisions` says.
+"""The failover controller's I/O: watch Workloads, RayJobs and the autoscaler's events; carry out what
+`decisions` says.
+
+Event-driven: informers keep a slim cache (a WorkloadView per Workload, each RayJob's move annotation, the
+stockout events) and put the key of every changed Workload on a work queue; workers reconcile one key at a time.
+A periodic resync re-queues every key, the safety net for anything a watch missed. The early path's grace
+period ends at a known time, so the key is queued for that moment rather than found by a later pass.
 
 Every write is a JSON merge patch guarded by the resourceVersion it was decided on, so two replicas (or a
-restart) never carry out the same move twice: the second write gets 409 Conflict and the next pass sees the
-first one's result.
+restart) never carry out the same move twice: the second write gets 409 Conflict and the next change or resync
+sees the first one's result.
 """
 
 from __future__ import annotations
 
 import datetime
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 
 from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 
 from failover import decisions
-from failover.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, QUEUE_LABEL, Chain, FinishMove, Move,
-                                RecordFlavor, StartMove, WorkloadView)
+from failover.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL,
+                                Chain, FinishMove, Move, RecordFlavor, StartMove, WorkloadView)
+from failover.informer import Informer, Watched
+from failover.metrics import Metrics
+from failover.workqueue import WorkQueue
 
 log = logging.getLogger("tpu-fallback.failover")
 WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
@@ -27,50 +38,205 @@ MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "tpu-fallback-failover"
 EVENT_REASON = "MovedToNextRung"
 SUSPEND_WAIT_SECONDS = 10.0
+# The kinds the controller watches. Events: only Warnings about pods, where the autoscaler reports a stockout.
+WATCHED_WORKLOADS = Watched("workloads", "/apis/kueue.x-k8s.io/v1beta2/workloads")
+WATCHED_RAYJOBS = Watched("rayjobs", "/apis/ray.io/v1/rayjobs", metadata_only=True)
+WATCHED_EVENTS = Watched("events", "/api/v1/events", field_selector="involvedObject.kind=Pod,type=Warning")
+
+Key = tuple[str, str]  # (namespace, name)
 
 
 def utcnow() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
+@dataclass(frozen=True)
+class CachedWorkload:
+    view: WorkloadView
+    meta: dict  # name, namespace, resourceVersion: what a guarded patch needs
+    last_admitted_at: datetime.datetime | None  # kept after the eviction clears it, for the move's delay metric
+
+
+def _key(obj: dict) -> Key:
+    return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+def _is_stockout(event: dict) -> bool:
+    return (event.get("reason") in decisions.SCALE_UP_FAILURE_REASONS
+            and bool(decisions.STOCKOUT_MESSAGE.search(event.get("message") or "")))
+
+
 class Controller:
     def __init__(self, api_client: client.ApiClient, chain: Chain, grace: datetime.timedelta,
-                 clock: Callable[[], datetime.datetime] = utcnow):
+                 clock: Callable[[], datetime.datetime] = utcnow, metrics: Metrics | None = None):
         self.api = dynamic.DynamicClient(api_client)
         self.core = client.CoreV1Api(api_client)
         self.workloads = self.api.resources.get(api_version=WORKLOAD[0], kind=WORKLOAD[1])
         self.rayjobs = self.api.resources.get(api_version=RAYJOB[0], kind=RAYJOB[1])
         self.chain, self.grace, self.clock = chain, grace, clock
-        self._events_by_namespace: dict[str, list[dict]] = {}  # read once per pass, only where needed
+        self.metrics = metrics or Metrics()
+        self.queue = WorkQueue()
+        self._lock = threading.Lock()
+        self._workloads: dict[Key, CachedWorkload] = {}
+        self._workload_of_job: dict[Key, Key] = {}  # (namespace, RayJob) -> its Workload
+        self._job_moves: dict[Key, str | None] = {}  # (namespace, RayJob) -> its FAILOVER_ANNOTATION
+        self._stockouts: dict[str, dict[str, dict]] = {}  # namespace -> event uid -> stockout event
 
-    # ---- one pass ----------------------------------------------------------------------------------------------
-    def reconcile_all(self) -> int:
-        """One pass over every Workload owned by a RayJob; the number of actions taken."""
-        actions = 0
-        self._events_by_namespace.clear()
-        for workload in self._list(self.workloads):
+    # ---- what the informers see --------------------------------------------------------------------------------
+    def informers(self) -> list[Informer]:
+        def counted(resource, handler):
+            def on_event(event_type, obj):
+                self.metrics.watch_events.labels(resource).inc()
+                handler(event_type, obj)
+            return on_event
+
+        errors = lambda _error: self.metrics.errors.inc()  # noqa: E731 - a one-line callback
+        return [Informer(self.api, WATCHED_RAYJOBS, self.rayjobs_listed, counted("rayjobs", self.rayjob_changed),
+                         errors),
+                Informer(self.api, WATCHED_EVENTS, self.events_listed, counted("events", self.event_changed), errors),
+                Informer(self.api, WATCHED_WORKLOADS, self.workloads_listed,
+                         counted("workloads", self.workload_changed), errors)]
+
+    def workloads_listed(self, items: list[dict]) -> None:
+        with self._lock:
+            self._workloads.clear()
+            self._workload_of_job.clear()
+        for item in items:
+            self.workload_changed("ADDED", item)
+
+    def workload_changed(self, event_type: str, obj: dict) -> None:
+        key = _key(obj)
+        with self._lock:
+            before = self._workloads.get(key)
+            if event_type == "DELETED":
+                self._workloads.pop(key, None)
+                if before is not None and before.view.rayjob:
+                    self._workload_of_job.pop((key[0], before.view.rayjob), None)
+                self.metrics.workloads_watched.set(len(self._workloads))
+                return
+            view = WorkloadView.from_object(obj)
+            meta = obj["metadata"]
+            self._workloads[key] = CachedWorkload(
+                view, {"name": meta["name"], "namespace": meta["namespace"],
+                       "resourceVersion": meta["resourceVersion"]},
+                view.admitted_at or (before.last_admitted_at if before else None))
+            if view.rayjob:
+                self._workload_of_job[(key[0], view.rayjob)] = key
+            self.metrics.workloads_watched.set(len(self._workloads))
+        self._observe(before.view if before else None, view)
+        self.queue.add(key)
+
+    def rayjobs_listed(self, items: list[dict]) -> None:
+        with self._lock:
+            self._job_moves.clear()
+        for item in items:
+            self.rayjob_changed("ADDED", item)
+
+    def rayjob_changed(self, event_type: str, obj: dict) -> None:
+        key = _key(obj)
+        annotation = (obj["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION)
+        with self._lock:
+            if event_type == "DELETED":
+                self._job_moves.pop(key, None)
+                return
+            changed = self._job_moves.get(key) != annotation
+            self._job_moves[key] = annotation
+            workload = self._workload_of_job.get(key)
+        if changed and workload is not None:
+            self.queue.add(workload)
+
+    def events_listed(self, items: list[dict]) -> None:
+        with self._lock:
+            self._stockouts.clear()
+        for item in items:
+            self.event_changed("ADDED", item)
+
+    def event_changed(self, event_type: str, obj: dict) -> None:
+        if not _is_stockout(obj):
+            return
+        namespace, uid = obj["metadata"]["namespace"], obj["metadata"]["uid"]
+        with self._lock:
+            events = self._stockouts.setdefault(namespace, {})
+            if event_type == "DELETED":
+                events.pop(uid, None)
+                return
+            events[uid] = {k: obj.get(k) for k in ("involvedObject", "reason", "message", "firstTimestamp",
+                                                    "lastTimestamp", "eventTime")}
+            # The pods' Workloads: those admitted in this namespace on a rung that can stock out after admission.
+            candidates = [key for key, cached in self._workloads.items()
+                          if key[0] == namespace and cached.view.admitted
+                          and self.chain.stocks_out_after_admission(cached.view.flavor)]
+        for key in candidates:
+            self.queue.add(key)
+
+    def _observe(self, before: WorkloadView | None, after: WorkloadView) -> None:
+        for seen in decisions.observations(before, after):
+            if isinstance(seen, decisions.AdmissionWait):
+                self.metrics.admission_wait.labels(seen.flavor).observe(seen.seconds)
+            else:
+                self.metrics.check_outcomes.labels(seen.admission_check, seen.state).inc()
+
+    # ---- the work loop -----------------------------------------------------------------------------------------
+    def resync(self) -> int:
+        """Queue every known Workload again; the number queued."""
+        with self._lock:
+            keys = list(self._workloads)
+        for key in keys:
+            self.queue.add(key)
+        self.metrics.resyncs.inc()
+        return len(keys)
+
+    def work(self, stopping: threading.Event) -> None:
+        """A worker: reconcile queued keys until `stopping` is set."""
+        while not stopping.is_set():
+            key = self.queue.get(timeout=1.0)
+            if key is None:
+                continue
             try:
-                actions += self.reconcile(workload)
+                self.reconcile_key(key)
             except ApiException as error:
-                if error.status not in (404, 409):  # gone, or someone else wrote first: the next pass sees it
-                    raise
-        return actions
+                if error.status not in (404, 409):  # gone, or someone else wrote first: the watch brings it
+                    self.metrics.errors.inc()
+                    log.warning("%s/%s: %s; queued again", *key, error)
+                    self.queue.add(key, delay=1.0)
+                else:
+                    self.queue.add(key, delay=0.2)
+            except Exception:  # noqa: BLE001 - one bad object must not end the worker
+                self.metrics.errors.inc()
+                log.exception("%s/%s: reconcile failed; queued again", *key)
+                self.queue.add(key, delay=5.0)
+            finally:
+                self.queue.done(key)
 
-    def reconcile(self, workload_obj: dict) -> int:
-        view = WorkloadView.from_object(workload_obj)
-        if view.rayjob is None:
+    def reconcile_key(self, key: Key) -> int:
+        """Decide on the cached view; read the objects fresh only to act. The number of actions taken."""
+        with self._lock:
+            cached = self._workloads.get(key)
+            annotation = self._job_moves.get((key[0], cached.view.rayjob)) if cached and cached.view.rayjob else None
+        if cached is None or cached.view.rayjob is None:
             return 0
-        job = self._get(self.rayjobs, view.rayjob, view.namespace)
-        if job is None:
-            return 0
-        meta = job["metadata"]
+        self.metrics.reconciles.inc()
+        view, now = cached.view, self.clock()
+        job = None
         stockout = None
-        if view.admitted and self.chain.stocks_out_after_admission(view.flavor):
+        if view.admitted and self.chain.stocks_out_after_admission(view.flavor) and self._events(view.namespace):
+            job = self._get(self.rayjobs, view.rayjob, view.namespace)
+            if job is None:
+                return 0
             stockout = decisions.stockout_since(self._events(view.namespace), self._tpu_pods(job), view.admitted_at)
-        action = decisions.decide(self.chain, view, (meta.get("annotations") or {}).get(FAILOVER_ANNOTATION),
-                                  stockout, self.grace, self.clock())
+        action = decisions.decide(self.chain, view, annotation, stockout, self.grace, now)
         if action is None:
+            if stockout is not None:  # the grace period ends at a known time: look again then
+                self.queue.add(key, delay=(stockout + self.grace - now).total_seconds() + 0.05)
             return 0
+        if not isinstance(action, RecordFlavor):
+            # The cache may lag the server by a watch event: decide again on the RayJob as it is now.
+            job = self._get(self.rayjobs, view.rayjob, view.namespace)
+            if job is None:
+                return 0
+            annotation = (job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION)
+            action = decisions.decide(self.chain, view, annotation, stockout, self.grace, now)
+        workload_obj = {"metadata": cached.meta}
         if isinstance(action, RecordFlavor):
             self._patch(self.workloads, workload_obj, {"metadata": {"annotations": {
                 ADMITTED_FLAVOR_ANNOTATION: action.flavor}}})
@@ -78,9 +244,14 @@ class Controller:
             log.info("%s/%s: starting a move to %s (%s, from %s)", view.namespace, view.rayjob,
                      action.move.to_flavor, action.move.reason, action.move.from_flavor)
             self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: action.move.to_json()}}})
-            self._finish(action.move, workload_obj["metadata"]["name"], view.namespace, view.queue_name)
+            since = cached.last_admitted_at if action.move.reason == PODS_READY_TIMEOUT else stockout
+            if since is not None:
+                self.metrics.move_delay.labels(action.move.reason).observe(max((now - since).total_seconds(), 0.0))
+            self._finish(action.move, cached.meta["name"], view.namespace, view.queue_name)
         elif isinstance(action, FinishMove):
-            self._finish(action.move, workload_obj["metadata"]["name"], view.namespace, view.queue_name)
+            self._finish(action.move, cached.meta["name"], view.namespace, view.queue_name)
+        else:
+            return 0
         return 1
 
     # ---- the move ----------------------------------------------------------------------------------------------
@@ -126,6 +297,7 @@ class Controller:
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {
             FAILOVER_ANNOTATION: move.done().to_json(),
             decisions.MOVES_ANNOTATION: decisions.with_move_recorded(meta.get("annotations"), move)}}})
+        self.metrics.moves.labels(move.from_flavor, move.to_flavor, move.reason).inc()
         message = decisions.move_message(move, from_queue or "?")
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
         self.core.create_namespaced_event(meta["namespace"], client.CoreV1Event(
@@ -138,9 +310,6 @@ class Controller:
             reporting_instance=COMPONENT))
 
     # ---- reads and writes --------------------------------------------------------------------------------------
-    def _list(self, resource, namespace: str | None = None) -> list[dict]:
-        return self.api.get(resource, namespace=namespace).to_dict().get("items", [])
-
     def _get(self, resource, name: str, namespace: str) -> dict | None:
         try:
             return self.api.get(resource, name=name, namespace=namespace).to_dict()
@@ -157,11 +326,9 @@ class Controller:
                               content_type=MERGE_PATCH).to_dict()
 
     def _events(self, namespace: str) -> list[dict]:
-        if namespace not in self._events_by_namespace:
-            events = self.core.list_namespaced_event(namespace)
-            self._events_by_namespace[namespace] = [self.api.client.sanitize_for_serialization(event)
-                                                    for event in events.items]
-        return self._events_by_namespace[namespace]
+        """The autoscaler's stockout events in a namespace, as the event informer last saw them."""
+        with self._lock:
+            return list(self._stockouts.get(namespace, {}).values())
 
     def _tpu_pods(self, job: dict) -> set[str]:
         """The names of the RayJob's pods that request TPUs (KubeRay labels them with their RayCluster)."""

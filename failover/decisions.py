@@ -80,6 +80,8 @@ class WorkloadView:
     recorded_flavor: str | None  # ADMITTED_FLAVOR_ANNOTATION
     evicted_reason: str | None  # the Evicted condition's reason while it is True
     rayjob: str | None  # the owning RayJob's name
+    pending_since: datetime.datetime | None = None  # waiting for quota since (creation, or losing its quota)
+    check_states: tuple[tuple[str, str], ...] = ()  # (admission check, state), as Kueue reports them
 
     @classmethod
     def from_object(cls, obj: Mapping) -> WorkloadView:
@@ -94,6 +96,10 @@ class WorkloadView:
             flavor = (assignment.get("flavors") or {}).get(TPU_RESOURCE) or flavor
         reserved = true("QuotaReserved")
         owner = next((o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "RayJob"), None)
+        pending_since = None
+        if not reserved:
+            pending_since = parse_time((conditions.get("QuotaReserved") or {}).get("lastTransitionTime")
+                                       or meta.get("creationTimestamp"))
         return cls(
             name=meta["name"], namespace=meta["namespace"], queue_name=spec.get("queueName", ""),
             active=spec.get("active", True) is not False, quota_reserved=reserved, admitted=true("Admitted"),
@@ -101,7 +107,8 @@ class WorkloadView:
             flavor=flavor if reserved else None,
             recorded_flavor=(meta.get("annotations") or {}).get(ADMITTED_FLAVOR_ANNOTATION),
             evicted_reason=conditions["Evicted"].get("reason") if true("Evicted") else None,
-            rayjob=owner)
+            rayjob=owner, pending_since=pending_since,
+            check_states=tuple((c["name"], c.get("state", "")) for c in status.get("admissionChecks") or []))
 
 
 @dataclass(frozen=True)
@@ -216,6 +223,37 @@ def _move_to_next(chain: Chain, workload: WorkloadView, start: int, rung: int, r
         return None  # past the last rung, or already in a queue that starts at or below the target
     to = chain.rungs[target]
     return StartMove(Move(chain.rungs[rung].flavor, to.flavor, to.local_queue, reason, format_time(now)))
+
+
+@dataclass(frozen=True)
+class AdmissionWait:
+    flavor: str
+    seconds: float
+
+
+@dataclass(frozen=True)
+class CheckOutcome:
+    admission_check: str
+    state: str  # Ready (a ProvisioningRequest provisioned), Retry (an attempt failed), Rejected
+
+
+CHECK_OUTCOMES = frozenset({"Ready", "Retry", "Rejected"})
+
+
+def observations(before: WorkloadView | None, after: WorkloadView) -> list[AdmissionWait | CheckOutcome]:
+    """What one observed change of a Workload says for the metrics: the wait that ended when it got quota, and
+    the admission checks that reached a result. Only changes seen happen count: a Workload first seen admitted
+    (a restart) adds nothing, so nothing is counted twice."""
+    if before is None:
+        return []
+    seen: list[AdmissionWait | CheckOutcome] = []
+    if (not before.quota_reserved and after.quota_reserved and after.flavor and before.pending_since
+            and after.admitted_at):
+        seen.append(AdmissionWait(after.flavor, max((after.admitted_at - before.pending_since).total_seconds(), 0.0)))
+    earlier = dict(before.check_states)
+    seen += [CheckOutcome(name, state) for name, state in after.check_states
+             if state in CHECK_OUTCOMES and earlier.get(name) != state]
+    return seen
 
 
 def move_history(annotations: Mapping[str, str] | None) -> list[Move]:

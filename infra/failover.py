@@ -1,7 +1,8 @@
 """The failover controller on the cluster: moves a job down the queue chain when its rung's TPUs never come.
 
 Its code is the `failover/` package, shipped in a ConfigMap named after its content (a change rolls the
-Deployment), run by a pinned Python image that installs the pinned client from failover/requirements.txt.
+Deployment), run by a pinned Python image that installs the pins of failover/requirements.txt at start (from PyPI
+or an index mirror), or by a prebuilt image that has them (failover/Dockerfile; `failoverController` config).
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
 from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
-PACKAGE_FILES = ("__init__.py", "__main__.py", "controller.py", "decisions.py", "requirements.txt")
+PACKAGE_FILES = ("__init__.py", "__main__.py", "controller.py", "decisions.py", "informer.py", "metrics.py",
+                 "workqueue.py", "requirements.txt")
 # The image's Python is the one the tests run the controller with (3.11); a patch release, pinned.
 PYTHON_IMAGE = "python:3.11.14-slim"
 NAMESPACE = "tpu-fallback-system"
@@ -25,14 +27,16 @@ NAME = "failover-controller"
 CODE_MOUNT = "/opt/failover"
 DEPS_DIR = "/tmp/deps"  # pip installs here at start: the root filesystem stays untouched, the user unprivileged
 HEALTH_PORT = 8080
-RESYNC_SECONDS = 5
+METRICS_PORT = 9090  # Prometheus /metrics, plain HTTP inside the cluster (infra/monitoring.py scrapes it)
+# The controller reacts to watch events; the resync only re-queues every Workload, a safety net.
+RESYNC_SECONDS = 300
 
-# Least privilege: read Workloads, RayJobs, pods and events; write only what a move changes.
+# Least privilege: watch Workloads, RayJobs and events, list pods; write only what a move changes.
 RBAC_RULES = (
-    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "patch"]},
-    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "patch"]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-    {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create"]},
 )
 
 
@@ -51,9 +55,22 @@ def chain_config(kueue: Kueue, settings: PlatformSettings) -> str:
     return json.dumps([{**rung.as_output(), "admissionCheck": rung.flavor in checked} for rung in kueue.queue_chain])
 
 
+def start_command(settings: PlatformSettings) -> tuple[str, list[dict]]:
+    """The container's shell command and the environment it needs: install the pins first (PyPI or the
+    configured index), or nothing with a prebuilt image."""
+    runtime = settings.failover_controller
+    if runtime.image:
+        return "exec python -m failover", []
+    install = (f"pip install --quiet --no-cache-dir --target {DEPS_DIR} -r {CODE_MOUNT}/requirements.txt "
+               f"&& exec python -m failover")
+    env = [{"name": "PYTHONPATH", "value": DEPS_DIR}]
+    if runtime.pip_index_url:
+        env.append({"name": "PIP_INDEX_URL", "value": runtime.pip_index_url})  # pip reads it; no PyPI
+    return install, env
+
+
 def deployment(settings: PlatformSettings, chain: str, configmap: str) -> dict:
-    run = (f"pip install --quiet --no-cache-dir --target {DEPS_DIR} -r {CODE_MOUNT}/requirements.txt "
-           f"&& exec python -m failover")
+    run, runtime_env = start_command(settings)
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -69,20 +86,22 @@ def deployment(settings: PlatformSettings, chain: str, configmap: str) -> dict:
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
                     "containers": [{
                         "name": "controller",
-                        "image": PYTHON_IMAGE,
+                        "image": settings.failover_controller.image or PYTHON_IMAGE,
                         "command": ["sh", "-c", run],
                         "workingDir": str(Path(CODE_MOUNT).parent),
                         "env": [
-                            {"name": "PYTHONPATH", "value": DEPS_DIR},
+                            *runtime_env,
                             {"name": "HOME", "value": "/tmp"},
                             {"name": "FAILOVER_CHAIN", "value": chain},
                             {"name": "FAILOVER_GRACE_SECONDS",
                              "value": str(settings.fallback.stockout_grace_period_seconds)},
                             {"name": "FAILOVER_RESYNC_SECONDS", "value": str(RESYNC_SECONDS)},
                             {"name": "FAILOVER_HEALTH_PORT", "value": str(HEALTH_PORT)},
+                            {"name": "FAILOVER_METRICS_PORT", "value": str(METRICS_PORT)},
                         ],
-                        "ports": [{"name": "health", "containerPort": HEALTH_PORT}],
-                        # The first pass comes after pip: give it a minute before the probe counts.
+                        "ports": [{"name": "health", "containerPort": HEALTH_PORT},
+                                  {"name": "metrics", "containerPort": METRICS_PORT}],
+                        # /healthz answers once pip is done and the watches have listed: a minute's start.
                         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"},
                                           "initialDelaySeconds": 60, "periodSeconds": 20, "failureThreshold": 3},
                         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},

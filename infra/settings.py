@@ -36,6 +36,7 @@ DEFAULTS: Mapping[str, Any] = {
     "rungOrder": [],
     "kueue": {"version": "0.19.2", "chartRepository": "oci://registry.k8s.io/kueue/charts"},
     "fallback": {"podsReadyTimeout": "15m", "stockoutGracePeriod": "3m"},
+    "failoverController": {"image": "", "pipIndexUrl": ""},
 }
 
 # Kueue 0.16 is the first release that stores v1beta2, the API version every object here is written in.
@@ -65,6 +66,11 @@ _SEMVER = re.compile(r"^(\d+)\.(\d+)\.(\d+)$")
 # A reservation in this project by name, or a shared one in another project by its path.
 # Ref: https://cloud.google.com/compute/docs/instances/reservations-shared#consuming_shared_reservations
 _RESERVATION = re.compile(r"^(?:projects/[a-z][-a-z0-9]{4,28}[a-z0-9]/reservations/)?[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?$")
+# An image reference pinned by tag or digest: registry/path:tag or registry/path@sha256:<64 hex>, never :latest.
+# Ref: https://github.com/distribution/reference/blob/main/reference.go (the grammar, simplified to what is pinned)
+_PINNED_IMAGE = re.compile(r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9]([-a-z0-9._]*[a-z0-9])?)*"
+                           r"(:(?!latest$)[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$")
+_HTTPS_URL = re.compile(r"^https://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[-a-zA-Z0-9._~%+]*)*$")
 _DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
 _SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600}
 SYSTEM_POOL_NAME = "default-pool"  # the seed's Kueue flavor and Ray head select this pool by name
@@ -260,6 +266,15 @@ class FallbackSettings:
 
 
 @dataclass(frozen=True)
+class ControllerRuntime:
+    """Where the failover controller's Python packages come from: PyPI at each start (the default), an index
+    mirror (`pip_index_url`), or nowhere at start: a prebuilt image that has the pins (`image`)."""
+
+    image: str = ""
+    pip_index_url: str = ""
+
+
+@dataclass(frozen=True)
 class PlatformSettings:
     project: str
     zone: str
@@ -272,6 +287,7 @@ class PlatformSettings:
     kueue_version: str
     kueue_chart_repository: str
     fallback: FallbackSettings
+    failover_controller: ControllerRuntime = ControllerRuntime()
 
     @property
     def region(self) -> str:
@@ -445,6 +461,22 @@ def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:
     return FallbackSettings(timeout, grace)
 
 
+def read_controller_runtime(reader: ConfigReader) -> ControllerRuntime:
+    """`failoverController`: a pinned prebuilt image, or a pip index mirror; not both (the image needs no pip)."""
+    raw = reader.obj("failoverController", DEFAULTS["failoverController"])
+    image, index = raw["image"], raw["pipIndexUrl"]
+    if image:
+        reader.check("failoverController.image", bool(_PINNED_IMAGE.match(image)),
+                     f"{image!r} is not an image pinned by tag or digest, such as "
+                     "us-docker.pkg.dev/my-project/tools/tpu-fallback-failover:1 (never :latest)")
+    if index:
+        reader.check("failoverController.pipIndexUrl", bool(_HTTPS_URL.match(index)),
+                     f"{index!r} is not an https:// index URL, such as https://pypi.example.com/simple")
+    reader.check("failoverController", not (image and index),
+                 "set image or pipIndexUrl, not both: the prebuilt image installs nothing at start")
+    return ControllerRuntime(image, index)
+
+
 def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> PlatformSettings | None:
     """The platform half of the settings, built whenever its parts are readable so that the checks which need
     it (pool names, the workloads' fit) run in the same pass; only valid when `reader.problems` is empty.
@@ -471,6 +503,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
     plans = _read_rung_order(reader, {key: _read_plan(reader, kind) for key, kind in RUNG_KINDS.items()})
     kueue_version, kueue_chart_repository = _read_kueue(reader)
     fallback = read_fallback_settings(reader)
+    failover_controller = read_controller_runtime(reader)
 
     _check_versions_and_zones(reader, plans, zone, gke_version, generation, allow_unlisted_zone)
     if tpu is None or machine is None or fallback is None:
@@ -480,7 +513,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
         deletion_protection=deletion_protection,
         system_pool=SystemPoolSettings(machine, system_raw["nodeCount"]),
         tpu=tpu, plans=plans, kueue_version=kueue_version, kueue_chart_repository=kueue_chart_repository,
-        fallback=fallback,
+        fallback=fallback, failover_controller=failover_controller,
     )
     _check_plans(reader, settings)
     return settings

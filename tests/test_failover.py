@@ -34,11 +34,13 @@ def test_dev_deploys_the_controller_on_the_cpu_pool_with_its_own_account():
 def test_rbac_is_exactly_what_a_move_needs():
     plan = plan_for()
     role = plan.only("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole").inputs
+    # Watches instead of lists every pass: watch on what it follows; create only Events; patch only what a move
+    # changes. Nothing cluster-wide beyond that (no delete, no update, no secrets).
     assert role["rules"] == [
-        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "patch"]},
-        {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "patch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "create"]},
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create"]},
     ]
     binding = plan.only("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding").inputs
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
@@ -94,3 +96,45 @@ def test_the_controller_waits_for_kueue_its_code_and_its_rights():
 
 def test_a_single_rung_stack_has_no_controller():
     assert plan_for("team-c-us-west4-a").of_type(DEPLOYMENT) == []
+
+
+def test_metrics_are_served_on_a_named_port_the_stack_declares():
+    container = _container(plan_for())
+    assert {"name": "metrics", "containerPort": failover.METRICS_PORT} in container["ports"]
+    assert _env(plan_for())["FAILOVER_METRICS_PORT"] == str(failover.METRICS_PORT)
+
+
+def test_by_default_the_pins_come_from_pypi_at_start():
+    container = _container(plan_for())
+    assert container["image"] == failover.PYTHON_IMAGE
+    assert "pip install" in container["command"][-1]
+    assert "PIP_INDEX_URL" not in _env(plan_for())
+
+
+def test_an_index_mirror_replaces_pypi():
+    plan = plan_for("dev", {"failoverController": {"pipIndexUrl": "https://pypi.corp.example/simple"}})
+    env = _env(plan)
+    assert env["PIP_INDEX_URL"] == "https://pypi.corp.example/simple"
+    assert env["PYTHONPATH"] == failover.DEPS_DIR
+    assert "pip install" in _container(plan)["command"][-1]
+
+
+def test_a_prebuilt_image_installs_nothing_at_start():
+    image = "us-docker.pkg.dev/my-project/tools/tpu-fallback-failover:0.26.0-37.0.2"
+    plan = plan_for("dev", {"failoverController": {"image": image}})
+    container = _container(plan)
+    assert container["image"] == image
+    assert container["command"] == ["sh", "-c", "exec python -m failover"]
+    assert not {"PYTHONPATH", "PIP_INDEX_URL"} & set(_env(plan))
+    # The code still comes from the stack, so the image need not change with it.
+    volumes = plan.only(DEPLOYMENT).inputs["spec"]["template"]["spec"]["volumes"]
+    assert volumes == [{"name": "code", "configMap": {"name": plan.named("failover-code").inputs["metadata"]["name"]}}]
+
+
+def test_the_dockerfile_builds_on_the_stacks_python_and_installs_the_pins():
+    dockerfile = (failover.PACKAGE_DIR / "Dockerfile").read_text()
+    assert f"ARG PYTHON_IMAGE={failover.PYTHON_IMAGE}\n" in dockerfile
+    assert "COPY requirements.txt" in dockerfile and "pip install --no-cache-dir -r /tmp/requirements.txt" in dockerfile
+    # The Deployment's user: the image must not need root.
+    user = plan_for().only(DEPLOYMENT).inputs["spec"]["template"]["spec"]["securityContext"]
+    assert f"USER {user['runAsUser']}:{user['runAsGroup']}" in dockerfile

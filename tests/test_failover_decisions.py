@@ -155,3 +155,52 @@ def test_move_message_says_why():
     assert decisions.move_message(move, "user-queue") == (
         "moved from on-demand to dws (LocalQueue user-queue -> user-queue-dws): its pods were not ready within "
         "Kueue's waitForPodsReady timeout")
+
+
+# ---- what a change says for the metrics ----------------------------------------------------------------------------
+def _with_checks(obj: dict, **states: str) -> dict:
+    obj["status"]["admissionChecks"] = [{"name": name, "state": state, "lastTransitionTime": _time(0)}
+                                        for name, state in states.items()]
+    return obj
+
+
+def test_the_wait_for_quota_is_observed_when_quota_is_reserved():
+    pending = WorkloadView.from_object(workload())  # pending since one minute ago
+    admitted = WorkloadView.from_object(workload(reserved_on="on-demand"))
+    admitted = WorkloadView(**{**admitted.__dict__, "admitted_at": NOW})
+    assert decisions.observations(pending, admitted) == [decisions.AdmissionWait("on-demand", 60.0)]
+
+
+def test_a_workload_first_seen_admitted_or_unchanged_adds_nothing():
+    admitted = WorkloadView.from_object(workload(reserved_on="on-demand"))
+    assert decisions.observations(None, admitted) == []  # a restart: seen, not happened
+    assert decisions.observations(admitted, admitted) == []
+    pending = WorkloadView.from_object(workload())
+    assert decisions.observations(pending, pending) == []
+
+
+def test_admission_check_results_are_counted_once_per_change():
+    waiting = WorkloadView.from_object(_with_checks(workload(queue="user-queue-dws"), dws="Pending"))
+    ready = WorkloadView.from_object(_with_checks(workload(queue="user-queue-dws"), dws="Ready"))
+    retry = WorkloadView.from_object(_with_checks(workload(queue="user-queue-dws"), dws="Retry"))
+    assert decisions.observations(waiting, ready) == [decisions.CheckOutcome("dws", "Ready")]
+    assert decisions.observations(ready, ready) == []
+    assert decisions.observations(waiting, retry) == [decisions.CheckOutcome("dws", "Retry")]
+    assert decisions.observations(retry, waiting) == []  # back to Pending is no result
+
+
+# ---- the move history on the RayJob --------------------------------------------------------------------------------
+def test_the_history_keeps_every_completed_move_once_oldest_first():
+    first = Move("reservation", "on-demand", "user-queue-on-demand", "PodsReadyTimeout", _time(5))
+    second = Move("on-demand", "dws", "user-queue-dws", "Stockout", _time(1))
+    annotations = {decisions.MOVES_ANNOTATION: decisions.with_move_recorded({}, first)}
+    annotations[decisions.MOVES_ANNOTATION] = decisions.with_move_recorded(annotations, second)
+    again = decisions.with_move_recorded(annotations, second)  # a restart marking the same move done
+    assert again == annotations[decisions.MOVES_ANNOTATION]
+    assert decisions.move_history(annotations) == [first.done(), second.done()]
+
+
+def test_an_unreadable_history_reads_as_empty():
+    assert decisions.move_history({decisions.MOVES_ANNOTATION: "not json"}) == []
+    assert decisions.move_history({decisions.MOVES_ANNOTATION: '[{"from": "x"}, 3]'}) == []
+    assert decisions.move_history(None) == []

@@ -186,3 +186,16 @@ def test_every_key_is_checked_in_one_pass():
     output = _cli_output(config)
     for key in ("gcp:project", "tpu-fallback:tpu.topology", "tpu-fallback:zone", "tpu-fallback:workloads.headCpu"):
         assert f"  - {key}:" in output, (key, output)
+
+
+@pytest.mark.parametrize("runtime, key", [
+    ({"image": "python:latest"}, "failoverController.image"),
+    ({"image": "registry.example/failover"}, "failoverController.image"),  # no tag: not pinned
+    ({"pipIndexUrl": "http://pypi.corp.example/simple"}, "failoverController.pipIndexUrl"),
+    ({"image": "registry.example/failover:1", "pipIndexUrl": "https://pypi.corp.example/simple"},
+     "failoverController"),
+])
+def test_failover_controller_runtime_rules(runtime, key):
+    with pytest.raises(SettingsError) as error:
+        plan_for("dev", {"failoverController": runtime})
+    assert any(p.startswith(f"tpu-fallback:{key}:") for p in error.value.problems), error.value.problems

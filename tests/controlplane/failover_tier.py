@@ -24,7 +24,9 @@ from tests.controlplane.stack import deploy, release_values
 # Short enough for tests, through stack config as a user would set it (Kueue is configured from the release).
 PODS_READY_TIMEOUT_SECONDS = 30  # the smallest the stack accepts
 GRACE_SECONDS = 4
-RESYNC_SECONDS = 1  # the Deployment's default is 5 s; one second keeps the tests short
+# The Deployment resyncs every 300 s and reacts to watch events; the tests resync every second, as they did when
+# the controller polled, so these scenarios prove the moves, and test_failover_watch_controlplane.py the watches.
+RESYNC_SECONDS = 1
 NAMESPACE = "default"
 STOCKOUT_MESSAGE = ("Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources. "
                     "Pod is at risk of not being scheduled.")
@@ -43,6 +45,7 @@ class FailoverTier:
     plane: ControlPlane
     plan: Plan
     controller: Process | None = None
+    metrics_url: str = ""
 
     @property
     def kube(self) -> Kube:
@@ -53,23 +56,34 @@ class FailoverTier:
         deploy(self.kube, self.plan)  # the controller's Deployment, RBAC and code included: the server judges them
         return self
 
-    def controller_env(self) -> dict[str, str]:
+    def controller_env(self, resync: float = RESYNC_SECONDS) -> dict[str, str]:
         """The Deployment's own environment, with the tier's credentials: the controller's ServiceAccount."""
         (deployment,) = [m for m in self.plan.kubernetes_manifests() if m["kind"] == "Deployment"]
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {item["name"]: item["value"] for item in container["env"] if item["name"].startswith("FAILOVER_")}
-        port = free_port()
         kubeconfig = self.plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
-        return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(RESYNC_SECONDS),
-                "FAILOVER_HEALTH_PORT": str(port), "KUBECONFIG": str(kubeconfig)}
+        return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(resync),
+                "FAILOVER_HEALTH_PORT": str(free_port()), "FAILOVER_METRICS_PORT": str(free_port()),
+                "KUBECONFIG": str(kubeconfig)}
 
-    def start_controller(self) -> Process:
-        env = self.controller_env()
+    def start_controller(self, resync: float = RESYNC_SECONDS) -> Process:
+        env = self.controller_env(resync)
+        self.metrics_url = f"http://127.0.0.1:{env['FAILOVER_METRICS_PORT']}/metrics"
         self.controller = self.plane.supervisor.start("failover", [sys.executable, "-m", "failover"], env=env,
                                                       cwd=REPO)
         url = f"http://127.0.0.1:{env['FAILOVER_HEALTH_PORT']}/healthz"
         self.plane.supervisor.wait_until(self.controller, lambda: http_ok(url), 30, "/healthz")
         return self.controller
+
+    def metric(self, name: str, **labels: str) -> float:
+        """One sample of the running controller's /metrics (0 when absent), parsed by prometheus-client."""
+        from urllib.request import urlopen
+
+        from prometheus_client.parser import text_string_to_metric_families
+
+        text = urlopen(self.metrics_url, timeout=5).read().decode()
+        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
+                   if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
 
     def stop_controller(self) -> None:
         if self.controller is not None:

@@ -1,0 +1,66 @@
+"""The controller's work queue: each key once, never in two workers at once, and due at a given time."""
+
+from __future__ import annotations
+
+import threading
+
+from failover.workqueue import WorkQueue
+
+
+class FakeClock:
+    def __init__(self):
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_key_added_twice_is_handed_out_once():
+    queue = WorkQueue()
+    queue.add("a")
+    queue.add("a")
+    queue.add("b")
+    assert [queue.get(timeout=0), queue.get(timeout=0), queue.get(timeout=0)] == ["a", "b", None]
+
+
+def test_a_key_added_while_processed_comes_back_after_done_not_before():
+    queue = WorkQueue()
+    queue.add("a")
+    assert queue.get(timeout=0) == "a"
+    queue.add("a")  # a change arrives while a worker holds the key
+    assert queue.get(timeout=0) is None  # a second worker must not get it
+    queue.done("a")
+    assert queue.get(timeout=0) == "a"
+
+
+def test_a_delayed_key_is_due_at_its_time_and_an_earlier_add_wins():
+    clock = FakeClock()
+    queue = WorkQueue(clock)
+    queue.add("grace", delay=30)
+    assert queue.get(timeout=0) is None
+    clock.now += 29.9
+    assert queue.get(timeout=0) is None
+    clock.now += 0.2
+    assert queue.get(timeout=0) == "grace"
+    queue.done("grace")
+    queue.add("x", delay=60)
+    queue.add("x", delay=0)  # a watch event before the timer: handled now, once
+    assert queue.get(timeout=0) == "x"
+    queue.done("x")
+    clock.now += 61
+    assert queue.get(timeout=0) is None
+
+
+def test_a_waiting_worker_wakes_on_add_and_on_close():
+    queue = WorkQueue()
+    got = []
+    worker = threading.Thread(target=lambda: got.append(queue.get(timeout=10)))
+    worker.start()
+    queue.add("woken")
+    worker.join(5)
+    assert got == ["woken"]
+    closing = threading.Thread(target=lambda: got.append(queue.get(timeout=10)))
+    closing.start()
+    queue.close()
+    closing.join(5)
+    assert got == ["woken", None] and not closing.is_alive()
