@@ -87,7 +87,8 @@ def test_without_plan_b_no_queued_toleration_or_provisioning_annotation():
 
 
 def test_max_run_duration_comes_from_config():
-    job = rayjobs(plan_for(overrides={"workloads": {"maxRunDuration": 7200}}))["rayjob-tpu-v6e-dws-1"]
+    # The override replaces the dev stack's workloads object, so the names are the derived default's.
+    job = rayjobs(plan_for(overrides={"workloads": {"maxRunDuration": 7200}}))["rayjob-tpu-v6e-4x4-1"]
     assert job["metadata"]["annotations"]["provreq.kueue.x-k8s.io/maxRunDurationSeconds"] == "7200"
 
 
@@ -344,3 +345,12 @@ def test_bad_workload_config_is_rejected_by_key(workloads, key):
         engine.run(config_with({"workloads": workloads}))
     assert any(p.startswith(f"tpu-fallback:{key}:") for p in raised.value.problems), raised.value.problems
     assert engine.recorded == []
+
+
+def test_job_names_say_what_runs_unless_the_stack_names_them():
+    # Dev keeps the tutorial's literal in its stack file; others get the slice shape in the name.
+    assert plan_for("dev").outputs["trainingJobs"] == ["rayjob-tpu-v6e-dws-1", "rayjob-tpu-v6e-dws-2"]
+    assert plan_for("team-c-us-west4-a").outputs["trainingJobs"] == ["rayjob-tpu-v5e-4x4-1", "rayjob-tpu-v5e-4x4-2"]
+    assert plan_for("team-b-us-east5-a").outputs["trainingJobs"] == ["rayjob-tpu-v6e-2x4-1", "rayjob-tpu-v6e-2x4-2"]
+    named = plan_for("team-c-us-west4-a", {"workloads": {"namePrefix": "llm-pretrain"}})
+    assert named.outputs["trainingJobs"] == ["llm-pretrain-1", "llm-pretrain-2"]

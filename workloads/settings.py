@@ -15,7 +15,7 @@ WORKLOAD_DEFAULTS: Mapping[str, Any] = {
     "enabled": True,
     "jobs": 2,  # the seed submits two jobs: the first lands on plan A, the second falls back to plan B
     "namespace": "default",
-    "namePrefix": "rayjob-tpu-v6e-dws",
+    "namePrefix": "",  # empty: derived from the slice shape (default_name_prefix)
     "headCpu": "2",
     "headMemory": "4Gi",
     "workerCpu": "8",
@@ -94,6 +94,13 @@ def _check_training_args(reader: ConfigReader, args: list[str], platform: Platfo
                  f"--batch-size {parsed.batch_size} is not a multiple of the slice's {chips} chips")
 
 
+def default_name_prefix(platform: PlatformSettings | None) -> str:
+    """Job names that say what runs: rayjob-tpu-<generation>-<topology>, e.g. rayjob-tpu-v5e-4x4."""
+    if platform is None:
+        return "rayjob-tpu"
+    return f"rayjob-tpu-{platform.tpu.generation.name}-{platform.tpu.topology}"
+
+
 def read_workload_settings(reader: ConfigReader, platform: PlatformSettings | None) -> WorkloadSettings | None:
     """The workloads' settings, checked in the same pass as the platform's; the checks that compare them with
     the machines run when the platform's shapes are readable."""
@@ -101,10 +108,11 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings | No
     reader.check("workloads.jobs", 0 <= raw["jobs"] <= 50, f"{raw['jobs']} is out of range; use 0 to 50")
     reader.check("workloads.namespace", bool(_DNS_LABEL.match(raw["namespace"])) and len(raw["namespace"]) <= 63,
                  f"{raw['namespace']!r} is not a Kubernetes namespace name")
-    longest = f"{raw['namePrefix']}-{max(raw['jobs'], 1)}"
+    name_prefix = raw["namePrefix"] or default_name_prefix(platform)
+    longest = f"{name_prefix}-{max(raw['jobs'], 1)}"
     # KubeRay names the head service <rayjob>-<random>-head-svc; the RayJob name must leave room for that.
-    reader.check("workloads.namePrefix", bool(_DNS_LABEL.match(raw["namePrefix"])) and len(longest) <= 40,
-                 f"{raw['namePrefix']!r}: job names like {longest!r} must be DNS labels of at most 40 characters")
+    reader.check("workloads.namePrefix", bool(_DNS_LABEL.match(name_prefix)) and len(longest) <= 40,
+                 f"{name_prefix!r}: job names like {longest!r} must be DNS labels of at most 40 characters")
     for field, parse in (("headCpu", _cpu_cores), ("headMemory", _memory_gib), ("workerCpu", _cpu_cores),
                          ("workerMemory", _memory_gib)):
         amount = parse(raw[field])
@@ -131,7 +139,7 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings | No
     if reader.problems:
         return None
     return WorkloadSettings(
-        enabled=raw["enabled"], jobs=raw["jobs"], namespace=raw["namespace"], name_prefix=raw["namePrefix"],
+        enabled=raw["enabled"], jobs=raw["jobs"], namespace=raw["namespace"], name_prefix=name_prefix,
         head_cpu=raw["headCpu"], head_memory=raw["headMemory"], worker_cpu=raw["workerCpu"],
         worker_memory=raw["workerMemory"], training_args=tuple(args),
         max_run_duration_seconds=raw["maxRunDuration"], backoff_limit=raw["backoffLimit"],
