@@ -1,0 +1,252 @@
+"""Where one RayJob is and why, in words: pure functions of the RayJob, its Workload and its ProvisioningRequest.
+
+Kueue's conditions on the Workload say most of it (Ref: https://kueue.sigs.k8s.io/docs/concepts/workload/#status):
+QuotaReserved and Admitted (a rung with an admission check reserves quota first, admits once the check is Ready),
+PodsReady (for a RayJob: KubeRay reports its RayCluster `ready`), Evicted and Requeued (why it left a rung, and
+whether it is back in the queue), Finished. The controller's annotations on the RayJob say how it moved.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from failover import decisions
+from failover.decisions import (FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
+from infra.kueue import PROVISIONING_CLASS
+from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
+                                namespace_of, owned_by)
+
+# The states, in the words `status` prints them.
+NOT_QUEUED = "NotQueued"  # no queue label: Kueue leaves the job alone
+NO_WORKLOAD = "NoWorkload"  # queued, but Kueue has not made its Workload (yet)
+WAITING_FOR_QUOTA = "WaitingForQuota"
+WAITING_FOR_SLICE = "WaitingForSlice"  # quota reserved on a rung with a ProvisioningRequest check (DWS)
+WAITING_FOR_CHECKS = "WaitingForChecks"  # quota reserved, another admission check pending
+ADMITTED = "Admitted"  # admitted, pods not all ready yet (on a stocked-out rung they never are)
+RUNNING = "Running"
+EVICTED = "Evicted"  # evicted and not back in the queue yet (requeue backoff, or deactivated)
+DEACTIVATED = "Deactivated"  # spec.active false before it was ever evicted
+MOVING = "Moving"  # the failover controller is moving it down the ladder
+FINISHED = "Finished"
+
+# Kueue's Evicted reasons (apis/kueue/v1beta2/workload_types.go, WorkloadEvictedBy*), in a few words; Kueue's own
+# message follows in the detail.
+EVICTION_WORDS = {
+    PODS_READY_TIMEOUT: "pods not ready in time",
+    "Preempted": "preempted",
+    "AdmissionCheck": "an admission check failed",
+    "ClusterQueueStopped": "ClusterQueue stopped",
+    "LocalQueueStopped": "LocalQueue stopped",
+    "InactiveWorkload": "deactivated",
+    "NodeFailures": "node failure",
+}
+# The controller's move reasons (failover.decisions), in words.
+MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscaler reported no TPU capacity"}
+# A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
+# Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
+REQUEST_CONDITIONS = (
+    ("Failed", "failed"),
+    ("CapacityRevoked", "capacity revoked"),
+    ("BookingExpired", "booking expired"),
+    ("Provisioned", "provisioned"),
+    ("Accepted", "accepted, waiting for capacity"),
+)
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """A ProvisioningRequest Kueue made for the Workload (the newest attempt)."""
+
+    name: str
+    provisioning_class: str  # queued-provisioning.gke.io: DWS
+    state: str  # the decisive condition's type, or Pending / NotProvisioned
+    words: str
+    since: datetime.datetime | None
+    message: str
+
+    @property
+    def dws(self) -> bool:
+        return self.provisioning_class == PROVISIONING_CLASS
+
+
+@dataclass(frozen=True)
+class MoveView:
+    from_flavor: str
+    to_flavor: str
+    local_queue: str
+    reason: str
+    at: str  # RFC 3339, as the controller wrote it
+
+    @classmethod
+    def of(cls, move: Move) -> MoveView:
+        return cls(move.from_flavor, move.to_flavor, move.to_local_queue, move.reason, move.at)
+
+
+@dataclass(frozen=True)
+class JobView:
+    namespace: str
+    name: str
+    workload: str | None
+    local_queue: str | None  # the RayJob's queue label
+    cluster_queue: str | None
+    rung: str | None  # the flavor it holds quota on, else the rung its queue starts at
+    state: str
+    words: str
+    since: datetime.datetime | None
+    detail: str  # why, in Kueue's or the controller's own words; "" when there is nothing to add
+    moves: tuple[MoveView, ...]  # completed moves, oldest first
+    move_in_progress: MoveView | None
+    request: RequestView | None
+    checks: tuple[tuple[str, str], ...]  # (admission check, state) from the Workload's status
+
+
+@dataclass(frozen=True)
+class State:
+    state: str
+    words: str
+    since: datetime.datetime | None
+    detail: str = ""
+
+
+# ---- matching objects -----------------------------------------------------------------------------------------------
+def workload_of(rayjob: Mapping, workloads: Sequence[Mapping]) -> Mapping | None:
+    """The RayJob's Workload, found by owner (its name carries a hash); the newest unfinished one if several."""
+    uid, namespace = meta(rayjob).get("uid"), namespace_of(rayjob)
+    owned = [w for w in workloads if namespace_of(w) == namespace
+             and (owned_by(w, "RayJob", uid=uid) if uid else owned_by(w, "RayJob", name=name_of(rayjob)))]
+    owned.sort(key=lambda w: (not is_true(conditions(w).get("Finished")), meta(w).get("creationTimestamp", "")))
+    return owned[-1] if owned else None
+
+
+def request_of(workload: Mapping | None, requests: Sequence[Mapping]) -> Mapping | None:
+    """The newest ProvisioningRequest owned by the Workload (Kueue names them <workload>-<check>-<attempt>)."""
+    if workload is None:
+        return None
+    uid = meta(workload).get("uid")
+    owned = [r for r in requests if namespace_of(r) == namespace_of(workload) and owned_by(r, "Workload", uid=uid)]
+    return max(owned, key=lambda r: meta(r).get("creationTimestamp", ""), default=None)
+
+
+# ---- the parts ------------------------------------------------------------------------------------------------------
+def request_view(request: Mapping | None) -> RequestView | None:
+    if request is None:
+        return None
+    name, found = name_of(request), conditions(request)
+    kind = (request.get("spec") or {}).get("provisioningClassName", "")
+    for condition, words in REQUEST_CONDITIONS:
+        if is_true(found.get(condition)):
+            return RequestView(name, kind, condition, words, changed_at(found[condition]),
+                               kueue_message(found[condition]))
+    provisioned = found.get("Provisioned")
+    if provisioned is not None:
+        return RequestView(name, kind, "NotProvisioned", f"not provisioned yet ({provisioned.get('reason')})",
+                           changed_at(provisioned), kueue_message(provisioned))
+    return RequestView(name, kind, "Pending", "created, not accepted yet", created_at(request), "")
+
+
+def check_states(workload: Mapping | None) -> tuple[tuple[str, str], ...]:
+    return tuple((c.get("name", ""), c.get("state", ""))
+                 for c in ((workload or {}).get("status") or {}).get("admissionChecks") or [])
+
+
+def moves_of(rayjob: Mapping) -> tuple[tuple[MoveView, ...], MoveView | None]:
+    """The completed moves (tpu-fallback/moves) and the one in progress (tpu-fallback/failover while `moving`)."""
+    recorded = annotations(rayjob)
+    latest = Move.from_json(recorded.get(FAILOVER_ANNOTATION))
+    in_progress = MoveView.of(latest) if latest is not None and latest.state == decisions.MOVING else None
+    return tuple(MoveView.of(m) for m in move_history(recorded)), in_progress
+
+
+def tpu_flavor(workload: Mapping | None) -> str | None:
+    """The flavor of the TPU pod set in status.admission (kept on a finished Workload, cleared on eviction)."""
+    for assignment in (((workload or {}).get("status") or {}).get("admission") or {}).get("podSetAssignments") or []:
+        if TPU_RESOURCE in (assignment.get("flavors") or {}):
+            return assignment["flavors"][TPU_RESOURCE]
+    return None
+
+
+def eviction_words(reason: str | None) -> str:
+    for known, words in EVICTION_WORDS.items():
+        if reason and reason.startswith(known):  # e.g. InactiveWorkloadRequeuingLimitExceeded
+            return words
+    return reason or "unknown reason"
+
+
+def kueue_message(condition: Mapping | None) -> str:
+    return ((condition or {}).get("message") or "").strip()
+
+
+# ---- the state ------------------------------------------------------------------------------------------------------
+def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | None,
+              move_in_progress: MoveView | None) -> State:
+    """One state in words, when it began, and why."""
+    if workload is None:
+        if QUEUE_LABEL not in labels(rayjob):
+            return State(NOT_QUEUED, "not queued (no queue label)", created_at(rayjob),
+                         f"Kueue manages only jobs labelled {QUEUE_LABEL}")
+        return State(NO_WORKLOAD, "submitted, Kueue has not made its Workload yet", created_at(rayjob))
+    found = conditions(workload)
+    view = WorkloadView.from_object(workload)
+    if is_true(found.get("Finished")):
+        finished = found["Finished"]
+        return State(FINISHED, f"finished ({finished.get('reason', 'done')})", changed_at(finished),
+                     kueue_message(finished))
+    if move_in_progress is not None:
+        move = move_in_progress
+        return State(MOVING, f"moving from {move.from_flavor} to {move.to_flavor}", parse_time(move.at),
+                     f"the failover controller started the move: {MOVE_WORDS.get(move.reason, move.reason)}")
+    if view.quota_reserved:
+        return _reserved_state(found, view, request, check_states(workload))
+    evicted = found.get("Evicted") if is_true(found.get("Evicted")) else None
+    last_on = view.recorded_flavor
+    if evicted is not None and not is_true(found.get("Requeued")):
+        # Out of the queue: Kueue's requeue backoff, or deactivated until spec.active is true again.
+        where = f" from {last_on}" if last_on else ""
+        back = requeue_words(workload, view.active)
+        return State(EVICTED, f"evicted{where}: {eviction_words(evicted.get('reason'))}", changed_at(evicted),
+                     "; ".join(part for part in (back, kueue_message(evicted)) if part))
+    if not view.active:
+        return State(DEACTIVATED, "deactivated", created_at(workload),
+                     "spec.active is false: not queued until it is true again")
+    pending = found.get("QuotaReserved")
+    since = changed_at(found.get("Requeued")) if evicted is not None else None
+    detail = kueue_message(pending)
+    if evicted is not None:
+        detail = f"evicted earlier: {eviction_words(evicted.get('reason'))}" + (f"; {detail}" if detail else "")
+    return State(WAITING_FOR_QUOTA, "waiting for quota", since or changed_at(pending) or created_at(workload), detail)
+
+
+def _reserved_state(found: Mapping, view: WorkloadView, request: RequestView | None,
+                    checks: tuple[tuple[str, str], ...]) -> State:
+    reserved = found["QuotaReserved"]
+    if view.admitted:
+        if is_true(found.get("PodsReady")):
+            return State(RUNNING, "running", changed_at(found["PodsReady"]))
+        return State(ADMITTED, "admitted, waiting for pods", changed_at(found.get("Admitted")),
+                     "Kueue evicts it if they are not all ready within its waitForPodsReady timeout")
+    waiting = ", ".join(f"{name} {state}" for name, state in checks if state != "Ready")
+    if request is not None:
+        slice_kind = "a DWS slice" if request.dws else "capacity"
+        return State(WAITING_FOR_SLICE, f"waiting for {slice_kind}", changed_at(reserved),
+                     f"ProvisioningRequest {request.name} {request.state}" + (f"; checks: {waiting}" if waiting else ""))
+    return State(WAITING_FOR_CHECKS, "quota reserved, waiting for admission checks",
+                 changed_at(reserved), f"checks: {waiting}" if waiting else "")
+
+
+def requeue_words(workload: Mapping, active: bool) -> str:
+    if not active:
+        return "spec.active is false: out of the queue until it is true again"
+    at = parse_time((((workload.get("status") or {}).get("requeueState")) or {}).get("requeueAt"))
+    return f"back in the queue at {at:%Y-%m-%dT%H:%M:%SZ}" if at else "back in the queue after Kueue's backoff"
+
+
+def current_rung(workload: Mapping | None, state: str, start: str | None) -> str | None:
+    """The flavor the job holds quota on (or finished on), else the rung its queue starts at (Kueue tries it first)."""
+    flavor = tpu_flavor(workload)
+    return flavor if flavor and state in HOLDING_QUOTA else start
+
+
+# The states in which the Workload holds quota on a flavor (or did, when it finished).
+HOLDING_QUOTA = frozenset({WAITING_FOR_SLICE, WAITING_FOR_CHECKS, ADMITTED, RUNNING, FINISHED})

@@ -1,0 +1,645 @@
+"""`python -m ops status` as pure functions: object dicts in, a report out, rendered as a table or JSON.
+
+The queue objects are the program's own (the recorded plan of each stack); Workloads, RayJobs, ProvisioningRequests
+and Events are written the way Kueue 0.19.2, KubeRay, GKE and the controller write them (conditions and reasons as
+measured on the real tier: ../shared/notes/kueue-stockout.md, tests/test_status_controlplane.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import datetime
+import io
+import json
+
+import pytest
+import yaml
+
+from failover.controller import EVENT_REASON
+from failover.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, MOVES_ANNOTATION, PODS_READY_TIMEOUT,
+                                QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, format_time, with_move_recorded)
+from infra import failover as stack_failover
+from infra import kueue as stack_kueue
+from ops.status import cli, health, jobs
+from ops.status.ladder import CHAIN_ENV, FROM_CLUSTER_QUEUES, FROM_CONTROLLER, build_ladder, chain_of_controller
+from ops.status.render import duration, render_json, render_table, report_dict
+from ops.status.report import Snapshot, build_report
+from tests.conftest import SHIPPED_STACKS, plan_for
+
+NOW = datetime.datetime(2026, 11, 30, 12, 0, 0, tzinfo=datetime.timezone.utc)
+NAMESPACE = "default"
+LADDER = {"reservation": {"reservations": [{"name": "team-a-v6e", "slices": 1}]}, "spot": {"maxSlices": 1},
+          "flexStart": {"maxSlices": 2}, "workloads": {"jobs": 0}}
+SIXTEEN_CHIPS = 16  # the dev stack's slice: v6e 4x4
+
+
+def ago(seconds: float) -> str:
+    return format_time(NOW - datetime.timedelta(seconds=seconds))
+
+
+# ---- objects as the cluster returns them ----------------------------------------------------------------------------
+def plan_objects(stack: str = "dev", overrides: dict | None = None) -> dict[str, list[dict]]:
+    """The stack's Kubernetes objects by kind, as `pulumi up` creates them."""
+    by_kind: dict[str, list[dict]] = {}
+    for manifest in plan_for(stack, overrides).kubernetes_manifests():
+        by_kind.setdefault(manifest["kind"], []).append(copy.deepcopy(manifest))
+    return by_kind
+
+
+def condition(kind: str, status: bool, reason: str, seconds_ago: float = 0, message: str = "") -> dict:
+    return {"type": kind, "status": "True" if status else "False", "reason": reason, "message": message,
+            "lastTransitionTime": ago(seconds_ago)}
+
+
+def rayjob(name: str, queue: str | None = "user-queue", annotations: dict | None = None,
+           namespace: str = NAMESPACE, created: float = 600) -> dict:
+    labels = {QUEUE_LABEL: queue} if queue else {}
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob",
+            "metadata": {"name": name, "namespace": namespace, "uid": f"uid-{namespace}-{name}",
+                         "creationTimestamp": ago(created), "labels": labels, "annotations": annotations or {}},
+            "spec": {"suspend": True}}
+
+
+def workload(job: dict, conditions: list[dict], flavor: str | None = None, queue: str | None = None,
+             active: bool = True, checks: list[dict] | None = None, annotations: dict | None = None,
+             requeue_at: float | None = None, created: float = 590, cluster_queue: str = "cluster-queue") -> dict:
+    meta = job["metadata"]
+    status: dict = {"conditions": conditions}
+    if flavor:
+        status["admission"] = {"clusterQueue": cluster_queue, "podSetAssignments": [
+            {"name": "head", "flavors": {"cpu": "default-cpu", "memory": "default-cpu"}, "count": 1},
+            {"name": "tpu-group", "flavors": {"cpu": flavor, "memory": flavor, TPU_RESOURCE: flavor}, "count": 4}]}
+    if checks is not None:
+        status["admissionChecks"] = checks
+    if requeue_at is not None:
+        status["requeueState"] = {"count": 1, "requeueAt": ago(-requeue_at)}
+    return {"apiVersion": stack_kueue.KUEUE_API_VERSION, "kind": "Workload",
+            "metadata": {"name": f"rayjob-{meta['name']}-a1b2c", "namespace": meta["namespace"],
+                         "uid": f"wl-{meta['uid']}", "creationTimestamp": ago(created),
+                         "annotations": annotations or {},
+                         "ownerReferences": [{"apiVersion": "ray.io/v1", "kind": "RayJob", "name": meta["name"],
+                                              "uid": meta["uid"], "controller": True}]},
+            "spec": {"queueName": queue or meta["labels"].get(QUEUE_LABEL, ""), "active": active},
+            "status": status}
+
+
+def provisioning_request(owner: dict, conditions: list[dict], attempt: int = 1, created: float = 60,
+                         provisioning_class: str = stack_kueue.PROVISIONING_CLASS) -> dict:
+    meta = owner["metadata"]
+    return {"apiVersion": "autoscaling.x-k8s.io/v1", "kind": "ProvisioningRequest",
+            "metadata": {"name": f"{meta['name']}-{stack_kueue.ADMISSION_CHECK}-{attempt}",
+                         "namespace": meta["namespace"], "creationTimestamp": ago(created),
+                         "ownerReferences": [{"kind": "Workload", "name": meta["name"], "uid": meta["uid"]}]},
+            "spec": {"provisioningClassName": provisioning_class, "podSets": []},
+            "status": {"conditions": conditions}}
+
+
+# Kueue's conditions per state, as the tier showed them.
+def pending(seconds_ago: float = 30, message: str = "couldn't assign flavors to pod set tpu-group: insufficient "
+                                                     "unused quota for google.com/tpu in flavor dws, 16 more needed"):
+    return [condition("QuotaReserved", False, "Pending", seconds_ago, message)]
+
+
+def reserved(seconds_ago: float = 50) -> list[dict]:
+    return [condition("QuotaReserved", True, "QuotaReserved", seconds_ago),
+            condition("Admitted", False, "NoChecks", seconds_ago)]
+
+
+def admitted(seconds_ago: float = 40, pods_ready: float | None = None) -> list[dict]:
+    found = [condition("QuotaReserved", True, "QuotaReserved", seconds_ago),
+             condition("Admitted", True, "Admitted", seconds_ago)]
+    if pods_ready is None:
+        return found + [condition("PodsReady", False, "WaitForStart", seconds_ago)]
+    return found + [condition("PodsReady", True, "Started", pods_ready)]
+
+
+def evicted(reason: str, seconds_ago: float = 20, requeued: float | None = None) -> list[dict]:
+    found = [condition("QuotaReserved", False, "Pending", seconds_ago),
+             condition("Admitted", False, "NoReservation", seconds_ago),
+             condition("Evicted", True, reason, seconds_ago, f"Exceeded the PodsReady timeout default/x"
+                       if reason == PODS_READY_TIMEOUT else "The workload is deactivated")]
+    if requeued is None:
+        return found + [condition("Requeued", False, reason, seconds_ago)]
+    return found + [condition("Requeued", True, "BackoffFinished", requeued)]
+
+
+def snapshot(**objects) -> Snapshot:
+    return Snapshot(now=NOW, namespace=NAMESPACE, context="tier", **objects)
+
+
+def dev_snapshot(**objects) -> Snapshot:
+    found = plan_objects()
+    base = dict(cluster_queues=found["ClusterQueue"], resource_flavors=found["ResourceFlavor"],
+                admission_checks=active(found["AdmissionCheck"]), local_queues=found["LocalQueue"],
+                controller=found["Deployment"][0])
+    return snapshot(**{**base, **objects})
+
+
+def active(objects: list[dict]) -> list[dict]:
+    for obj in objects:
+        obj["status"] = {"conditions": [condition("Active", True, "Active")]}
+    return objects
+
+
+def one_job(job: dict, *others: dict, **objects) -> jobs.JobView:
+    report = build_report(dev_snapshot(rayjobs=[job], workloads=list(others), **objects))
+    (view,) = report.jobs
+    return view
+
+
+# ---- the ladder -----------------------------------------------------------------------------------------------------
+def rung_tuples(ladder) -> list[tuple]:
+    return [(r.flavor, r.entry_queue, r.local_queue, r.admission_check is not None) for r in ladder.rungs]
+
+
+@pytest.mark.parametrize("stack, overrides", [*((s, None) for s in SHIPPED_STACKS), ("dev", LADDER)],
+                         ids=[*SHIPPED_STACKS, "ladder"])
+def test_the_ladder_read_from_the_queues_is_the_controllers_chain(stack, overrides):
+    found = plan_objects(stack, overrides)
+    deployments = found.get("Deployment", [])
+    from_queues = build_ladder(found["ClusterQueue"], found["ResourceFlavor"], found.get("AdmissionCheck", []),
+                               found["LocalQueue"], None)
+    assert from_queues.source == FROM_CLUSTER_QUEUES
+    if deployments:
+        from_controller = build_ladder(found["ClusterQueue"], found["ResourceFlavor"], found["AdmissionCheck"],
+                                       found["LocalQueue"], deployments[0])
+        assert from_controller.source == FROM_CONTROLLER
+        expected = [(r.flavor, r.cluster_queue, r.local_queue, r.admission_check)
+                    for r in chain_of_controller(deployments[0]).rungs]
+        assert rung_tuples(from_queues) == rung_tuples(from_controller) == expected
+    else:  # one rung: no controller, and the seed's names
+        assert rung_tuples(from_queues) == [(from_queues.rungs[0].flavor, stack_kueue.CLUSTER_QUEUE,
+                                             stack_kueue.LOCAL_QUEUE, from_queues.rungs[0].flavor == "dws")]
+    # Each flavor's quota lives in the queue that starts at it (infra.kueue.chain_flavor_quotas).
+    assert all(r.cluster_queue == r.entry_queue for r in from_queues.rungs)
+
+
+def test_the_ladder_has_four_rungs_in_the_configured_order():
+    found = plan_objects("dev", {**LADDER, "rungOrder": ["spot", "reservation", "onDemand", "flexStart"]})
+    ladder = build_ladder(found["ClusterQueue"], found["ResourceFlavor"], found["AdmissionCheck"],
+                          found["LocalQueue"], None)
+    assert [r.flavor for r in ladder.rungs] == ["spot", "reservation", "on-demand", "dws"]
+    assert [r.local_queue for r in ladder.rungs] == ["user-queue", "user-queue-reservation", "user-queue-on-demand",
+                                                     "user-queue-dws"]
+    assert [r.admission_check for r in ladder.rungs] == [None, None, None, stack_kueue.ADMISSION_CHECK]
+    tpu = [r.quota_of(TPU_RESOURCE).nominal for r in ladder.rungs]
+    assert tpu == [SIXTEEN_CHIPS, SIXTEEN_CHIPS, SIXTEEN_CHIPS, 2 * SIXTEEN_CHIPS]
+
+
+def usage(flavor: str, total: str, borrowed: str = "0") -> dict:
+    return {"name": flavor, "resources": [{"name": TPU_RESOURCE, "total": total, "borrowed": borrowed}]}
+
+
+def test_quota_is_summed_over_the_queues_that_use_a_flavor():
+    found = plan_objects()
+    queues = {q["metadata"]["name"]: q for q in found["ClusterQueue"]}
+    # Job 1 on on-demand in cluster-queue; job 2 borrowed dws from cluster-queue-dws, waiting for its slice (reserved,
+    # not admitted); job 3 admitted on dws in cluster-queue-dws (a slice of its own would exceed: dev has one).
+    queues["cluster-queue"]["status"] = {
+        "flavorsReservation": [usage("on-demand", "16"), usage("dws", "16", borrowed="16")],
+        "flavorsUsage": [usage("on-demand", "16"), usage("dws", "0")]}
+    queues["cluster-queue-dws"]["status"] = {"flavorsReservation": [usage("dws", "0")],
+                                             "flavorsUsage": [usage("dws", "0")]}
+    ladder = build_ladder(list(queues.values()), found["ResourceFlavor"], found["AdmissionCheck"],
+                          found["LocalQueue"], None)
+    on_demand, dws = (r.quota_of(TPU_RESOURCE) for r in ladder.rungs)
+    assert (on_demand.nominal, on_demand.reserved, on_demand.used, on_demand.borrowed) == (16, 16, 16, 0)
+    assert (dws.nominal, dws.reserved, dws.used, dws.borrowed) == (16, 16, 0, 16)
+    assert ladder.rungs[1].cluster_queue == "cluster-queue-dws"  # holds it, although cluster-queue lists it first
+    cpu = ladder.rungs[0].quota_of("cpu")
+    assert cpu is not None and cpu.nominal > 0 and cpu.reserved == 0
+
+
+def test_several_unrelated_queues_each_give_their_rungs():
+    """Two teams' queues, no chain names and no controller: every flavor with TPU quota is a rung, held where its
+    quota is."""
+    found = plan_objects()
+    queues = {q["metadata"]["name"]: q for q in found["ClusterQueue"]}
+    team_a, team_b = copy.deepcopy(queues["cluster-queue"]), copy.deepcopy(queues["cluster-queue-dws"])
+    team_a["metadata"]["name"], team_b["metadata"]["name"] = "team-a", "team-b"
+    for queue, keep in ((team_a, "on-demand"), (team_b, "dws")):
+        group = queue["spec"]["resourceGroups"][0]
+        group["flavors"] = [f for f in group["flavors"] if f["name"] in ("default-cpu", keep)]
+    local = [{"metadata": {"name": "a", "namespace": "team-a"}, "spec": {"clusterQueue": "team-a"}}]
+    ladder = build_ladder([team_b, team_a], found["ResourceFlavor"], [], local, None)
+    assert [(r.flavor, r.cluster_queue, r.entry_queue, r.local_queue) for r in ladder.rungs] == [
+        ("on-demand", "team-a", "team-a", "a"), ("dws", "team-b", "team-b", None)]
+    assert ladder.rungs[1].check_active is False  # named by team-b, but no AdmissionCheck object: inactive
+
+
+def test_a_missing_flavor_and_an_unreadable_chain_are_shown_not_hidden():
+    found = plan_objects()
+    deployment = found["Deployment"][0]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    for item in container["env"]:
+        if item["name"] == CHAIN_ENV:
+            item["value"] = "not json"
+    flavors = [f for f in found["ResourceFlavor"] if f["metadata"]["name"] != "dws"]
+    ladder = build_ladder(found["ClusterQueue"], flavors, active(found["AdmissionCheck"]), found["LocalQueue"],
+                          deployment)
+    assert ladder.source == FROM_CLUSTER_QUEUES
+    assert [(r.flavor, r.flavor_exists, r.check_active) for r in ladder.rungs] == [
+        ("on-demand", True, None), ("dws", False, True)]
+
+
+# ---- one job, every state -------------------------------------------------------------------------------------------
+def test_a_job_without_a_queue_label_is_not_queued():
+    view = one_job(rayjob("loose", queue=None))
+    assert (view.state, view.workload, view.rung) == (jobs.NOT_QUEUED, None, None)
+    assert view.since == NOW - datetime.timedelta(seconds=600)
+
+
+def test_a_job_kueue_has_not_seen_yet():
+    view = one_job(rayjob("fresh", created=2))
+    assert (view.state, view.rung, view.cluster_queue) == (jobs.NO_WORKLOAD, "on-demand", "cluster-queue")
+
+
+def test_waiting_for_quota_says_kueues_reason_and_since_when():
+    job = rayjob("waits", queue="user-queue-dws")
+    view = one_job(job, workload(job, pending(45)))
+    assert (view.state, view.words, view.rung, view.cluster_queue) == (
+        jobs.WAITING_FOR_QUOTA, "waiting for quota", "dws", "cluster-queue-dws")
+    assert "insufficient unused quota for google.com/tpu in flavor dws" in view.detail
+    assert view.since == NOW - datetime.timedelta(seconds=45)
+
+
+@pytest.mark.parametrize("conditions, state, words", [
+    ([], "Pending", "created, not accepted yet"),
+    ([condition("Accepted", True, "Accepted", 30)], "Accepted", "accepted, waiting for capacity"),
+    ([condition("Accepted", True, "Accepted", 30), condition("Provisioned", False, "CapacityIsNotFound", 25,
+                                                             "CA will try to find it later")],
+     "Accepted", "accepted, waiting for capacity"),
+    ([condition("Provisioned", False, "CapacityIsNotFound", 25)], "NotProvisioned",
+     "not provisioned yet (CapacityIsNotFound)"),
+    ([condition("Accepted", True, "Accepted", 30), condition("Failed", True, "Failed", 5, "quota exceeded")],
+     "Failed", "failed"),
+    ([condition("Provisioned", True, "Provisioned", 30), condition("CapacityRevoked", True, "Revoked", 5)],
+     "CapacityRevoked", "capacity revoked"),
+    ([condition("Provisioned", True, "Provisioned", 30), condition("BookingExpired", True, "Expired", 5)],
+     "BookingExpired", "booking expired"),
+])
+def test_waiting_for_a_dws_slice_names_the_provisioning_requests_state(conditions, state, words):
+    job = rayjob("dws", queue="user-queue-dws")
+    owner = workload(job, reserved(50), flavor="dws", cluster_queue="cluster-queue-dws",
+                     checks=[{"name": stack_kueue.ADMISSION_CHECK, "state": "Pending", "message": "",
+                              "lastTransitionTime": ago(50)}])
+    view = one_job(job, owner, provisioning_requests=[provisioning_request(owner, conditions)])
+    assert (view.state, view.rung, view.words) == (jobs.WAITING_FOR_SLICE, "dws", "waiting for a DWS slice")
+    assert view.since == NOW - datetime.timedelta(seconds=50)  # since quota was reserved: the wait for the slice
+    assert (view.request.state, view.request.words) == (state, words)
+    assert view.request.name in view.detail and f"{stack_kueue.ADMISSION_CHECK} Pending" in view.detail
+    assert view.checks == ((stack_kueue.ADMISSION_CHECK, "Pending"),)
+
+
+def test_the_newest_provisioning_request_of_the_jobs_own_workload_counts():
+    job = rayjob("retried", queue="user-queue-dws")
+    owner = workload(job, reserved(), flavor="dws", checks=[])
+    first = provisioning_request(owner, [condition("Failed", True, "Failed", 100)], attempt=1, created=200)
+    second = provisioning_request(owner, [condition("Accepted", True, "Accepted", 10)], attempt=2, created=20)
+    stranger = provisioning_request(workload(rayjob("other"), reserved(), flavor="dws"), [], attempt=3, created=1)
+    view = one_job(job, owner, provisioning_requests=[second, first, stranger])
+    assert (view.request.name, view.request.state) == (second["metadata"]["name"], "Accepted")
+
+
+def test_a_request_of_another_class_is_capacity_not_dws():
+    job = rayjob("other-class", queue="user-queue-dws")
+    owner = workload(job, reserved(), flavor="dws", checks=[])
+    view = one_job(job, owner, provisioning_requests=[
+        provisioning_request(owner, [], provisioning_class="best-effort-atomic-scale-up.autoscaling.x-k8s.io")])
+    assert view.words == "waiting for capacity"
+
+
+def test_quota_reserved_without_a_request_waits_for_its_checks():
+    job = rayjob("checks", queue="user-queue-dws")
+    view = one_job(job, workload(job, reserved(12), flavor="dws", checks=[
+        {"name": stack_kueue.ADMISSION_CHECK, "state": "Retry", "message": "", "lastTransitionTime": ago(3)}]))
+    assert (view.state, view.rung) == (jobs.WAITING_FOR_CHECKS, "dws")
+    assert view.detail == f"checks: {stack_kueue.ADMISSION_CHECK} Retry"
+
+
+def test_admitted_waits_for_its_pods_then_runs():
+    job = rayjob("admitted")
+    view = one_job(job, workload(job, admitted(40), flavor="on-demand"))
+    assert (view.state, view.rung, view.words) == (jobs.ADMITTED, "on-demand", "admitted, waiting for pods")
+    assert view.since == NOW - datetime.timedelta(seconds=40)
+    view = one_job(job, workload(job, admitted(40, pods_ready=15), flavor="on-demand"))
+    assert (view.state, view.words) == (jobs.RUNNING, "running")
+    assert view.since == NOW - datetime.timedelta(seconds=15)
+
+
+def test_evicted_by_the_pods_ready_timeout_says_from_where_and_when_it_is_back():
+    job = rayjob("stocked-out")
+    view = one_job(job, workload(job, evicted(PODS_READY_TIMEOUT, 20), requeue_at=40,
+                                 annotations={ADMITTED_FLAVOR_ANNOTATION: "on-demand"}))
+    assert view.state == jobs.EVICTED
+    assert view.words == "evicted from on-demand: pods not ready in time"
+    assert view.since == NOW - datetime.timedelta(seconds=20)
+    assert f"back in the queue at {ago(-40)}" in view.detail and "Exceeded the PodsReady timeout" in view.detail
+    assert view.rung == "on-demand"  # Kueue tries its queue's first rung again (kueue#2560)
+
+
+def test_evicted_by_deactivation_stays_out_until_reactivated():
+    job = rayjob("deactivated")
+    view = one_job(job, workload(job, evicted("InactiveWorkload", 8), active=False))
+    assert (view.state, view.words) == (jobs.EVICTED, "evicted: deactivated")
+    assert view.detail.startswith("spec.active is false: out of the queue until it is true again")
+
+
+def test_deactivated_before_any_admission():
+    job = rayjob("never")
+    view = one_job(job, workload(job, pending(100), active=False, created=100))
+    assert (view.state, view.since) == (jobs.DEACTIVATED, NOW - datetime.timedelta(seconds=100))
+
+
+def test_back_in_the_queue_after_an_eviction_waits_for_quota_and_says_why_it_left():
+    job = rayjob("requeued")
+    view = one_job(job, workload(job, evicted("Preempted", 90, requeued=30)))
+    assert (view.state, view.since) == (jobs.WAITING_FOR_QUOTA, NOW - datetime.timedelta(seconds=30))
+    assert view.detail.startswith("evicted earlier: preempted")
+
+
+def test_a_move_in_progress_and_the_moves_so_far():
+    first = Move("on-demand", "spot", "user-queue-spot", STOCKOUT, ago(300))
+    second = Move("spot", "dws", "user-queue-dws", PODS_READY_TIMEOUT, ago(120))
+    history = with_move_recorded(None, first)
+    history = with_move_recorded({MOVES_ANNOTATION: history}, second)
+    done = rayjob("walked", queue="user-queue-dws", annotations={
+        FAILOVER_ANNOTATION: second.done().to_json(), MOVES_ANNOTATION: history})
+    view = one_job(done, workload(done, pending(60)))
+    assert [(m.from_flavor, m.to_flavor, m.reason, m.at) for m in view.moves] == [
+        ("on-demand", "spot", STOCKOUT, ago(300)), ("spot", "dws", PODS_READY_TIMEOUT, ago(120))]
+    assert view.move_in_progress is None and view.state == jobs.WAITING_FOR_QUOTA
+
+    third = Move("on-demand", "dws", "user-queue-dws", STOCKOUT, ago(4))
+    moving = rayjob("moving", annotations={FAILOVER_ANNOTATION: third.to_json(), MOVES_ANNOTATION: "not json"})
+    view = one_job(moving, workload(moving, evicted("InactiveWorkload", 3), active=False))
+    assert (view.state, view.words, view.since) == (jobs.MOVING, "moving from on-demand to dws",
+                                                   NOW - datetime.timedelta(seconds=4))
+    assert view.moves == () and view.move_in_progress.to_flavor == "dws"
+    assert "autoscaler reported no TPU capacity" in view.detail
+
+
+def test_finished_keeps_the_rung_it_ran_on():
+    job = rayjob("done")
+    conditions = admitted(400, pods_ready=390) + [condition("Finished", True, "Succeeded", 10, "Job finished")]
+    view = one_job(job, workload(job, conditions, flavor="on-demand"))
+    assert (view.state, view.words, view.rung, view.detail) == (jobs.FINISHED, "finished (Succeeded)", "on-demand",
+                                                                "Job finished")
+
+
+def test_the_workload_is_found_by_its_owner_not_by_a_name_in_another_namespace():
+    mine, theirs = rayjob("same"), rayjob("same", namespace="research")
+    stale = workload(mine, admitted(900) + [condition("Finished", True, "Failed", 800)], flavor="on-demand",
+                     created=1000)
+    stale["metadata"]["name"] += "-old"
+    current = workload(mine, pending(5), created=10)
+    elsewhere = workload(theirs, admitted(1), flavor="on-demand")
+    report = build_report(dev_snapshot(rayjobs=[mine], workloads=[elsewhere, stale, current]))
+    (view,) = report.jobs
+    assert (view.workload, view.state) == (current["metadata"]["name"], jobs.WAITING_FOR_QUOTA)
+
+
+# ---- the whole report -----------------------------------------------------------------------------------------------
+def mixed_snapshot(**objects) -> Snapshot:
+    running, waiting, slice_wait = rayjob("a-running"), rayjob("b-waiting"), rayjob("c-dws", queue="user-queue-dws")
+    evicted_job = rayjob("d-evicted")
+    owner = workload(slice_wait, reserved(50), flavor="dws", checks=[])
+    return dev_snapshot(
+        rayjobs=[waiting, running, slice_wait, evicted_job],
+        workloads=[workload(running, admitted(100, pods_ready=90), flavor="on-demand"),
+                   workload(waiting, pending(30)), owner,
+                   workload(evicted_job, evicted(PODS_READY_TIMEOUT, 20), requeue_at=40)],
+        provisioning_requests=[provisioning_request(owner, [condition("Accepted", True, "Accepted", 40)])],
+        **objects)
+
+
+def test_rungs_count_the_jobs_admitted_on_them_and_waiting_for_them():
+    report = build_report(mixed_snapshot())
+    assert [(s.rung.flavor, s.admitted, s.pending) for s in report.rungs] == [("on-demand", 1, 2), ("dws", 0, 1)]
+    assert [j.name for j in report.jobs] == ["a-running", "b-waiting", "c-dws", "d-evicted"]
+    only = build_report(mixed_snapshot(), only=["c-dws"])
+    assert [j.name for j in only.jobs] == ["c-dws"] and only.rungs == report.rungs
+
+
+def deployment_with(ready: int, replicas: int = 1, available: dict | None = None) -> dict:
+    found = plan_objects()["Deployment"][0]
+    found["spec"]["replicas"] = replicas
+    found["status"] = {"readyReplicas": ready, "conditions": [available] if available else []}
+    return found
+
+
+def controller_pod(restarts: int) -> dict:
+    return {"metadata": {"name": f"{stack_failover.NAME}-7d9f-x{restarts}", "namespace": stack_failover.NAMESPACE},
+            "status": {"containerStatuses": [{"name": "controller", "restartCount": restarts}]}}
+
+
+def move_event(job: str, seconds_ago: float, message: str) -> dict:
+    return {"metadata": {"name": f"{job}.{seconds_ago}", "namespace": NAMESPACE},
+            "involvedObject": {"kind": "RayJob", "name": job, "namespace": NAMESPACE},
+            "reason": EVENT_REASON, "message": message, "lastTimestamp": ago(seconds_ago)}
+
+
+def test_the_controllers_health():
+    events = [move_event("old", 3600, "moved from on-demand to dws (old)"),
+              move_event("new", 60, "moved from on-demand to dws (new)")]
+    view = health.controller_view(deployment_with(ready=1), [controller_pod(2), controller_pod(1)], events)
+    assert (view.state, view.ready, view.desired, view.restarts) == (health.HEALTHY, 1, 1, 3)
+    assert (view.latest_move.job, view.latest_move.at) == ("new", NOW - datetime.timedelta(seconds=60))
+    crashing = {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable",
+                "message": "Deployment does not have minimum availability."}
+    view = health.controller_view(deployment_with(ready=0, available=crashing), [controller_pod(7)], [])
+    assert view.state == health.DEGRADED and "0/1 ready" in view.words and "minimum availability" in view.words
+    assert health.controller_view(deployment_with(ready=0, replicas=0), [], []).state == health.SCALED_TO_ZERO
+    assert health.controller_view(None, [], []).state == health.NOT_DEPLOYED
+    assert health.controller_view(None, [], [], readable=False).state == health.UNKNOWN
+
+
+# ---- rendering ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("seconds, text", [(0, "0s"), (119, "119s"), (120, "2m"), (192, "3m12s"), (3600, "1h"),
+                                           (7500, "2h5m"), (86400 * 3 + 3600 * 4, "3d4h"), (-5, "0s")])
+def test_durations_read_like_kubectl(seconds, text):
+    assert duration(seconds) == text
+
+
+def columns(section: str) -> list[dict[str, str]]:
+    """A kubectl-style table read back by its header's column starts."""
+    header, *lines = section.splitlines()
+    names = [n for n in header.split("   ") if n.strip()]
+    starts = [header.index(n) for n in names]
+    bounds = list(zip(starts, [*starts[1:], None]))
+    return [{n.strip(): line[a:b].strip() for n, (a, b) in zip(names, bounds)} for line in lines]
+
+
+def test_the_table_shows_each_rung_each_job_and_the_controller():
+    report = build_report(mixed_snapshot(controller=deployment_with(ready=1), controller_pods=[controller_pod(2)],
+                                         move_events=[move_event("d-evicted", 90, "moved from a to b")]))
+    text = render_table(report)
+    lines = text.splitlines()
+    rung_rows = {line.split()[1]: line.split() for line in lines if line[:1].isdigit()}
+    assert rung_rows["on-demand"][2:4] == ["cluster-queue", "user-queue"]
+    assert rung_rows["dws"][2:5] == ["cluster-queue-dws", "user-queue-dws", stack_kueue.ADMISSION_CHECK]
+    rows = columns(text.split("JOBS (namespace default)\n")[1].split("\n\n")[0])
+    job_rows = {row["NAME"]: row for row in rows}
+    assert list(job_rows) == ["a-running", "b-waiting", "c-dws", "d-evicted"]
+    assert (job_rows["a-running"]["STATE"], job_rows["a-running"]["SINCE"], job_rows["a-running"]["FOR"]) == (
+        "running", ago(90), "90s")
+    assert (job_rows["c-dws"]["STATE"], job_rows["c-dws"]["PROVISIONING REQUEST"]) == (
+        "waiting for a DWS slice", "accepted, waiting for capacity")
+    assert (job_rows["b-waiting"]["STATE"], job_rows["b-waiting"]["FOR"]) == ("waiting for quota", "30s")
+    assert job_rows["d-evicted"]["STATE"] == "evicted: pods not ready in time"
+    assert {row["RUNG"] for row in rows} == {"on-demand", "dws"} and job_rows["c-dws"]["MOVES"] == "0"
+    assert f"  why: back in the queue at {ago(-40)}" in text  # the why section, under the job's name
+    assert f"{stack_failover.NAMESPACE}/{stack_failover.NAME}: healthy, 1/1 ready, 2 restarts" in text
+    assert "latest move 90s ago: default/d-evicted: moved from a to b" in text
+    assert "NAMESPACE" not in text.split("JOBS")[1].splitlines()[1]
+
+
+def test_all_namespaces_adds_the_namespace_column_and_names():
+    base = mixed_snapshot()
+    other = rayjob("a-running", namespace="research")
+    report = build_report(Snapshot(**{**base.__dict__, "namespace": None, "rayjobs": base.rayjobs + [other],
+                                      "workloads": base.workloads + [workload(other, pending(3))]}))
+    text = render_table(report)
+    header = next(line for line in text.splitlines() if line.startswith("NAMESPACE"))
+    assert header.split()[:3] == ["NAMESPACE", "NAME", "QUEUE"]
+    assert any(line.split()[:2] == ["research", "a-running"] for line in text.splitlines())
+    assert "default/d-evicted\n  why:" in text  # the why section names the namespace too
+
+
+def test_the_moves_and_a_not_deployed_controller_in_the_table():
+    move = Move("on-demand", "dws", "user-queue-dws", PODS_READY_TIMEOUT, ago(120))
+    job = rayjob("moved", queue="user-queue-dws", annotations={
+        FAILOVER_ANNOTATION: move.done().to_json(), MOVES_ANNOTATION: with_move_recorded(None, move)})
+    report = build_report(dev_snapshot(rayjobs=[job], workloads=[workload(job, pending(60))], controller=None))
+    text = render_table(report)
+    assert f"moved\n  why: " in text and f"  moves: on-demand -> dws ({PODS_READY_TIMEOUT}, {ago(120)})" in text
+    assert "not deployed" in text
+    assert "rungs from the ClusterQueues" in text
+
+
+def test_json_has_every_field_with_times_and_seconds():
+    report = build_report(mixed_snapshot(problems=["ProvisioningRequest: 403 Forbidden"]))
+    data = json.loads(render_json(report))
+    assert data == report_dict(report)
+    assert (data["namespace"], data["context"], data["ladderFrom"]) == (NAMESPACE, "tier", FROM_CONTROLLER)
+    dws = data["rungs"][1]
+    assert dws["quota"][TPU_RESOURCE]["nominal"] == SIXTEEN_CHIPS and dws["admissionCheck"] == "dws-prov"
+    jobs_by_name = {j["name"]: j for j in data["jobs"]}
+    assert jobs_by_name["a-running"]["forSeconds"] == 90 and jobs_by_name["a-running"]["since"] == ago(90)
+    assert jobs_by_name["c-dws"]["provisioningRequest"]["state"] == "Accepted"
+    assert jobs_by_name["d-evicted"]["state"] == jobs.EVICTED
+    controller = data["failoverController"]  # the plan's Deployment, no status yet: nothing ready
+    assert (controller["state"], controller["replicas"], controller["readyReplicas"]) == (health.DEGRADED, 1, 0)
+    assert data["problems"] == ["ProvisioningRequest: 403 Forbidden"]
+    assert {q["name"] for q in data["clusterQueues"]} == {"cluster-queue", "cluster-queue-dws"}
+
+
+# ---- the command line -----------------------------------------------------------------------------------------------
+class FakeReader:
+    """Stands for ClusterReader: records the namespace asked for, returns a fixed snapshot."""
+
+    def __init__(self, snapshot_: Snapshot):
+        self.snapshot, self.asked = snapshot_, []
+
+    def read(self, namespace, context=None):
+        self.asked.append((namespace, context))
+        return Snapshot(**{**self.snapshot.__dict__, "namespace": namespace, "context": context})
+
+
+@pytest.fixture
+def kubeconfig(tmp_path):
+    path = tmp_path / "config"
+    cluster = {"server": "https://127.0.0.1:1"}
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "team",
+        "clusters": [{"name": "c", "cluster": cluster}], "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "team", "context": {"cluster": "c", "user": "u", "namespace": "research"}},
+                     {"name": "plain", "context": {"cluster": "c", "user": "u"}}]}))
+    return str(path)
+
+
+def status(argv: list[str], reader=None, sleep=None) -> tuple[int, str, str, FakeReader]:
+    parser = cli.add_arguments(argparse.ArgumentParser())
+    args = parser.parse_args(argv)
+    reader = reader or FakeReader(mixed_snapshot())
+    out, err = io.StringIO(), io.StringIO()
+    code = cli.run(args, out, err, sleep=sleep or (lambda s: None), reader=reader)
+    return code, out.getvalue(), err.getvalue(), reader
+
+
+@pytest.mark.parametrize("flags, asked", [
+    ([], ("research", "team")),  # the context's namespace, as kubectl
+    (["--context", "plain"], ("default", "plain")),
+    (["-n", "ops"], ("ops", "team")),
+    (["-A"], (None, "team")),
+])
+def test_namespace_and_context_resolve_as_kubectl(kubeconfig, flags, asked):
+    code, out, _, reader = status(["--kubeconfig", kubeconfig, *flags])
+    assert code == 0 and reader.asked == [asked]
+    assert out.startswith(f"context {asked[1]} · ")
+
+
+def test_an_unknown_context_and_a_bad_interval_are_errors(kubeconfig):
+    code, _, err, reader = status(["--kubeconfig", kubeconfig, "--context", "nope"])
+    assert code == 1 and "nope" in err and reader.asked == []
+    code, _, err, _ = status(["--kubeconfig", kubeconfig, "--watch", "--interval", "0"])
+    assert code == 2 and "--interval" in err
+
+
+def test_watch_redraws_until_interrupted(kubeconfig):
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise KeyboardInterrupt
+
+    code, out, _, reader = status(["--kubeconfig", kubeconfig, "-w", "--interval", "0.5"], sleep=sleep)
+    assert code == 0 and sleeps == [0.5, 0.5, 0.5] and len(reader.asked) == 3
+    assert out.count(cli.CLEAR_SCREEN) == 3 and out.count("JOBS (namespace research)") == 3
+
+
+def test_watch_as_json_prints_one_document_per_line(kubeconfig):
+    sleeps = []
+
+    def sleep(seconds):
+        sleeps.append(seconds)
+        if len(sleeps) == 2:
+            raise KeyboardInterrupt
+
+    code, out, _, _ = status(["--kubeconfig", kubeconfig, "-o", "json", "--watch"], sleep=sleep)
+    documents = [json.loads(line) for line in out.splitlines()]
+    assert code == 0 and len(documents) == 2 and documents[0]["namespace"] == "research"
+
+
+def test_an_unreachable_cluster_fails_once_and_is_reported_while_watching(kubeconfig):
+    class Down:
+        calls = 0
+
+        def read(self, namespace, context=None):
+            Down.calls += 1
+            raise ConnectionRefusedError("connection refused")
+
+    code, _, err, _ = status(["--kubeconfig", kubeconfig], reader=Down())
+    assert code == 1 and "cannot read the cluster: connection refused" in err
+
+    def stop(seconds):
+        raise KeyboardInterrupt
+
+    code, out, _, _ = status(["--kubeconfig", kubeconfig, "--watch"], reader=Down(), sleep=stop)
+    assert code == 0 and "cannot read the cluster" in out and Down.calls == 2
+
+
+def test_the_entry_point_runs_the_status_tool(tmp_path, capsys):
+    from ops.__main__ import main
+
+    assert main(["status", "--kubeconfig", str(tmp_path / "missing")]) == 1
+    assert "error:" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["nothing"])
+
+
+def test_only_named_jobs_are_listed(kubeconfig):
+    code, out, _, _ = status(["--kubeconfig", kubeconfig, "-o", "json", "c-dws"])
+    assert code == 0 and [j["name"] for j in json.loads(out)["jobs"]] == ["c-dws"]
