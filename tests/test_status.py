@@ -341,7 +341,7 @@ def test_evicted_by_the_pods_ready_timeout_says_from_where_and_when_it_is_back()
 
 def test_evicted_by_deactivation_stays_out_until_reactivated():
     job = rayjob("deactivated")
-    view = one_job(job, workload(job, evicted("InactiveWorkload", 8), active=False))
+    view = one_job(job, workload(job, evicted("Deactivated", 8), active=False))
     assert (view.state, view.words) == (jobs.EVICTED, "evicted: deactivated")
     assert view.detail.startswith("spec.active is false: out of the queue until it is true again")
 
@@ -373,10 +373,10 @@ def test_a_move_in_progress_and_the_moves_so_far():
 
     third = Move("on-demand", "dws", "user-queue-dws", STOCKOUT, ago(4))
     moving = rayjob("moving", annotations={FAILOVER_ANNOTATION: third.to_json(), MOVES_ANNOTATION: "not json"})
-    view = one_job(moving, workload(moving, evicted("InactiveWorkload", 3), active=False))
+    view = one_job(moving, workload(moving, evicted("Deactivated", 3), active=False))
     assert (view.state, view.words, view.since) == (jobs.MOVING, "moving from on-demand to dws",
                                                    NOW - datetime.timedelta(seconds=4))
-    assert view.moves == () and view.move_in_progress.to_flavor == "dws"
+    assert view.moves == () and view.move_in_progress.to_flavor == "dws" and view.rung == "dws"
     assert "autoscaler reported no TPU capacity" in view.detail
 
 
@@ -416,7 +416,16 @@ def mixed_snapshot(**objects) -> Snapshot:
 
 def test_rungs_count_the_jobs_admitted_on_them_and_waiting_for_them():
     report = build_report(mixed_snapshot())
+    # on-demand: a-running admitted; b-waiting and d-evicted (back after its backoff) wait. dws: c-dws's slice.
     assert [(s.rung.flavor, s.admitted, s.pending) for s in report.rungs] == [("on-demand", 1, 2), ("dws", 0, 1)]
+    base = mixed_snapshot()
+    parked, moving = rayjob("e-parked"), rayjob("f-moving", annotations={FAILOVER_ANNOTATION: Move(
+        "on-demand", "dws", "user-queue-dws", STOCKOUT, ago(2)).to_json()})
+    more = build_report(Snapshot(**{**base.__dict__, "rayjobs": base.rayjobs + [parked, moving], "workloads": [
+        *base.workloads, workload(parked, evicted("Deactivated", 5), active=False),
+        workload(moving, evicted("Deactivated", 1), active=False)]}))
+    # A deactivated job waits for nothing; a job being moved waits at its target.
+    assert [(s.rung.flavor, s.admitted, s.pending) for s in more.rungs] == [("on-demand", 1, 2), ("dws", 0, 2)]
     assert [j.name for j in report.jobs] == ["a-running", "b-waiting", "c-dws", "d-evicted"]
     only = build_report(mixed_snapshot(), only=["c-dws"])
     assert [j.name for j in only.jobs] == ["c-dws"] and only.rungs == report.rungs
@@ -456,6 +465,14 @@ def test_the_controllers_health():
 
 
 # ---- rendering ------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reason, words", [
+    (PODS_READY_TIMEOUT, "pods not ready in time"), ("Deactivated", "deactivated"),
+    ("DeactivatedDueToRequeuingLimitExceeded", "deactivated"), ("Preempted", "preempted"),
+    ("SomethingNew", "SomethingNew"), (None, "unknown reason")])
+def test_eviction_reasons_in_words(reason, words):
+    assert jobs.eviction_words(reason) == words
+
+
 @pytest.mark.parametrize("seconds, text", [(0, "0s"), (119, "119s"), (120, "2m"), (192, "3m12s"), (3600, "1h"),
                                            (7500, "2h5m"), (86400 * 3 + 3600 * 4, "3d4h"), (-5, "0s")])
 def test_durations_read_like_kubectl(seconds, text):

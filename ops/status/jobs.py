@@ -31,16 +31,17 @@ DEACTIVATED = "Deactivated"  # spec.active false before it was ever evicted
 MOVING = "Moving"  # the failover controller is moving it down the ladder
 FINISHED = "Finished"
 
-# Kueue's Evicted reasons (apis/kueue/v1beta2/workload_types.go, WorkloadEvictedBy*), in a few words; Kueue's own
-# message follows in the detail.
+# Kueue's Evicted reasons, in a few words (Kueue's own message follows in the detail); a deactivation's reason may
+# carry a cause: DeactivatedDueTo<cause>. Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/kueue/v1beta2/workload_types.go
 EVICTION_WORDS = {
     PODS_READY_TIMEOUT: "pods not ready in time",
     "Preempted": "preempted",
     "AdmissionCheck": "an admission check failed",
     "ClusterQueueStopped": "ClusterQueue stopped",
     "LocalQueueStopped": "LocalQueue stopped",
-    "InactiveWorkload": "deactivated",
+    "Deactivated": "deactivated",
     "NodeFailures": "node failure",
+    "MaximumExecutionTimeExceeded": "ran past its maximum execution time",
 }
 # The controller's move reasons (failover.decisions), in words.
 MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscaler reported no TPU capacity"}
@@ -91,7 +92,8 @@ class JobView:
     workload: str | None
     local_queue: str | None  # the RayJob's queue label
     cluster_queue: str | None
-    rung: str | None  # the flavor it holds quota on, else the rung its queue starts at
+    rung: str | None  # the flavor it holds quota on, the rung it is moving to, else the rung its queue starts at
+    active: bool  # the Workload's spec.active: a deactivated job waits for nothing
     state: str
     words: str
     since: datetime.datetime | None
@@ -169,7 +171,7 @@ def tpu_flavor(workload: Mapping | None) -> str | None:
 
 def eviction_words(reason: str | None) -> str:
     for known, words in EVICTION_WORDS.items():
-        if reason and reason.startswith(known):  # e.g. InactiveWorkloadRequeuingLimitExceeded
+        if reason and reason.startswith(known):  # e.g. DeactivatedDueToRequeuingLimitExceeded
             return words
     return reason or "unknown reason"
 

@@ -14,7 +14,8 @@ from ops.status.jobs import JobView, current_rung, job_state, moves_of, request_
 from ops.status.ladder import Ladder, RungView, build_ladder, local_queue_targets
 from ops.status.objects import key_of, labels, name_of, namespace_of
 
-# A job counts as admitted on its rung in these states, as pending in these.
+# A job counts as admitted on its rung in these states, as pending in these (unless deactivated: a move in progress
+# reactivates it at its target).
 ADMITTED_STATES = frozenset({job_states.ADMITTED, job_states.RUNNING})
 PENDING_STATES = frozenset({job_states.WAITING_FOR_QUOTA, job_states.WAITING_FOR_SLICE,
                             job_states.WAITING_FOR_CHECKS, job_states.EVICTED, job_states.MOVING,
@@ -47,7 +48,8 @@ class Snapshot:
 class RungStatus:
     rung: RungView
     admitted: int  # jobs shown that are admitted here
-    pending: int  # jobs shown that wait for this rung (their queue starts here, or they hold quota awaiting a check)
+    pending: int  # jobs shown that wait for this rung: their queue starts here, they hold quota here awaiting a check,
+    # or they are moving here
 
 
 @dataclass(frozen=True)
@@ -80,14 +82,21 @@ def job_view(rayjob: Mapping, snapshot: Snapshot, ladder: Ladder, targets: Mappi
     start = start_rung(ladder, cluster_queue, local_queue)
     if cluster_queue is None and start is not None:
         cluster_queue = start.entry_queue
-    return JobView(namespace, name_of(rayjob), name_of(workload) or None, local_queue, cluster_queue,
-                   current_rung(workload, state.state, start.flavor if start else None), state.state, state.words,
-                   state.since, state.detail, moves, in_progress, request, job_states.check_states(workload))
+    rung = (in_progress.to_flavor if state.state == job_states.MOVING
+            else current_rung(workload, state.state, start.flavor if start else None))
+    active = ((workload or {}).get("spec") or {}).get("active", True) is not False
+    return JobView(namespace, name_of(rayjob), name_of(workload) or None, local_queue, cluster_queue, rung, active,
+                   state.state, state.words, state.since, state.detail, moves, in_progress, request,
+                   job_states.check_states(workload))
+
+
+def waits(job: JobView) -> bool:
+    return job.state in PENDING_STATES and (job.active or job.state == job_states.MOVING)
 
 
 def rung_statuses(ladder: Ladder, views: Sequence[JobView]) -> tuple[RungStatus, ...]:
     return tuple(RungStatus(rung, sum(1 for j in views if j.rung == rung.flavor and j.state in ADMITTED_STATES),
-                            sum(1 for j in views if j.rung == rung.flavor and j.state in PENDING_STATES))
+                            sum(1 for j in views if j.rung == rung.flavor and waits(j)))
                  for rung in ladder.rungs)
 
 

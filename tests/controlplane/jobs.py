@@ -118,6 +118,15 @@ def mark_provisioned(kube: Kube, request: dict, resize_request: str) -> None:
     }}, namespace=meta["namespace"], subresource="status")
 
 
+def mark_accepted(kube: Kube, request: dict) -> None:
+    """What GKE reports once DWS has queued the request: Accepted=True, nothing provisioned yet."""
+    now = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+    meta = request["metadata"]
+    kube.patch(*PROVISIONING_REQUEST, meta["name"], {"status": {"conditions": [
+        {"type": "Accepted", "status": "True", "reason": "Accepted", "message": "tier", "lastTransitionTime": now}]}},
+        namespace=meta["namespace"], subresource="status")
+
+
 def suspended(rayjob: dict) -> bool:
     return bool(rayjob["spec"].get("suspend", False))  # the server may omit `suspend: false`
 

@@ -1,0 +1,232 @@
+"""`python -m ops status` against a real kube-apiserver 1.36 and Kueue 0.19.2, with real objects in every state.
+
+One tier for the file: the dev stack's platform with the whole ladder (reservation, on-demand, Spot, two DWS slices),
+its objects deployed as `pulumi up` creates them, the failover controller's Deployment included but not run (nothing
+here moves: the moves are written as the controller writes them). tests/controlplane/status_states.py puts each job
+in its state; every expectation below is read back from the tier or from the scenario, never from the report.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from failover import decisions
+from failover.decisions import TPU_RESOURCE, parse_time
+from infra import failover as stack_failover
+from ops.status import health
+from ops.status import jobs as states
+from ops.status.ladder import FROM_CLUSTER_QUEUES, FROM_CONTROLLER, chain_of_controller
+from ops.status.report import Report, build_report
+from ops.status.snapshot import ClusterReader
+from tests.conftest import REPO
+from tests.controlplane import jobs
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.failover_tier import FailoverTier
+from tests.controlplane.kube import wait_for
+from tests.controlplane.stack import release_values
+from tests.controlplane.status_states import (NAMESPACE, OTHER_NAMESPACE, REACTION_TIMEOUT, create_every_state,
+                                              ladder_plan, play_a_healthy_controller)
+
+pytestmark = pytest.mark.controlplane
+
+EXPECTED_STATES = {
+    "st-finished": states.FINISHED, "st-running": states.RUNNING, "st-admitted": states.ADMITTED,
+    "st-evicted": states.EVICTED, "st-moving": states.MOVING, "st-dws-wait": states.WAITING_FOR_SLICE,
+    "st-dws-provisioned": states.ADMITTED, "st-waiting": states.WAITING_FOR_QUOTA, "st-no-queue": states.NOT_QUEUED,
+}
+# The states whose job holds quota on its rung (or finished there).
+HOLDING = {states.FINISHED, states.RUNNING, states.ADMITTED, states.WAITING_FOR_SLICE}
+
+
+@pytest.fixture(scope="module")
+def tier(request):
+    plan = ladder_plan()
+    tier = FailoverTier(ControlPlane(release_values(plan)), plan).start()
+    try:
+        tier.placed = create_every_state(tier)
+    except BaseException:
+        tier.plane.stop(keep_workdir=True)
+        raise
+    yield tier
+    failed = request.session.testsfailed > 0
+    tier.plane.stop(keep_workdir=failed)
+    if failed:
+        print(f"\nstatus tier logs kept in {tier.plane.supervisor.logs}")
+
+
+def read(tier: FailoverTier, namespace: str | None = NAMESPACE, api_client=None) -> Report:
+    return build_report(ClusterReader(api_client or tier.kube.api_client).read(namespace, "tier"))
+
+
+def workload_condition(tier: FailoverTier, job: str, kind: str, namespace: str = NAMESPACE) -> dict:
+    workload = jobs.workload_of(tier.kube, namespace, job)
+    return next(c for c in workload["status"]["conditions"] if c["type"] == kind)
+
+
+def controllers_chain(tier: FailoverTier):
+    (deployment,) = [m for m in tier.plan.kubernetes_manifests() if m["kind"] == "Deployment"]
+    return chain_of_controller(deployment)
+
+
+def chips_per_job() -> int:
+    """The dev RayJob's TPU chips: its TPU worker pods (replicas x hosts) times each pod's request."""
+    (group,) = jobs.dev_rayjob()["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    (container,) = [c for c in group["template"]["spec"]["containers"]
+                    if TPU_RESOURCE in (c.get("resources") or {}).get("requests", {})]
+    return group.get("replicas", 1) * group.get("numOfHosts", 1) * int(container["resources"]["requests"][TPU_RESOURCE])
+
+
+def test_every_job_state_from_real_objects(tier):
+    report = read(tier)
+    views = {job.name: job for job in report.jobs}
+    print("\n" + "\n".join(f"{j.name}: {j.state} | {j.words} | {j.detail}" for j in report.jobs))
+    assert {name: view.state for name, view in views.items()} == EXPECTED_STATES  # research's job not shown
+
+    chain = controllers_chain(tier)
+    first_rung = chain.rungs[0].flavor
+    for name, view in views.items():
+        placed = tier.placed[name]
+        if view.state in HOLDING:  # the flavor Kueue reserved when it decided, read back from its Workload then
+            assert view.rung == placed.holds, name
+        assert view.local_queue == placed.queue, name
+
+    # Since when: the condition Kueue set for that state.
+    for name, kind in (("st-finished", "Finished"), ("st-running", "PodsReady"), ("st-admitted", "Admitted"),
+                       ("st-evicted", "Evicted"), ("st-dws-wait", "QuotaReserved")):
+        assert views[name].since == parse_time(workload_condition(tier, name, kind)["lastTransitionTime"]), name
+
+    evicted = views["st-evicted"]
+    reason = workload_condition(tier, "st-evicted", "Evicted")
+    print(f"Kueue 0.19.2, deactivated while admitted: Evicted {reason['reason']}: {reason['message']}")
+    assert evicted.words == f"evicted from {tier.placed['st-evicted'].holds}: deactivated"
+    assert reason["message"] in evicted.detail and evicted.rung == first_rung  # Kueue would retry its queue's first
+
+    waiting = views["st-waiting"]
+    assert waiting.detail == workload_condition(tier, "st-waiting", "QuotaReserved")["message"]
+    assert waiting.rung == chain.rungs[chain.start_of_queue("user-queue-dws")].flavor
+
+    moving = views["st-moving"]
+    assert (moving.words, moving.rung) == (f"moving from {tier.placed['st-moving'].holds} to dws", "dws")
+
+    walked = views["st-dws-wait"]
+    assert [(m.from_flavor, m.to_flavor, m.reason) for m in walked.moves] == [
+        ("on-demand", "spot", decisions.STOCKOUT), ("spot", "dws", decisions.PODS_READY_TIMEOUT)]
+    for name, request_state in (("st-dws-wait", "Accepted"), ("st-dws-provisioned", "Provisioned")):
+        workload = jobs.workload_of(tier.kube, NAMESPACE, name)
+        (request,) = jobs.provisioning_requests(tier.kube, NAMESPACE, workload)
+        assert (views[name].request.name, views[name].request.state) == (request["metadata"]["name"], request_state)
+        assert views[name].request.dws
+    assert walked.words == "waiting for a DWS slice" and dict(walked.checks) == jobs.check_states(
+        jobs.workload_of(tier.kube, NAMESPACE, "st-dws-wait"))
+    assert views["st-finished"].words == "finished (Succeeded)" and views["st-no-queue"].workload is None
+
+
+def test_the_rungs_their_queues_and_their_quota(tier):
+    chain = controllers_chain(tier)
+    chips = chips_per_job()
+    slices = {"reservation": 1, "on-demand": 1, "spot": 1, "dws": 2}  # status_states.LADDER on the dev stack
+    # Who holds quota where now (the finished job released its own; the deactivated ones theirs).
+    holding = [p for p in tier.placed.values() if p.name in ("st-running", "st-admitted", "st-other-team",
+                                                             "st-dws-wait", "st-dws-provisioned")]
+    not_admitted = {"st-dws-wait"}
+
+    def expected(rung) -> tuple:
+        here = [p for p in holding if p.holds == rung.flavor]
+        borrowed = [p for p in here if (chain.rungs[chain.start_of_queue(p.queue)].cluster_queue != rung.cluster_queue)]
+        return (slices[rung.flavor] * chips, len(here) * chips,
+                len([p for p in here if p.name not in not_admitted]) * chips, len(borrowed) * chips)
+
+    def quotas(report: Report) -> list[tuple]:
+        return [(q.nominal, q.reserved, q.used, q.borrowed) for q in
+                (s.rung.quota_of(TPU_RESOURCE) for s in report.rungs)]
+
+    # Kueue writes ClusterQueue status after its cache: wait for it to settle, then compare.
+    report = read(tier)
+    want = [expected(s.rung) for s in report.rungs]
+    report = wait_for(lambda: (r := read(tier)) and quotas(r) == want and r, REACTION_TIMEOUT, "quota as placed")
+    assert report.ladder.source == FROM_CONTROLLER
+    assert [(s.rung.flavor, s.rung.entry_queue, s.rung.local_queue) for s in report.rungs] == [
+        (r.flavor, r.cluster_queue, r.local_queue) for r in chain.rungs]
+    assert [s.rung.admission_check is not None for s in report.rungs] == [r.admission_check for r in chain.rungs]
+    assert all(s.rung.flavor_exists and s.rung.check_active is not False for s in report.rungs)
+    assert all(q.active for q in report.ladder.queues)
+    # Jobs in namespace default: reservation runs st-running; on-demand admits st-admitted (the deactivated
+    # st-evicted waits for nothing); Spot's job is research's; dws admits one and has three waiting for it
+    # (st-dws-wait's slice, st-waiting, st-moving's target).
+    assert [(s.rung.flavor, s.admitted, s.pending) for s in report.rungs] == [
+        ("reservation", 1, 0), ("on-demand", 1, 0), ("spot", 0, 0), ("dws", 1, 3)]
+
+
+def test_all_namespaces_and_the_command_line(tier):
+    kubeconfig = str(tier.plane.kubeconfig)
+    run = subprocess.run([sys.executable, "-m", "ops", "status", "--kubeconfig", kubeconfig, "--context", "tier",
+                          "-A", "-o", "json"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    data = json.loads(run.stdout)
+    found = {(j["namespace"], j["name"]): j for j in data["jobs"]}
+    assert data["namespace"] is None and data["context"] == "tier"
+    assert found[(OTHER_NAMESPACE, "st-other-team")]["state"] == states.ADMITTED
+    assert {name for namespace, name in found if namespace == NAMESPACE} == set(EXPECTED_STATES)
+    spot = next(r for r in data["rungs"] if r["flavor"] == tier.placed["st-other-team"].holds)
+    assert spot["admittedJobs"] == 1 and spot["quota"][TPU_RESOURCE]["borrowed"] == chips_per_job()
+
+    run = subprocess.run([sys.executable, "-m", "ops", "status", "--kubeconfig", kubeconfig, "-n", OTHER_NAMESPACE],
+                         cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert run.returncode == 0, run.stderr
+    assert f"JOBS (namespace {OTHER_NAMESPACE})" in run.stdout and "st-other-team" in run.stdout
+    assert "st-running" not in run.stdout and "LADDER (rungs from the failover controller's chain" in run.stdout
+
+
+def test_what_a_user_may_not_read_is_reported_not_fatal(tier):
+    """A user who may list jobs and Workloads only: the jobs are shown, the rest is named as a problem."""
+    kube = tier.kube
+    name = "status-reader"
+    kube.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": NAMESPACE}})
+    kube.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": {"name": name},
+                 "rules": [{"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["list"]},
+                           {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]}]})
+    kube.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+                 "metadata": {"name": name},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+                 "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]})
+    from kubernetes import config
+
+    restricted = config.new_client_from_config(config_file=str(
+        tier.plane.kubeconfig_for_service_account(NAMESPACE, name)))
+    report = wait_for(lambda: (r := read(tier, api_client=restricted)) and r.jobs and r, REACTION_TIMEOUT,
+                      "the binding in effect")
+    assert {j.name: j.state for j in report.jobs}["st-running"] == states.RUNNING
+    assert any(p.startswith("ClusterQueue: 403") for p in report.problems), report.problems
+    assert any(p.startswith(f"Deployment {stack_failover.NAMESPACE}/{stack_failover.NAME}: 403")
+               for p in report.problems), report.problems
+    assert report.controller.state == health.UNKNOWN and report.rungs == ()
+
+
+def test_the_controllers_health_and_a_stack_without_one(tier):
+    # Deployed as the stack declares it, but no controller-manager makes its pods: not ready.
+    report = read(tier)
+    assert (report.controller.state, report.controller.ready, report.controller.desired) == (health.DEGRADED, 0, 1)
+    assert report.controller.latest_move is None
+
+    walked = tier.placed["st-dws-wait"]
+    message = decisions.move_message(decisions.Move("spot", "dws", "user-queue-dws", decisions.PODS_READY_TIMEOUT,
+                                                    "2026-11-30T00:00:00Z"), "user-queue-spot")
+    play_a_healthy_controller(tier.kube, restarts=3, moved=walked, message=message)
+    report = read(tier)
+    controller = report.controller
+    assert (controller.state, controller.ready, controller.desired, controller.restarts) == (health.HEALTHY, 1, 1, 3)
+    assert (controller.latest_move.job, controller.latest_move.message) == (walked.name, message)
+    rungs_with_controller = [(s.rung.flavor, s.rung.entry_queue, s.rung.local_queue) for s in report.rungs]
+
+    # A stack without a controller (one rung has none): the ladder comes from the ClusterQueues, the same.
+    tier.kube.delete("apps/v1", "Deployment", stack_failover.NAME, stack_failover.NAMESPACE, propagation="Background")
+    wait_for(lambda: tier.kube.get("apps/v1", "Deployment", stack_failover.NAME, stack_failover.NAMESPACE) is None,
+             REACTION_TIMEOUT, "the Deployment gone")
+    report = read(tier)
+    assert report.controller.state == health.NOT_DEPLOYED and report.ladder.source == FROM_CLUSTER_QUEUES
+    assert [(s.rung.flavor, s.rung.entry_queue, s.rung.local_queue) for s in report.rungs] == rungs_with_controller
+    assert report.controller.latest_move.job == walked.name  # the Events outlive the controller
