@@ -62,7 +62,8 @@ def test_the_early_path_acts_when_the_grace_period_ends_without_a_resync(clean):
 
 def test_a_podsready_eviction_is_moved_without_a_resync(clean):
     tier = clean
-    waits_before = tier.metric("tpu_fallback_admission_wait_seconds_count", flavor="on-demand")
+    waits_before = {flavor: tier.metric("tpu_fallback_admission_wait_seconds_count", flavor=flavor)
+                    for flavor in ("on-demand", "dws")}
     tier.submit("watch-timeout")
     assert jobs.decision(tier.kube, NAMESPACE, "watch-timeout").flavor == "on-demand"
     request = jobs.wait_provisioning_request(tier.kube, NAMESPACE, "watch-timeout",
@@ -75,7 +76,8 @@ def test_a_podsready_eviction_is_moved_without_a_resync(clean):
     # From admission to the move: Kueue's timeout, at least.
     assert tier.metric("tpu_fallback_move_delay_seconds_sum",
                        reason=decisions.PODS_READY_TIMEOUT) >= PODS_READY_TIMEOUT_SECONDS - 1
-    assert tier.metric("tpu_fallback_admission_wait_seconds_count", flavor="on-demand") == waits_before + 1
+    # Quota reserved on on-demand, then (after the move) on dws: one wait each.
+    assert tier.metric("tpu_fallback_admission_wait_seconds_count", flavor="on-demand") == waits_before["on-demand"] + 1
     history = decisions.move_history(tier.kube.get(*jobs.RAYJOB, "watch-timeout", NAMESPACE)["metadata"]
                                      .get("annotations"))
     assert history == [move]
@@ -87,4 +89,4 @@ def test_a_podsready_eviction_is_moved_without_a_resync(clean):
              "Admitted on dws")
     wait_for(lambda: tier.metric("tpu_fallback_admission_check_outcomes_total", admission_check=check,
                                  state="Ready") == 1, 10, "the check's Ready counted")
-    assert tier.metric("tpu_fallback_admission_wait_seconds_count", flavor="dws") == 1
+    assert tier.metric("tpu_fallback_admission_wait_seconds_count", flavor="dws") == waits_before["dws"] + 1

@@ -104,9 +104,9 @@ class FailoverTier:
             self.kube.delete("v1", "Pod", pod["metadata"]["name"], NAMESPACE, propagation="Background")
         wait_for(lambda: not self.kube.list(*jobs.WORKLOAD, namespace=NAMESPACE), 60, "no Workload left")
 
-    def play_kuberay_and_a_stockout(self, job: str) -> None:
+    def play_kuberay_and_a_stockout(self, job: str) -> str:
         """What a GKE cluster shows in a stockout: KubeRay's RayCluster and TPU worker pod, and the autoscaler's
-        FailedScaleUp event for lack of capacity on it."""
+        FailedScaleUp event for lack of capacity on it; the event's firstTimestamp."""
         cluster = f"{job}-raycluster"
         self.kube.patch(*jobs.RAYJOB, job, {"status": {"rayClusterName": cluster}}, namespace=NAMESPACE,
                         subresource="status")
@@ -129,6 +129,7 @@ class FailoverTier:
                           "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
                           "source": {"component": "cluster-autoscaler"}, "count": 1,
                           "firstTimestamp": now, "lastTimestamp": now})
+        return now
 
     def move_of(self, job: str) -> decisions.Move | None:
         """The move the controller recorded on the RayJob (its annotation)."""
