@@ -9,6 +9,7 @@ from infra.cluster import GkeCluster
 from infra.commands import next_steps
 from infra.failover import FailoverController
 from infra.kueue import Kueue
+from infra.monitoring import Monitoring
 from infra.settings import DEFAULTS, ConfigReader, read_platform_settings, tpu_quota
 from infra.tpu_pool import TpuNodePool
 from workloads.jobs import PlatformHandles, TrainingJobs
@@ -35,6 +36,9 @@ pools = {
 kueue = Kueue("kueue", platform, cluster.provider)
 # The failover controller moves a job down the chain when its rung's TPUs never come (a stockout).
 failover = FailoverController("failover", platform, kueue, cluster.provider) if len(kueue.queue_chain) > 1 else None
+# Metrics on managed Prometheus: PodMonitorings for Kueue and the controller, and a Cloud Monitoring dashboard.
+monitoring = Monitoring("monitoring", platform, kueue, failover, cluster.provider) if platform.monitoring.enabled \
+    else None
 
 # Workloads: the training RayJobs, queued by Kueue, which picks the plan.
 jobs = None
@@ -55,4 +59,5 @@ pulumi.export("localQueue", kueue.local_queue_name)
 pulumi.export("queueChain", [rung.as_output() for rung in kueue.queue_chain])
 pulumi.export("trainingJobs", jobs.job_names if jobs else [])
 pulumi.export("checkpointBucket", jobs.bucket.url if jobs else None)
+pulumi.export("dashboardUrl", monitoring.dashboard_url if monitoring else None)
 pulumi.export("nextSteps", next_steps(platform, jobs.job_names if jobs else []))

@@ -16,6 +16,17 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Least privilege for nodes: the one role GKE needs for logs, metrics and image pulls.
 # Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa
 NODE_ROLES = ("roles/container.defaultNodeServiceAccount",)
+# GKE's system metrics, kept on beside managed Prometheus: the provider sends `enable_components` even when it is
+# unset, and container.v1 reads an empty list as "disable all monitoring" (MonitoringComponentConfig).
+# Ref: https://github.com/hashicorp/terraform-provider-google/blob/main/google/services/container/resource_container_cluster.go (expandMonitoringConfig)
+MONITORING_COMPONENTS = ("SYSTEM_COMPONENTS",)
+
+
+def monitoring_config() -> dict:
+    """Managed collection of Google Cloud Managed Service for Prometheus: GKE runs the collectors that the
+    stack's PodMonitorings configure (infra/monitoring.py).
+    Ref: https://cloud.google.com/stackdriver/docs/managed-prometheus/setup-managed"""
+    return {"enable_components": list(MONITORING_COMPONENTS), "managed_prometheus": {"enabled": True}}
 
 
 def node_config_common(service_account_email: pulumi.Input[str]) -> dict:
@@ -98,6 +109,8 @@ class GkeCluster(pulumi.ComponentResource):
             node_pool_defaults={"node_config_defaults": {"gcfs_config": {"enabled": True}}},
             addons_config={"ray_operator_configs": [{"enabled": True}]},
             workload_identity_config={"workload_pool": f"{settings.project}.svc.id.goog"},
+            # Off: GKE's defaults, untouched.
+            monitoring_config=monitoring_config() if settings.monitoring.enabled else None,
             # pulumi-gcp defaults this to true, which makes `pulumi destroy` fail (pulumi/pulumi-gcp#1394).
             deletion_protection=settings.deletion_protection,
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*apis, *node_roles]),

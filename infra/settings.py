@@ -37,6 +37,7 @@ DEFAULTS: Mapping[str, Any] = {
     "kueue": {"version": "0.19.2", "chartRepository": "oci://registry.k8s.io/kueue/charts"},
     "fallback": {"podsReadyTimeout": "15m", "stockoutGracePeriod": "3m"},
     "failoverController": {"image": "", "pipIndexUrl": ""},
+    "monitoring": {"enabled": True},
 }
 
 # Kueue 0.16 is the first release that stores v1beta2, the API version every object here is written in.
@@ -275,6 +276,14 @@ class ControllerRuntime:
 
 
 @dataclass(frozen=True)
+class MonitoringSettings:
+    """Managed Prometheus on the cluster, PodMonitorings for Kueue and the failover controller, and a Cloud
+    Monitoring dashboard (infra/monitoring.py); a team that has its own can turn them off."""
+
+    enabled: bool = True
+
+
+@dataclass(frozen=True)
 class PlatformSettings:
     project: str
     zone: str
@@ -288,6 +297,7 @@ class PlatformSettings:
     kueue_chart_repository: str
     fallback: FallbackSettings
     failover_controller: ControllerRuntime = ControllerRuntime()
+    monitoring: MonitoringSettings = MonitoringSettings()
 
     @property
     def region(self) -> str:
@@ -477,6 +487,10 @@ def read_controller_runtime(reader: ConfigReader) -> ControllerRuntime:
     return ControllerRuntime(image, index)
 
 
+def read_monitoring_settings(reader: ConfigReader) -> MonitoringSettings:
+    return MonitoringSettings(reader.obj("monitoring", DEFAULTS["monitoring"])["enabled"])
+
+
 def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> PlatformSettings | None:
     """The platform half of the settings, built whenever its parts are readable so that the checks which need
     it (pool names, the workloads' fit) run in the same pass; only valid when `reader.problems` is empty.
@@ -504,6 +518,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
     kueue_version, kueue_chart_repository = _read_kueue(reader)
     fallback = read_fallback_settings(reader)
     failover_controller = read_controller_runtime(reader)
+    monitoring = read_monitoring_settings(reader)
 
     _check_versions_and_zones(reader, plans, zone, gke_version, generation, allow_unlisted_zone)
     if tpu is None or machine is None or fallback is None:
@@ -513,7 +528,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
         deletion_protection=deletion_protection,
         system_pool=SystemPoolSettings(machine, system_raw["nodeCount"]),
         tpu=tpu, plans=plans, kueue_version=kueue_version, kueue_chart_repository=kueue_chart_repository,
-        fallback=fallback, failover_controller=failover_controller,
+        fallback=fallback, failover_controller=failover_controller, monitoring=monitoring,
     )
     _check_plans(reader, settings)
     return settings

@@ -48,6 +48,7 @@ PINNED_REVISIONS: Mapping[str, str] = MappingProxyType({
     "cloudresourcemanager.v1": "20261107",
     "container.v1": "20261027",
     "iam.v1": "20261023",
+    "monitoring.v1": "20260903",
     "serviceusage.v1": "20260921",
     "storage.v1": "20261009",
 })
@@ -97,7 +98,16 @@ class DeprecatedOnPurpose:
     why: str
 
 
-Deviation = Renamed | ListOfOne | OneItemOf | ProviderOnly | DeprecatedOnPurpose
+@dataclass(frozen=True)
+class JsonBody:
+    """A JSON document in a string: the provider parses it and sends the object at `api` ("" = the whole body),
+    which is then checked like any other input."""
+
+    api: str
+    why: str
+
+
+Deviation = Renamed | ListOfOne | OneItemOf | ProviderOnly | DeprecatedOnPurpose | JsonBody
 
 
 @dataclass(frozen=True)
@@ -138,6 +148,12 @@ REQUESTS: Mapping[str, ApiRequest] = MappingProxyType({
             "deletionProtection": ProviderOnly("the provider refuses to delete the cluster while it is true "
                                                "(meta.yaml: provider_only)"),
             "initialNodeCount": DeprecatedOnPurpose(_DEFAULT_POOL),
+            # expandMonitoringConfig builds both API objects from the flat Terraform block.
+            "monitoringConfig.enableComponents": Renamed(
+                "monitoringConfig.componentConfig.enableComponents",
+                "sent as MonitoringConfig.componentConfig (a MonitoringComponentConfig)"),
+            "monitoringConfig.managedPrometheus": Renamed(
+                "monitoringConfig.managedPrometheusConfig", "sent as MonitoringConfig.managedPrometheusConfig"),
             "nodeConfig": DeprecatedOnPurpose(_DEFAULT_POOL),
         },
         ref=f"{_META}/container/resource_container_cluster_meta.yaml"),
@@ -190,6 +206,12 @@ REQUESTS: Mapping[str, ApiRequest] = MappingProxyType({
         url={"bucket": "{bucket}"},
         deviations={"member": OneItemOf("members", _IAM_MEMBER)},
         ref=f"{_META}/storage/iam_storage_bucket.go"),
+    "gcp:monitoring/dashboard:Dashboard": ApiRequest(
+        "monitoring.v1", "projects.dashboards.create", "",
+        url={"parent": "projects/{project}"},
+        deviations={"dashboardJson": JsonBody("", "the provider POSTs structure.ExpandJsonFromString(dashboard_json) "
+                                                  "as the Dashboard (resourceMonitoringDashboardCreate)")},
+        ref=f"{_META}/monitoring/resource_monitoring_dashboard.go"),
 })
 
 
@@ -227,6 +249,9 @@ PROSE_RULES: Mapping[tuple[str, str], ProseRule] = MappingProxyType({
         '"1.X.Y-gke.N": picks an explicit Kubernetes version - "","-": picks the default Kubernetes version',
         'latest, 1.X, 1.X.Y, 1.X.Y-gke.N, "" or -',
         _fullmatch(r"latest|-|1\.\d+(\.\d+(-gke\.\d+)?)?", 64, min_len=0)),
+    ("container.v1", "MonitoringComponentConfig.enableComponents"): ProseRule(
+        "An empty set would disable all monitoring.", "at least one component (SYSTEM_COMPONENTS keeps GKE's "
+        "system metrics)", lambda value: isinstance(value, list) and len(value) > 0),
     ("iam.v1", "CreateServiceAccountRequest.accountId"): ProseRule(
         "must be 6-30 characters long, and match the regular expression `[a-z]([-a-z0-9]*[a-z0-9])`",
         "6-30 characters matching [a-z]([-a-z0-9]*[a-z0-9])",
@@ -442,6 +467,9 @@ class _Check:
                          deviation: Deviation | None) -> None:
         if isinstance(deviation, ProviderOnly):
             return
+        if isinstance(deviation, JsonBody):
+            self._translate_json(value, keys, shown, tuple(filter(None, deviation.api.split("."))))
+            return
         if isinstance(deviation, DeprecatedOnPurpose):
             self.deprecated_ok.add(_key(api_path))
         if isinstance(deviation, (Renamed, ListOfOne, OneItemOf)):
@@ -456,6 +484,20 @@ class _Check:
                 return
             value = value[0]
         self._place(value, keys, shown, api_path)
+
+    def _translate_json(self, text: Any, keys: tuple, shown: str, api_path: tuple) -> None:
+        try:
+            value = json.loads(text) if isinstance(text, str) else None
+        except json.JSONDecodeError as err:
+            self.problem(api_path, f"not JSON: {err}", input_path=shown)
+            return
+        if not isinstance(value, dict):
+            self.problem(api_path, f"must be a JSON object in a string; got {_kind_of(text)}", input_path=shown)
+            return
+        if api_path:
+            self._place(value, keys, shown, api_path)
+        else:
+            self._translate_object(value, keys, shown, ())
 
     def _place(self, value: Any, keys: tuple, shown: str, api_path: tuple) -> None:
         """Put an input's value at its API path, creating the objects on the way (a move may need several)."""

@@ -1,6 +1,7 @@
 """Strict validation of Kubernetes custom resources against upstream CRD schemas, like `kubectl --validate=strict`.
 
-The CRDs stay in ../shared/schemas (data, never copied into this repo). Unknown fields are errors: every
+The CRDs stay in ../shared/schemas (data, never copied into this repo), or, for one not there, come as a file
+from its upstream module (tests/upstream.py). Unknown fields are errors: every
 object schema that lists properties and neither allows additional properties nor preserves unknown fields
 gets `additionalProperties: false`. CEL rules (x-kubernetes-validations) are not evaluated here; the rules
 that matter to us are asserted by the tests themselves.
@@ -46,11 +47,11 @@ def _strict(node: Any) -> Any:
 
 
 @functools.cache
-def crd_schema(api_version: str, kind: str) -> dict:
-    """The strict JSON schema of a served version of a CRD found under the schemas folder."""
+def crd_schema(api_version: str, kind: str, crd_file: Path | None = None) -> dict:
+    """The strict JSON schema of a served version of a CRD: `crd_file`, or the one found under the schemas folder."""
     group, version = api_version.split("/")
     plural = kind.lower() + "s"
-    matches = list(schemas_dir().glob(f"*/{group}_{plural}.yaml"))
+    matches = [crd_file] if crd_file else list(schemas_dir().glob(f"*/{group}_{plural}.yaml"))
     if not matches:
         raise LookupError(f"no CRD for {group}/{kind} under {schemas_dir()}")
     crd = yaml.load(matches[0].read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -61,9 +62,9 @@ def crd_schema(api_version: str, kind: str) -> dict:
     raise LookupError(f"{group}/{kind} serves no version {version}")
 
 
-def validation_errors(manifest: dict) -> list[str]:
+def validation_errors(manifest: dict, crd_file: Path | None = None) -> list[str]:
     """Every schema violation of `manifest`, as readable lines; empty when it is valid."""
-    schema = crd_schema(manifest["apiVersion"], manifest["kind"])
+    schema = crd_schema(manifest["apiVersion"], manifest["kind"], crd_file)
     validator = jsonschema.Draft202012Validator(schema)
     errors = [f"{'/'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
               for e in validator.iter_errors(manifest)]

@@ -33,7 +33,7 @@ def test_dev_deploys_the_controller_on_the_cpu_pool_with_its_own_account():
 
 def test_rbac_is_exactly_what_a_move_needs():
     plan = plan_for()
-    role = plan.only("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole").inputs
+    role = plan.named("failover-role").inputs  # infra/monitoring.py declares a ClusterRole too
     # Watches instead of lists every pass: watch on what it follows; create only Events; patch only what a move
     # changes. Nothing cluster-wide beyond that (no delete, no update, no secrets).
     assert role["rules"] == [
@@ -42,7 +42,7 @@ def test_rbac_is_exactly_what_a_move_needs():
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create"]},
     ]
-    binding = plan.only("kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding").inputs
+    binding = plan.named("failover-binding").inputs
     assert binding["roleRef"]["name"] == role["metadata"]["name"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": failover.NAME,
                                     "namespace": failover.NAMESPACE}]

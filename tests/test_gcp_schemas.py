@@ -16,7 +16,8 @@ from infra.settings import (
 from infra.tpu import MACHINE_TYPES
 from tests.conftest import SHIPPED_STACKS, plan_for
 from tests.gcp_schema import (
-    PINNED_REVISIONS, PROSE_RULES, REQUESTS, DeprecatedOnPurpose, ListOfOne, OneItemOf, ProviderOnly, Renamed,
+    PINNED_REVISIONS, PROSE_RULES, REQUESTS, DeprecatedOnPurpose, JsonBody, ListOfOne, OneItemOf, ProviderOnly,
+    Renamed,
     api_field, api_method, check_plan, check_resource, described_field, discovery_revisions,
     gcp_resources,
 )
@@ -102,10 +103,14 @@ def test_deviations_agree_with_the_schema(typ):
             assert mechanical is None, f"{path} is an API field after all: map it instead"
         elif isinstance(deviation, DeprecatedOnPurpose):
             assert mechanical and mechanical.get("deprecated"), f"{path} is not deprecated (any more): drop it"
+        elif isinstance(deviation, JsonBody):
+            assert mechanical is None, f"{path} is an API field after all: map it instead"
+            assert not deviation.api or api_field(request, deviation.api), f"{path} -> {deviation.api}: no field"
         elif isinstance(deviation, (Renamed, ListOfOne, OneItemOf)):
             target = api_field(request, deviation.api)
             assert target is not None, f"{path} -> {deviation.api}: no such API field"
-            assert (target.get("type") == "array") == isinstance(deviation, OneItemOf), f"{path}: list or not"
+            if not isinstance(deviation, Renamed):  # a rename keeps the value's shape, a list or not
+                assert (target.get("type") == "array") == isinstance(deviation, OneItemOf), f"{path}: list or not"
             assert mechanical is None or isinstance(deviation, OneItemOf), f"{path} maps as it is named"
 
 
@@ -232,6 +237,10 @@ def test_an_unmapped_resource_type_fails():
 def test_enum_values_the_program_sets_are_the_ones_gke_allows():
     _, enums = all_findings()
     assert enums == {
+        "Axis.scale": {"LINEAR"},  # the dashboard (infra/monitoring.py)
+        "DataSet.plotType": {"LINE", "STACKED_BAR"},
+        "DataSet.targetAxis": {"Y1", "Y2"},
+        "MonitoringComponentConfig.enableComponents[]": {"SYSTEM_COMPONENTS"},  # GKE's system metrics stay on
         "NodePoolAutoscaling.locationPolicy": {"ANY"},  # plan B; plan A leaves GKE's default
         "PlacementPolicy.type": {"COMPACT"},  # every multi-host slice
         "ReservationAffinity.consumeReservationType": {"NO_RESERVATION"},

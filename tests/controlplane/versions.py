@@ -21,6 +21,9 @@ HELM = "v3.22.0"
 KUBERAY = "v1.6.2"
 # The ProvisioningRequest API Kueue 0.19.2 is built against (its go.mod).
 AUTOSCALER_APIS = "v0.0.0-20240830133931-adfbe7e45277"
+# Google Cloud Managed Service for Prometheus: its PodMonitoring CRD (GKE installs its own copy with managed
+# collection). The newest release tag the Go proxy serves (2026-01-07; later tags are release candidates).
+PROMETHEUS_ENGINE = "v0.17.2"
 
 MODULES = {
     "kueue": ("sigs.k8s.io/kueue", KUEUE),
@@ -29,6 +32,7 @@ MODULES = {
     "helm": ("helm.sh/helm/v3", HELM),
     "kuberay": ("github.com/ray-project/kuberay/ray-operator", KUBERAY),
     "autoscaler": ("k8s.io/autoscaler/cluster-autoscaler/apis", AUTOSCALER_APIS),
+    "prometheus-engine": ("github.com/GoogleCloudPlatform/prometheus-engine", PROMETHEUS_ENGINE),
 }
 
 
