@@ -458,7 +458,7 @@ def test_the_controllers_health():
     crashing = {"type": "Available", "status": "False", "reason": "MinimumReplicasUnavailable",
                 "message": "Deployment does not have minimum availability."}
     view = health.controller_view(deployment_with(ready=0, available=crashing), [controller_pod(7)], [])
-    assert view.state == health.DEGRADED and "0/1 ready" in view.words and "minimum availability" in view.words
+    assert (view.state, view.ready, view.restarts) == (health.DEGRADED, 0, 7) and "minimum availability" in view.words
     assert health.controller_view(deployment_with(ready=0, replicas=0), [], []).state == health.SCALED_TO_ZERO
     assert health.controller_view(None, [], []).state == health.NOT_DEPLOYED
     assert health.controller_view(None, [], [], readable=False).state == health.UNKNOWN
@@ -533,6 +533,11 @@ def test_the_moves_and_a_not_deployed_controller_in_the_table():
     assert f"moved\n  why: " in text and f"  moves: on-demand -> dws ({PODS_READY_TIMEOUT}, {ago(120)})" in text
     assert "not deployed" in text
     assert "rungs from the ClusterQueues" in text
+    crashing = {"type": "Available", "status": "False", "message": "Deployment does not have minimum availability."}
+    report = build_report(dev_snapshot(controller=deployment_with(ready=0, available=crashing),
+                                       controller_pods=[controller_pod(4)]))
+    assert ("FAILOVER CONTROLLER tpu-fallback-system/failover-controller: not ready: Deployment does not have minimum "
+            "availability., 0/1 ready, 4 restarts") in render_table(report)
 
 
 def test_json_has_every_field_with_times_and_seconds():

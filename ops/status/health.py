@@ -77,6 +77,6 @@ def controller_view(deployment: Mapping | None, pods: Sequence[Mapping], events:
     else:
         available = conditions(deployment).get("Available")
         why = f": {available.get('message')}" if available and not is_true(available) and available.get("message") else ""
-        state, words = DEGRADED, f"not ready ({ready}/{desired} ready){why}"
+        state, words = DEGRADED, f"not ready{why}"
     return ControllerView(NAMESPACE, name_of(deployment) or NAME, state, words, desired, ready, restarts(pods),
                           tuple(sorted(name_of(p) for p in pods)), move)

@@ -198,7 +198,7 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     if move_in_progress is not None:
         move = move_in_progress
         return State(MOVING, f"moving from {move.from_flavor} to {move.to_flavor}", parse_time(move.at),
-                     f"the failover controller started the move: {MOVE_WORDS.get(move.reason, move.reason)}")
+                     f"started by the failover controller ({move.reason}): {MOVE_WORDS.get(move.reason, move.reason)}")
     if view.quota_reserved:
         return _reserved_state(found, view, request, check_states(workload))
     evicted = found.get("Evicted") if is_true(found.get("Evicted")) else None
@@ -226,8 +226,8 @@ def _reserved_state(found: Mapping, view: WorkloadView, request: RequestView | N
     if view.admitted:
         if is_true(found.get("PodsReady")):
             return State(RUNNING, "running", changed_at(found["PodsReady"]))
-        return State(ADMITTED, "admitted, waiting for pods", changed_at(found.get("Admitted")),
-                     "Kueue evicts it if they are not all ready within its waitForPodsReady timeout")
+        # Kueue evicts it if they are not all ready within its waitForPodsReady timeout (a stockout looks so).
+        return State(ADMITTED, "admitted, waiting for pods", changed_at(found.get("Admitted")))
     waiting = ", ".join(f"{name} {state}" for name, state in checks if state != "Ready")
     if request is not None:
         slice_kind = "a DWS slice" if request.dws else "capacity"

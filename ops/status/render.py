@@ -167,8 +167,6 @@ def why_lines(report: Report) -> list[str]:
         parts = []
         if job.detail:
             parts.append(f"why: {job.detail}")
-        if job.move_in_progress:
-            parts.append(f"moving: {move_words(job.move_in_progress)}")
         if job.moves:
             parts.append("moves: " + ", ".join(move_words(m) for m in job.moves))
         if job.request and job.request.message:
