@@ -359,6 +359,22 @@ def test_back_in_the_queue_after_an_eviction_waits_for_quota_and_says_why_it_lef
     assert view.detail.startswith("evicted earlier: preempted")
 
 
+def test_reactivated_before_it_was_ever_admitted_is_back_in_the_queue():
+    """Measured on Kueue 0.19.2: a pending Workload deactivated and reactivated (the controller's move route) keeps
+    Evicted=True/Deactivated and gets no Requeued condition; it is in its new queue."""
+    move = Move("on-demand", "dws", "user-queue-dws", STOCKOUT, ago(30))
+    job = rayjob("moved-early", queue="user-queue-dws", annotations={
+        FAILOVER_ANNOTATION: move.done().to_json(), MOVES_ANNOTATION: with_move_recorded(None, move)})
+    conditions = [*pending(300, "insufficient unused quota"), condition("Evicted", True, "Deactivated", 31,
+                                                                        "The workload is deactivated")]
+    view = one_job(job, workload(job, conditions))
+    assert (view.state, view.rung, view.since) == (jobs.WAITING_FOR_QUOTA, "dws", NOW - datetime.timedelta(seconds=300))
+    assert view.detail == "moved here from on-demand by the failover controller; insufficient unused quota"
+    plain = rayjob("reactivated")
+    view = one_job(plain, workload(plain, conditions))
+    assert (view.state, view.detail) == (jobs.WAITING_FOR_QUOTA, "evicted earlier: deactivated; insufficient unused quota")
+
+
 def test_a_move_in_progress_and_the_moves_so_far():
     first = Move("on-demand", "spot", "user-queue-spot", STOCKOUT, ago(300))
     second = Move("spot", "dws", "user-queue-dws", PODS_READY_TIMEOUT, ago(120))
@@ -366,7 +382,8 @@ def test_a_move_in_progress_and_the_moves_so_far():
     history = with_move_recorded({MOVES_ANNOTATION: history}, second)
     done = rayjob("walked", queue="user-queue-dws", annotations={
         FAILOVER_ANNOTATION: second.done().to_json(), MOVES_ANNOTATION: history})
-    view = one_job(done, workload(done, pending(60)))
+    view = one_job(done, workload(done, evicted("Deactivated", 100, requeued=60)))
+    assert view.detail == "moved here from spot by the failover controller"
     assert [(m.from_flavor, m.to_flavor, m.reason, m.at) for m in view.moves] == [
         ("on-demand", "spot", STOCKOUT, ago(300)), ("spot", "dws", PODS_READY_TIMEOUT, ago(120))]
     assert view.move_in_progress is None and view.state == jobs.WAITING_FOR_QUOTA

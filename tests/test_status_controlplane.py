@@ -36,7 +36,8 @@ pytestmark = pytest.mark.controlplane
 EXPECTED_STATES = {
     "st-finished": states.FINISHED, "st-running": states.RUNNING, "st-admitted": states.ADMITTED,
     "st-evicted": states.EVICTED, "st-moving": states.MOVING, "st-dws-wait": states.WAITING_FOR_SLICE,
-    "st-dws-provisioned": states.ADMITTED, "st-waiting": states.WAITING_FOR_QUOTA, "st-no-queue": states.NOT_QUEUED,
+    "st-dws-provisioned": states.ADMITTED, "st-waiting": states.WAITING_FOR_QUOTA,
+    "st-moved-waiting": states.WAITING_FOR_QUOTA, "st-no-queue": states.NOT_QUEUED,
 }
 # The states whose job holds quota on its rung (or finished there).
 HOLDING = {states.FINISHED, states.RUNNING, states.ADMITTED, states.WAITING_FOR_SLICE}
@@ -113,6 +114,13 @@ def test_every_job_state_from_real_objects(tier):
     assert waiting.detail == workload_condition("st-waiting", "QuotaReserved")["message"]
     assert waiting.rung == chain.rungs[chain.start_of_queue("user-queue-dws")].flavor
 
+    moved = views["st-moved-waiting"]
+    (moved_workload,) = [w for w in snapshot.workloads if w["metadata"]["name"] == moved.workload]
+    print("Kueue 0.19.2, a pending Workload moved by deactivate/repoint/reactivate:",
+          [(c["type"], c["status"], c["reason"]) for c in moved_workload["status"]["conditions"]])
+    assert [(m.from_flavor, m.to_flavor) for m in moved.moves] == [("on-demand", "dws")] and moved.rung == "dws"
+    assert moved.detail.startswith("moved here from on-demand by the failover controller")
+
     moving = views["st-moving"]
     assert (moving.words, moving.rung) == (f"moving from {tier.placed['st-moving'].holds} to dws", "dws")
 
@@ -159,10 +167,10 @@ def test_the_rungs_their_queues_and_their_quota(tier):
     assert all(s.rung.flavor_exists and s.rung.check_active is not False for s in report.rungs)
     assert all(q.active for q in report.ladder.queues)
     # Jobs in namespace default: reservation runs st-running; on-demand admits st-admitted (the deactivated
-    # st-evicted waits for nothing); Spot's job is research's; dws admits one and has three waiting for it
-    # (st-dws-wait's slice, st-waiting, st-moving's target).
+    # st-evicted waits for nothing); Spot's job is research's; dws admits one and has four waiting for it
+    # (st-dws-wait's slice, st-waiting, st-moved-waiting, st-moving's target).
     assert [(s.rung.flavor, s.admitted, s.pending) for s in report.rungs] == [
-        ("reservation", 1, 0), ("on-demand", 1, 0), ("spot", 0, 0), ("dws", 1, 3)]
+        ("reservation", 1, 0), ("on-demand", 1, 0), ("spot", 0, 0), ("dws", 1, 4)]
 
 
 def test_all_namespaces_and_the_command_line(tier):

@@ -31,6 +31,7 @@ DEACTIVATED = "Deactivated"  # spec.active false before it was ever evicted
 MOVING = "Moving"  # the failover controller is moving it down the ladder
 FINISHED = "Finished"
 
+DEACTIVATED_REASON = "Deactivated"  # Kueue's Evicted reason once spec.active is false (measured on the tier)
 # Kueue's Evicted reasons, in a few words (Kueue's own message follows in the detail); a deactivation's reason may
 # carry a cause: DeactivatedDueTo<cause>. Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/kueue/v1beta2/workload_types.go
 EVICTION_WORDS = {
@@ -39,7 +40,7 @@ EVICTION_WORDS = {
     "AdmissionCheck": "an admission check failed",
     "ClusterQueueStopped": "ClusterQueue stopped",
     "LocalQueueStopped": "LocalQueue stopped",
-    "Deactivated": "deactivated",
+    DEACTIVATED_REASON: "deactivated",
     "NodeFailures": "node failure",
     "MaximumExecutionTimeExceeded": "ran past its maximum execution time",
 }
@@ -182,7 +183,7 @@ def kueue_message(condition: Mapping | None) -> str:
 
 # ---- the state ------------------------------------------------------------------------------------------------------
 def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | None,
-              move_in_progress: MoveView | None) -> State:
+              move_in_progress: MoveView | None, last_move: MoveView | None = None) -> State:
     """One state in words, when it began, and why."""
     if workload is None:
         if QUEUE_LABEL not in labels(rayjob):
@@ -203,8 +204,11 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
         return _reserved_state(found, view, request, check_states(workload))
     evicted = found.get("Evicted") if is_true(found.get("Evicted")) else None
     last_on = view.recorded_flavor
-    if evicted is not None and not is_true(found.get("Requeued")):
-        # Out of the queue: Kueue's requeue backoff, or deactivated until spec.active is true again.
+    requeued = found.get("Requeued")
+    if evicted is not None and (not view.active or (requeued is not None and not is_true(requeued))):
+        # Out of the queue: deactivated until spec.active is true again, or Kueue's requeue backoff (Requeued=False
+        # until it ends). Evicted stays True until the next admission, and a Workload deactivated before it was ever
+        # admitted gets no Requeued condition at all (measured on Kueue 0.19.2; workload_controller.go reconcile).
         where = f" from {last_on}" if last_on else ""
         back = requeue_words(workload, view.active)
         return State(EVICTED, f"evicted{where}: {eviction_words(evicted.get('reason'))}", changed_at(evicted),
@@ -213,10 +217,14 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
         return State(DEACTIVATED, "deactivated", created_at(workload),
                      "spec.active is false: not queued until it is true again")
     pending = found.get("QuotaReserved")
-    since = changed_at(found.get("Requeued")) if evicted is not None else None
+    since = changed_at(requeued) if evicted is not None and is_true(requeued) else None
     detail = kueue_message(pending)
     if evicted is not None:
-        detail = f"evicted earlier: {eviction_words(evicted.get('reason'))}" + (f"; {detail}" if detail else "")
+        # A move deactivates the Workload on purpose: say so rather than "deactivated".
+        moved = last_move is not None and (evicted.get("reason") or "").startswith(DEACTIVATED_REASON)
+        earlier = (f"moved here from {last_move.from_flavor} by the failover controller" if moved
+                   else f"evicted earlier: {eviction_words(evicted.get('reason'))}")
+        detail = earlier + (f"; {detail}" if detail else "")
     return State(WAITING_FOR_QUOTA, "waiting for quota", since or changed_at(pending) or created_at(workload), detail)
 
 

@@ -74,7 +74,7 @@ def job_view(rayjob: Mapping, snapshot: Snapshot, ladder: Ladder, targets: Mappi
     workload = workload_of(rayjob, snapshot.workloads)
     request = request_view(request_of(workload, snapshot.provisioning_requests))
     moves, in_progress = moves_of(rayjob)
-    state = job_state(rayjob, workload, request, in_progress)
+    state = job_state(rayjob, workload, request, in_progress, moves[-1] if moves else None)
     namespace = namespace_of(rayjob)
     local_queue = ((workload or {}).get("spec") or {}).get("queueName") or labels(rayjob).get(QUEUE_LABEL)
     admission = ((workload or {}).get("status") or {}).get("admission") or {}

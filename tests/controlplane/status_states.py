@@ -95,6 +95,24 @@ def annotate_moves(kube: Kube, placed: Placed, history: list[decisions.Move], la
     kube.patch(*jobs.RAYJOB, placed.name, {"metadata": {"annotations": annotations}}, namespace=placed.namespace)
 
 
+def move_by_hand(kube: Kube, placed: Placed, move: decisions.Move) -> None:
+    """The controller's move route (README, "How the fallback works"): intent, deactivate, relabel the RayJob, repoint
+    the Workload, reactivate, record the move done."""
+    annotate_moves(kube, placed, [], move)
+    name = jobs.workload_of(kube, placed.namespace, placed.name)["metadata"]["name"]
+    kube.patch(*jobs.WORKLOAD, name, {"spec": {"active": False}}, namespace=placed.namespace)
+    wait_for(lambda: jobs.suspended(kube.get(*jobs.RAYJOB, placed.name, placed.namespace)), REACTION_TIMEOUT,
+             f"{placed.name} suspended")
+    kube.patch(*jobs.RAYJOB, placed.name, {"metadata": {"labels": {jobs.QUEUE_LABEL: move.to_local_queue}}},
+               namespace=placed.namespace)
+    kube.patch(*jobs.WORKLOAD, name, {"spec": {"queueName": move.to_local_queue}}, namespace=placed.namespace)
+    kube.patch(*jobs.WORKLOAD, name, {"spec": {"active": True}}, namespace=placed.namespace)
+    annotate_moves(kube, placed, [move], move.done())
+    wait_for(lambda: condition(kube.get(*jobs.WORKLOAD, name, placed.namespace), "QuotaReserved") == "False"
+             and kube.get(*jobs.WORKLOAD, name, placed.namespace)["spec"].get("active", True), REACTION_TIMEOUT,
+             f"{placed.name} pending in {move.to_local_queue}")
+
+
 def wait_released(kube: Kube, flavor: str) -> None:
     """Until no ClusterQueue reports quota reserved on `flavor` (Kueue writes its status after its cache)."""
     def free() -> bool:
@@ -157,6 +175,10 @@ def create_every_state(tier: FailoverTier) -> dict[str, Placed]:
     wait_condition(kube, provisioned, "Admitted")
     # Waiting for quota: both DWS slices are taken.
     keep(submit(kube, "st-waiting", "user-queue-dws"))
+    # Moved, waiting: found no quota on any rung of user-queue, then moved down the chain by the controller's route.
+    moved = keep(submit(kube, "st-moved-waiting", "user-queue"))
+    move_by_hand(kube, moved, decisions.Move("on-demand", "dws", "user-queue-dws", decisions.STOCKOUT, now_text()))
+    placed[moved.name] = Placed(moved.name, moved.namespace, "user-queue-dws", moved.holds)
     # Not queued: no queue label, so Kueue leaves it alone.
     keep(submit(kube, "st-no-queue", None))
     return placed
