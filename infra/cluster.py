@@ -16,10 +16,15 @@ CLOUD_PLATFORM_SCOPE = "https://www.googleapis.com/auth/cloud-platform"
 # Least privilege for nodes: the one role GKE needs for logs, metrics and image pulls.
 # Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/hardening-your-cluster#use_least_privilege_sa
 NODE_ROLES = ("roles/container.defaultNodeServiceAccount",)
-# GKE's system metrics, kept on beside managed Prometheus: the provider sends `enable_components` even when it is
-# unset, and container.v1 reads an empty list as "disable all monitoring" (MonitoringComponentConfig).
+# What GKE turns on for a new Standard cluster at 1.34, kept on beside managed Prometheus: the provider sends
+# `enable_components` even when it is unset, container.v1 reads an empty list as "disable all monitoring"
+# (MonitoringComponentConfig), and a shorter list would turn GKE's default packages off.
 # Ref: https://github.com/hashicorp/terraform-provider-google/blob/main/google/services/container/resource_container_cluster.go (expandMonitoringConfig)
-MONITORING_COMPONENTS = ("SYSTEM_COMPONENTS",)
+# Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/kube-state-metrics (kube state packages: default on
+#      Standard since 1.29.2-gke.2000, JOBSET since 1.32.1-gke.1357001)
+# Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/cadvisor-kubelet-metrics (default since 1.29.3-gke.1093000)
+MONITORING_COMPONENTS = ("SYSTEM_COMPONENTS", "STORAGE", "POD", "DEPLOYMENT", "STATEFULSET", "DAEMONSET", "HPA",
+                         "JOBSET", "CADVISOR", "KUBELET")
 
 
 def monitoring_config() -> dict:

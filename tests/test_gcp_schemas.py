@@ -240,7 +240,10 @@ def test_enum_values_the_program_sets_are_the_ones_gke_allows():
         "Axis.scale": {"LINEAR"},  # the dashboard (infra/monitoring.py)
         "DataSet.plotType": {"LINE", "STACKED_BAR"},
         "DataSet.targetAxis": {"Y1", "Y2"},
-        "MonitoringComponentConfig.enableComponents[]": {"SYSTEM_COMPONENTS"},  # GKE's system metrics stay on
+        # GKE's defaults for a new 1.34 Standard cluster stay on (infra/cluster.py MONITORING_COMPONENTS)
+        "MonitoringComponentConfig.enableComponents[]": {"SYSTEM_COMPONENTS", "STORAGE", "POD", "DEPLOYMENT",
+                                                         "STATEFULSET", "DAEMONSET", "HPA", "JOBSET", "CADVISOR",
+                                                         "KUBELET"},
         "NodePoolAutoscaling.locationPolicy": {"ANY"},  # plan B; plan A leaves GKE's default
         "PlacementPolicy.type": {"COMPACT"},  # every multi-host slice
         "ReservationAffinity.consumeReservationType": {"NO_RESERVATION"},
