@@ -73,6 +73,8 @@ class Informer(threading.Thread):
                 backoff = min(backoff * 2, 30.0)
 
     def _failed(self, error: Exception, backoff: float) -> None:
+        if self.stopping.is_set():
+            return  # the connection was closed because we are stopping
         log.warning("%s: watch failed (%s); retrying in %.1f s", self.watched.resource, error, backoff)
         self.on_error(error)
         self.stopping.wait(backoff * (1 + random.random() / 2))
