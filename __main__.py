@@ -1,63 +1,17 @@
 """tpu-fallback: GKE TPU training with on-demand capacity first (plan A) and DWS flex-start second (plan B).
 
-Settings → cluster → TPU pools → Kueue → workloads → outputs.
+A table of contents: a stack has one role, picked from its config.
+- platform (roles/platform.py): the cluster, TPU pools, Kueue, failover controller, monitoring, and (one team)
+  the training jobs;
+- team (roles/team.py), a stack that sets `tpu-fallback:platformStack`: one team's training jobs on the shared
+  cluster of that platform stack.
 """
 
 import pulumi
 
-from infra.cluster import GkeCluster
-from infra.commands import next_steps
-from infra.failover import FailoverController
-from infra.kueue import Kueue
-from infra.monitoring import Monitoring
-from infra.settings import DEFAULTS, ConfigReader, read_platform_settings, tpu_quota
-from infra.tpu_pool import TpuNodePool
-from workloads.jobs import PlatformHandles, TrainingJobs
-from workloads.settings import read_workload_settings
+from roles import platform, team
 
-# Settings: every key validated before any resource is declared.
-reader = ConfigReader(pulumi.Config())
-platform = read_platform_settings(reader, pulumi.Config("gcp"))
-workloads = read_workload_settings(reader, platform)
-reader.unknown_keys({*DEFAULTS, "workloads"})
-reader.raise_if_failed()
-
-# Cluster, with the CPU pool `default-pool` and the Kubernetes provider.
-cluster = GkeCluster("platform", platform)
-
-# TPU pools: plan A then plan B. They create in parallel with Kueue: nothing below waits for them.
-pools = {
-    plan.config_key: TpuNodePool(f"{plan.flavor}-tpu", platform, plan, cluster.cluster,
-                                 cluster.node_service_account.email)
-    for plan in platform.plans
-}
-
-# Kueue: the release and the chain of queues that try plan A, then plan B.
-kueue = Kueue("kueue", platform, cluster.provider)
-# The failover controller moves a job down the chain when its rung's TPUs never come (a stockout).
-failover = FailoverController("failover", platform, kueue, cluster.provider) if len(kueue.queue_chain) > 1 else None
-# Metrics on managed Prometheus: PodMonitorings for Kueue and the controller, and a Cloud Monitoring dashboard.
-monitoring = Monitoring("monitoring", platform, kueue, failover, cluster.provider) if platform.monitoring.enabled \
-    else None
-
-# Workloads: the training RayJobs, queued by Kueue, which picks the plan.
-jobs = None
-if workloads.enabled and workloads.jobs > 0:
-    jobs = TrainingJobs("training", PlatformHandles(platform, cluster.provider, cluster.cluster, kueue), workloads)
-
-# Outputs.
-pulumi.export("clusterName", cluster.cluster.name)
-pulumi.export("kubeconfig", cluster.kubeconfig)
-pulumi.export("nodePools", {key: pool.pool_names for key, pool in pools.items()})
-# The TPU chips each rung needs in the zone, and the quota they draw on (on-demand, preemptible: Spot and
-# flex-start, reserved).
-pulumi.export("tpuChips", {plan.config_key: plan.chips(platform.tpu) for plan in platform.plans})
-pulumi.export("tpuQuota", tpu_quota(platform))
-pulumi.export("flexStart", pools["flexStart"].flex_start if "flexStart" in pools else {})
-pulumi.export("localQueue", kueue.local_queue_name)
-# The queues a job can be moved down to after a stockout, first rung first (for a failover controller).
-pulumi.export("queueChain", [rung.as_output() for rung in kueue.queue_chain])
-pulumi.export("trainingJobs", jobs.job_names if jobs else [])
-pulumi.export("checkpointBucket", jobs.bucket.url if jobs else None)
-pulumi.export("dashboardUrl", monitoring.dashboard_url if monitoring else None)
-pulumi.export("nextSteps", next_steps(platform, jobs.job_names if jobs else []))
+if team.is_team_stack(pulumi.Config()):
+    team.deploy()
+else:
+    platform.deploy()
