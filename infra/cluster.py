@@ -63,6 +63,16 @@ def kubeconfig_for(name: str, endpoint: str, ca_certificate: str) -> str:
     }, sort_keys=False)
 
 
+def groups_rbac(settings: PlatformSettings) -> dict:
+    """With teams: GKE Google Groups for RBAC, so a RoleBinding's subject can be a team's Google group. The cluster
+    resolves membership through gke-security-groups@<domain>, which must contain the teams' groups (directly or
+    nested) and be visible to the domain's members. Without teams, nothing: the cluster stays as it was.
+    Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac"""
+    if not settings.teams:
+        return {}
+    return {"authenticator_groups_config": {"security_group": settings.security_group}}
+
+
 class GkeCluster(pulumi.ComponentResource):
     """A zonal GKE cluster with the Ray Operator add-on, image streaming, Workload Identity and `default-pool`."""
 
@@ -118,6 +128,7 @@ class GkeCluster(pulumi.ComponentResource):
             monitoring_config=monitoring_config() if settings.monitoring.enabled else None,
             # pulumi-gcp defaults this to true, which makes `pulumi destroy` fail (pulumi/pulumi-gcp#1394).
             deletion_protection=settings.deletion_protection,
+            **groups_rbac(settings),
             opts=pulumi.ResourceOptions(parent=self, depends_on=[*apis, *node_roles]),
         )
 

@@ -207,13 +207,14 @@ def chain_flavor_quotas(settings: PlatformSettings) -> dict[str, list[dict]]:
 
     Each flavor's capacity is counted once: it lives in the queue whose chain starts at that flavor (default-cpu
     with the first rung's); every other queue that lists the flavor has a quota of 0 and, with no borrowingLimit,
-    borrows it from the cohort. So the queues together never admit more than the pools hold.
+    borrows it from the cohort. So the queues together never admit more than the pools hold. With teams, the
+    capacity lives on the teams' queues and the root Cohort (infra/teams.py): these hold none and borrow what is left.
     """
     capacity = {quota["name"]: quota for quota in flavor_quotas(settings)}
     chain = queue_chain(settings)
     queues = {}
     for index, rung in enumerate(chain):
-        owned = {rung.flavor, DEFAULT_FLAVOR} if index == 0 else {rung.flavor}
+        owned = set() if settings.teams else {rung.flavor, DEFAULT_FLAVOR} if index == 0 else {rung.flavor}
         flavors = [DEFAULT_FLAVOR, *(lower.flavor for lower in chain[index:])]
         queues[rung.cluster_queue] = [capacity[name] if name in owned else _no_quota(name) for name in flavors]
     return queues
@@ -221,7 +222,8 @@ def chain_flavor_quotas(settings: PlatformSettings) -> dict[str, list[dict]]:
 
 def cluster_queues(settings: PlatformSettings) -> list[dict]:
     quotas = chain_flavor_quotas(settings)
-    return [_cluster_queue(settings, name, flavors, in_cohort=len(quotas) > 1) for name, flavors in quotas.items()]
+    in_cohort = len(quotas) > 1 or bool(settings.teams)
+    return [_cluster_queue(settings, name, flavors, in_cohort) for name, flavors in quotas.items()]
 
 
 def _cluster_queue(settings: PlatformSettings, name: str, flavors: list[dict], in_cohort: bool) -> dict:

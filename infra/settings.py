@@ -38,6 +38,8 @@ DEFAULTS: Mapping[str, Any] = {
     "fallback": {"podsReadyTimeout": "15m", "stockoutGracePeriod": "3m"},
     "failoverController": {"image": "", "pipIndexUrl": ""},
     "monitoring": {"enabled": True},
+    "teams": [],
+    "googleGroupsDomain": "",
 }
 
 # Kueue 0.16 is the first release that stores v1beta2, the API version every object here is written in.
@@ -74,6 +76,31 @@ _PINNED_IMAGE = re.compile(r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9
 _HTTPS_URL = re.compile(r"^https://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[-a-zA-Z0-9._~%+]*)*$")
 _DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
 _SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600}
+# --- Several teams (`teams`): see infra/teams.py for the Kueue objects they become ---
+# The rungs a team holds a guaranteed share of: capacity that exists while the team waits (Spot and DWS are shared
+# first come, first served on the root Cohort).
+GUARANTEED_RUNGS = ("reservation", "onDemand")
+# A team's share of the CPU pool per guaranteed slice: one job's Ray head at the workloads' default size (2 CPU,
+# 4Gi) plus the submitter pod set Kueue counts for a RayJob (KubeRay's default, 500m and 200Mi), rounded up. A job
+# that borrows any resource, this CPU included, cannot reclaim (measured: ../shared/notes/kueue-multi-team.md).
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/jobs/rayjob/rayjob_controller.go#L252-L263
+JOB_HEAD_CPU = 3
+JOB_HEAD_MEMORY_GIB = 5
+# Namespaces no team may take: Kubernetes' and GKE's own (kube-*, gke-*, GMP's), Kueue's and the failover
+# controller's (their objects and RBAC would be editable by the team's groups), and `default`, where the platform's
+# own chain keeps its LocalQueues under the same names a team's get.
+# Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/gke-managed-namespaces (GKE-managed namespaces)
+SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease", "kueue-system",
+                               "tpu-fallback-system", "gmp-system", "gmp-public"})
+SYSTEM_NAMESPACE_PREFIXES = ("kube-", "gke-")
+# GKE Google Groups for RBAC reads group membership through a group of exactly this name in the domain.
+# Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac
+SECURITY_GROUP_NAME = "gke-security-groups"
+TEAM_FIELDS = ("name", "namespace", "groups", "shares", "borrowingLimit", "lendingLimit")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_TEAM_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,28}[a-z0-9])?$")  # prefixes cluster-scoped names: kept short
+_EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
+_DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
 SYSTEM_POOL_NAME = "default-pool"  # the seed's Kueue flavor and Ray head select this pool by name
 
 
@@ -284,6 +311,26 @@ class MonitoringSettings:
 
 
 @dataclass(frozen=True)
+class TeamSettings:
+    """One team on a shared platform: its namespace, the Google groups that may deploy there, and its guaranteed
+    slices per guaranteed rung (config key: slices); the limits in slices, None when unset (Kueue: no limit)."""
+
+    name: str
+    namespace: str
+    groups: tuple[str, ...]
+    shares: tuple[tuple[str, int], ...]  # (rung config key, slices), in GUARANTEED_RUNGS order
+    borrowing_limit: int | None = None
+    lending_limit: int | None = None
+
+    def share(self, key: str) -> int:
+        return dict(self.shares).get(key, 0)
+
+    @property
+    def guaranteed_slices(self) -> int:
+        return sum(slices for _, slices in self.shares)
+
+
+@dataclass(frozen=True)
 class PlatformSettings:
     project: str
     zone: str
@@ -298,6 +345,12 @@ class PlatformSettings:
     fallback: FallbackSettings
     failover_controller: ControllerRuntime = ControllerRuntime()
     monitoring: MonitoringSettings = MonitoringSettings()
+    teams: tuple[TeamSettings, ...] = ()  # empty: one team, today's single chain
+    groups_domain: str = ""  # the domain of gke-security-groups@<domain> (GKE Google Groups for RBAC)
+
+    @property
+    def security_group(self) -> str:
+        return f"{SECURITY_GROUP_NAME}@{self.groups_domain}"
 
     @property
     def region(self) -> str:
@@ -519,6 +572,8 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
     fallback = read_fallback_settings(reader)
     failover_controller = read_controller_runtime(reader)
     monitoring = read_monitoring_settings(reader)
+    teams = read_teams(reader)
+    groups_domain = read_groups_domain(reader, teams)
 
     _check_versions_and_zones(reader, plans, zone, gke_version, generation, allow_unlisted_zone)
     if tpu is None or machine is None or fallback is None:
@@ -529,9 +584,102 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
         system_pool=SystemPoolSettings(machine, system_raw["nodeCount"]),
         tpu=tpu, plans=plans, kueue_version=kueue_version, kueue_chart_repository=kueue_chart_repository,
         fallback=fallback, failover_controller=failover_controller, monitoring=monitoring,
+        teams=teams, groups_domain=groups_domain,
     )
     _check_plans(reader, settings)
+    _check_team_capacity(reader, settings)
     return settings
+
+
+def _slices(value: Any) -> bool:
+    return type(value) is int and 0 <= value <= MAX_SLICES_PER_PLAN
+
+
+def _read_team(reader: ConfigReader, where: str, item: Any) -> TeamSettings | None:
+    """One entry of `teams`, every bad field named; None when it cannot be used."""
+    if not isinstance(item, dict) or not {"name", "namespace", "groups", "shares"} <= set(item):
+        reader.fail(where, f"must be an object with fields name, namespace, groups, shares (and optionally "
+                           f"borrowingLimit, lendingLimit); got {item!r}")
+        return None
+    ok = reader.check(where, set(item) <= set(TEAM_FIELDS),
+                      f"unknown field(s) {', '.join(sorted(set(item) - set(TEAM_FIELDS)))}; allowed: "
+                      f"{', '.join(TEAM_FIELDS)}")
+    name, namespace, groups, shares = item["name"], item["namespace"], item["groups"], item["shares"]
+    ok &= reader.check(f"{where}.name", isinstance(name, str) and bool(_TEAM_NAME.match(name)),
+                       f"{name!r} is not a team name (1-30 lowercase letters, digits, hyphens; starts with a letter)")
+    ok &= reader.check(f"{where}.namespace", isinstance(namespace, str) and bool(_DNS_LABEL.match(namespace)),
+                       f"{namespace!r} is not a namespace name (a DNS label: 1-63 lowercase letters, digits, hyphens)")
+    if ok and (namespace in SYSTEM_NAMESPACES or namespace.startswith(SYSTEM_NAMESPACE_PREFIXES)):
+        ok = reader.check(f"{where}.namespace", False, f"{namespace!r} is a system namespace; no team may take "
+                          f"{', '.join(sorted(SYSTEM_NAMESPACES))} or {'*, '.join(SYSTEM_NAMESPACE_PREFIXES)}*")
+    good_groups = isinstance(groups, list) and bool(groups) and all(
+        isinstance(g, str) and _EMAIL.match(g) for g in groups)
+    ok &= reader.check(f"{where}.groups", good_groups, f"{groups!r} is not a non-empty list of Google group "
+                                                       "emails, such as [ml-team-a@example.com]")
+    ok &= reader.check(f"{where}.groups", not good_groups or len(set(groups)) == len(groups), "a group is listed twice")
+    good_shares = isinstance(shares, dict) and set(shares) <= set(GUARANTEED_RUNGS) and all(
+        _slices(v) for v in shares.values())
+    ok &= reader.check(f"{where}.shares", good_shares,
+                       f"{shares!r} is not an object of slices (0 to {MAX_SLICES_PER_PLAN}) per guaranteed rung: "
+                       f"{', '.join(GUARANTEED_RUNGS)}")
+    limits = {}
+    for field in ("borrowingLimit", "lendingLimit"):
+        limits[field] = item.get(field)
+        ok &= reader.check(f"{where}.{field}", limits[field] is None or _slices(limits[field]),
+                           f"{limits[field]!r} is not a number of slices (0 to {MAX_SLICES_PER_PLAN})")
+    if not ok:
+        return None
+    team = TeamSettings(name, namespace, tuple(groups), tuple((k, shares.get(k, 0)) for k in GUARANTEED_RUNGS),
+                        limits["borrowingLimit"], limits["lendingLimit"])
+    lent = [slices for _, slices in team.shares if slices > 0]
+    if team.lending_limit is not None:
+        # Kueue's webhook: lendingLimit <= nominalQuota, and it is set on each rung the team has a share of.
+        reader.check(f"{where}.lendingLimit", bool(lent) and team.lending_limit <= min(lent),
+                     f"{team.lending_limit} is more than the team's smallest share ({min(lent, default=0)}); a "
+                     "team lends at most what it holds")
+    return team
+
+
+def read_teams(reader: ConfigReader) -> tuple[TeamSettings, ...]:
+    """`teams`: the teams sharing this platform, each name and namespace once."""
+    teams = [team for index, item in enumerate(reader.array("teams", DEFAULTS["teams"]))
+             if (team := _read_team(reader, f"teams[{index}]", item)) is not None]
+    for field in ("name", "namespace"):
+        values = [getattr(team, field) for team in teams]
+        twice = sorted({v for v in values if values.count(v) > 1})
+        reader.check("teams", not twice, f"{field}(s) {', '.join(twice)} used by more than one team")
+    return tuple(teams)
+
+
+def read_groups_domain(reader: ConfigReader, teams: tuple[TeamSettings, ...]) -> str:
+    """`googleGroupsDomain`: needed by teams (their groups are bound through gke-security-groups@<domain>)."""
+    domain = reader.text("googleGroupsDomain", DEFAULTS["googleGroupsDomain"])
+    reader.check("googleGroupsDomain", not domain or bool(_DOMAIN.match(domain)),
+                 f"{domain!r} is not a domain; use the Google Workspace or Cloud Identity domain, such as example.com")
+    if teams:
+        reader.check("googleGroupsDomain", bool(domain), f"required with teams: the cluster reads team groups "
+                                                         f"through {SECURITY_GROUP_NAME}@<domain>")
+    else:
+        reader.check("googleGroupsDomain", not domain, "set only with teams (it changes the cluster's RBAC)")
+    return domain
+
+
+def _check_team_capacity(reader: ConfigReader, settings: PlatformSettings) -> None:
+    """The shares of a rung fit in it, and the teams' Ray head shares in the CPU pool: capacity counted once."""
+    if not settings.teams:
+        return
+    for key in GUARANTEED_RUNGS:
+        plan = settings.plan(key)
+        capacity = plan.max_slices if plan else 0
+        total = sum(team.share(key) for team in settings.teams)
+        reader.check("teams", total <= capacity,
+                     f"the teams' {key} shares add up to {total} slices; {key} holds {capacity}")
+    slices = sum(team.guaranteed_slices for team in settings.teams)
+    system = settings.system_pool
+    for need, have, unit in ((slices * JOB_HEAD_CPU, system.node_count * system.machine.vcpus, "vCPUs"),
+                             (slices * JOB_HEAD_MEMORY_GIB, system.node_count * system.machine.memory_gib, "GiB")):
+        reader.check("teams", need <= have, f"the teams' Ray heads need {need} {unit} of the CPU pool for their "
+                                            f"{slices} guaranteed slices; systemPool has {have}")
 
 
 def _lookup_or_fail(reader: ConfigReader, name: str, lookup: Callable[[str], Any], value: str) -> Any:

@@ -12,7 +12,9 @@ from infra.failover import FailoverController
 from infra.kueue import Kueue
 from infra.monitoring import Monitoring
 from infra.settings import DEFAULTS, ConfigReader, read_platform_settings, tpu_quota
+from infra.teams import Teams
 from infra.tpu_pool import TpuNodePool
+from roles.contract import PLATFORM_OUTPUT, platform_output
 from workloads.jobs import PlatformHandles, TrainingJobs
 from workloads.settings import read_workload_settings
 
@@ -39,6 +41,7 @@ def deploy() -> None:
 
     # Kueue: the release and the chain of queues that try plan A, then plan B.
     kueue = Kueue("kueue", platform, cluster.provider)
+    teams = Teams("teams", platform, kueue, cluster.provider) if platform.teams else None  # per team its chain
     # The failover controller moves a job down the chain when its rung's TPUs never come (a stockout).
     failover = (FailoverController("failover", platform, kueue, cluster.provider) if len(kueue.queue_chain) > 1
                 else None)
@@ -63,6 +66,9 @@ def deploy() -> None:
     pulumi.export("localQueue", kueue.local_queue_name)
     # The queues a job can be moved down to after a stockout, first rung first (for a failover controller).
     pulumi.export("queueChain", [rung.as_output() for rung in kueue.queue_chain])
+    if teams:  # {name: {namespace, localQueue, queueChain}}, read by team stacks
+        pulumi.export("teams", teams.output)
+        pulumi.export(PLATFORM_OUTPUT, platform_output(platform))  # the settings team stacks build on
     pulumi.export("trainingJobs", jobs.job_names if jobs else [])
     pulumi.export("checkpointBucket", jobs.bucket.url if jobs else None)
     pulumi.export("dashboardUrl", monitoring.dashboard_url if monitoring else None)

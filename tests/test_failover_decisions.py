@@ -204,3 +204,15 @@ def test_an_unreadable_history_reads_as_empty():
     assert decisions.move_history({decisions.MOVES_ANNOTATION: "not json"}) == []
     assert decisions.move_history({decisions.MOVES_ANNOTATION: '[{"from": "x"}, 3]'}) == []
     assert decisions.move_history(None) == []
+
+
+
+def test_a_preempted_job_is_never_moved():
+    # Another team reclaimed its share: the Workload is Evicted with reason Preempted (InCohortReclamation). Its
+    # capacity exists; it goes back to its own queue, never down the chain.
+    for preempted in (workload(evicted="Preempted", recorded="on-demand"),
+                      workload(evicted="Preempted"),
+                      workload(reserved_on="on-demand", recorded="on-demand", evicted="Preempted")):
+        assert _decide(preempted) is None
+    # The same Workload evicted for its pods' timeout is moved: the reason alone decides.
+    assert isinstance(_decide(workload(evicted="PodsReadyTimeout", recorded="on-demand")), StartMove)

@@ -13,14 +13,17 @@ import pytest
 import yaml
 
 from infra.kueue import COVERED_RESOURCES, FEATURE_GATES, MANAGER_CONFIG_BASE
+from infra.rungs import RUNG_KINDS
 from infra.settings import DEFAULTS
 from tests.conftest import SHIPPED_STACKS, plan_for
+from tests import upstream
 from tests.k8s_schema import validation_errors
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
-KUEUE_KINDS = ("ResourceFlavor", "ClusterQueue", "LocalQueue", "AdmissionCheck", "ProvisioningRequestConfig")
+KUEUE_KINDS = ("ResourceFlavor", "ClusterQueue", "LocalQueue", "AdmissionCheck", "ProvisioningRequestConfig",
+               "Cohort")
 # The flavor of each plan and the key of the `tpuChips` output that gives its chips.
-PLAN_CHIPS_KEY = {"on-demand": "onDemand", "dws": "flexStart"}
+PLAN_CHIPS_KEY = {kind.flavor: kind.key for kind in RUNG_KINDS.values()}
 
 
 def kueue_objects(plan) -> dict[tuple[str, str], dict]:
@@ -43,9 +46,12 @@ def quotas(spec: dict) -> dict[str, dict[str, str]]:
 
 
 def capacity(plan) -> dict[str, dict[str, str]]:
-    """Each flavor's quota summed over every ClusterQueue: the capacity the queues together may admit."""
+    """Each flavor's quota summed over every ClusterQueue and Cohort: the capacity the queues together may admit."""
     total: dict[str, dict[str, int]] = {}
-    for queue in of_kind(plan, "ClusterQueue").values():
+    holders = [*of_kind(plan, "ClusterQueue").values(), *of_kind(plan, "Cohort").values()]
+    for queue in holders:
+        if not queue["spec"].get("resourceGroups"):
+            continue  # a Cohort for limits only
         for flavor, resources in quotas(queue["spec"]).items():
             for resource, value in resources.items():
                 summed = total.setdefault(flavor, {})
@@ -192,7 +198,8 @@ def test_every_kueue_object_validates_strictly_against_the_crds(stack, crd_schem
     objects = kueue_objects(plan_for(stack))
     assert {kind for kind, _ in objects} <= set(KUEUE_KINDS)
     for key, manifest in objects.items():
-        assert validation_errors(manifest) == [], key
+        crd = upstream.path(upstream.KUEUE_COHORT_CRD) if manifest["kind"] == "Cohort" else None
+        assert validation_errors(manifest, crd) == [], key
 
 
 def test_strict_validation_catches_unknown_and_v1beta1_fields(crd_schemas):
@@ -344,6 +351,19 @@ def test_the_queues_together_never_admit_more_than_the_pools_hold(stack):
     chips = plan.outputs["tpuChips"]
     assert {flavor: int(total[flavor]["google.com/tpu"]) for flavor in total if flavor != "default-cpu"} == {
         flavor: chips[key] for flavor, key in PLAN_CHIPS_KEY.items() if key in chips}
+    if "teams" in plan.outputs:
+        # Several teams: the shares and the root Cohort's rest hold exactly what the same stack holds for one team.
+        single = plan_for(stack, {"teams": [], "googleGroupsDomain": ""})
+        assert not of_kind(single, "Cohort")
+        assert total == capacity(single)
+        # Only the root Cohort and each team's first rung hold quota; the platform's own chain borrows.
+        firsts = {team["queueChain"][0]["clusterQueue"] for team in plan.outputs["teams"].values()}
+        for kind in ("ClusterQueue", "Cohort"):
+            for name, q in of_kind(plan, kind).items():
+                held = {v for f in quotas(q["spec"]).values() for v in f.values()} if q["spec"].get(
+                    "resourceGroups") else {"0"}
+                assert held <= {"0"} or name in firsts | {"tpu-fallback"}, (kind, name)
+        return
     # default-cpu is counted once too: the system pool's capacity, in the first queue only.
     first = quotas(of_kind(plan, "ClusterQueue")["cluster-queue"]["spec"])["default-cpu"]
     assert {r: total["default-cpu"][r] for r in ("cpu", "memory")} == {r: first[r] for r in ("cpu", "memory")}

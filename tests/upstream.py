@@ -39,6 +39,8 @@ class UpstreamFile:
 # Google Cloud Managed Service for Prometheus: the CRD GKE's managed collection installs (v1 served and stored).
 PODMONITORING_CRD = UpstreamFile("prometheus-engine",
                                  "charts/operator/crds/monitoring.googleapis.com_podmonitorings.yaml")
+# Kueue's Cohort CRD (v1beta2), which ../shared/schemas does not hold: the teams' root and team Cohorts.
+KUEUE_COHORT_CRD = UpstreamFile("kueue", "config/components/crd/bases/kueue.x-k8s.io_cohorts.yaml")
 # Kueue's metric names and labels, for the dashboard's queries.
 KUEUE_METRICS = UpstreamFile("kueue", "pkg/metrics/metrics.go")
 

@@ -1,0 +1,211 @@
+"""Several teams on one platform: per team a namespace, its chain of queues with its guaranteed share, and its
+groups' access; the root Cohort holds what no team is guaranteed (Spot, DWS, what is left of the rest).
+
+Where the quota sits decides whether a team can take its share back. Measured on Kueue 0.19.2 (Ref:
+../shared/notes/kueue-multi-team.md, "Measured"): a share on a Cohort is never reclaimed, and a job that borrows
+anything (the Ray head's CPU included) cannot reclaim. So each share, its heads' CPU included, is nominal quota on the
+team's first-rung ClusterQueue, and that queue stops at a flavor it can get by preempting (`MayStopSearch`).
+
+Why a DWS (or Spot) job that has its slice is never preempted, the three ways Kueue preempts:
+- reclaim: the victim must use a flavor-resource the preemptor lacks, in a queue over its nominal quota (Ref:
+  https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/preemption/classical/hierarchical_preemption.go
+  L81-207). A reclaim is only ever for a guaranteed flavor (no queue has nominal DWS or Spot quota) or default-cpu,
+  and a team's default-cpu has `lendingLimit: 0`: nobody else ever holds it, so nobody is reclaimed for it. A DWS
+  job uses dws and default-cpu only, so it never qualifies;
+- borrowWithinCohort: Never, everywhere;
+- withinClusterQueue: Never, everywhere (a team's own jobs never preempt each other).
+Only a guaranteed-flavor job that borrows another team's share can be preempted, which is what a share means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra import kueue as kq
+from infra.kueue import DEFAULT_FLAVOR, QueueRung, queue_chain
+from infra.settings import GUARANTEED_RUNGS, JOB_HEAD_CPU, JOB_HEAD_MEMORY_GIB, PlatformSettings, TeamSettings
+from infra.tpu import TPU_RESOURCE
+
+COHORT_KIND = "Cohort"
+NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace
+# The team's groups deploy and manage workloads in their namespace, nothing else (no RBAC, no quota).
+# Ref: https://kubernetes.io/docs/reference/access-authn-authz/rbac/#user-facing-roles
+TEAM_CLUSTER_ROLE = "edit"
+PREEMPTION = {
+    # A team takes back its share from any borrower, whatever the priority.
+    "reclaimWithinCohort": "Any",
+    "withinClusterQueue": "Never",
+    "borrowWithinCohort": {"policy": "Never"},
+}
+# Measured: without whenCanPreempt MayStopSearch, Kueue skips the reclaim and admits on the next flavor (DWS).
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/kueue/v1beta2/clusterqueue_types.go#L453-L479
+FIRST_RUNG_FUNGIBILITY = {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "MayStopSearch"}
+
+
+def team_chain(settings: PlatformSettings, team: TeamSettings) -> tuple[QueueRung, ...]:
+    """The single-team chain with the team's ClusterQueues: the LocalQueue names stay, so the failover controller's
+    chain (flavor and LocalQueue per rung) applies in every team's namespace unchanged."""
+    return tuple(QueueRung(rung.flavor, f"{team.name}-{rung.cluster_queue}", rung.local_queue)
+                 for rung in queue_chain(settings))
+
+
+def _slice_quota(settings: PlatformSettings, flavor: str, slices: int) -> dict:
+    tpu = settings.tpu
+    hosts = slices * tpu.hosts
+    return kq._quota(flavor, hosts * tpu.machine_type.vcpus, hosts * tpu.machine_type.memory_gib, slices * tpu.chips)
+
+
+def _head_quota(slices: int) -> dict:
+    return kq._quota(DEFAULT_FLAVOR, slices * JOB_HEAD_CPU, slices * JOB_HEAD_MEMORY_GIB, 0)
+
+
+def _set_limit(quota: dict, field: str, resources: Sequence[str], value: str) -> dict:
+    for resource in quota["resources"]:
+        if resource["name"] in resources:
+            resource[field] = value
+    return quota
+
+
+def team_share_quotas(settings: PlatformSettings, team: TeamSettings) -> list[dict]:
+    """The first rung's flavors with the team's share: its heads' CPU (never lent), each guaranteed rung's slices
+    (lent up to lendingLimit), nothing of the shared rungs."""
+    shares = {settings.plan(key).flavor: team.share(key) for key in GUARANTEED_RUNGS if settings.plan(key)}
+    head = _set_limit(_head_quota(team.guaranteed_slices), "lendingLimit", ("cpu", "memory"), "0")
+    quotas = [head]
+    for rung in queue_chain(settings):
+        slices = shares.get(rung.flavor, 0)
+        quota = _slice_quota(settings, rung.flavor, slices) if slices else kq._no_quota(rung.flavor)
+        if slices and team.lending_limit is not None:
+            _set_limit(quota, "lendingLimit", (TPU_RESOURCE,), str(team.lending_limit * settings.tpu.chips))
+        quotas.append(quota)
+    return quotas
+
+
+def root_quotas(settings: PlatformSettings) -> list[dict]:
+    """Every flavor's capacity less the teams' shares: Spot and DWS whole, first come, first served."""
+    shares = {settings.plan(key).flavor: sum(t.share(key) for t in settings.teams)
+              for key in GUARANTEED_RUNGS if settings.plan(key)}
+    heads = _head_quota(sum(team.guaranteed_slices for team in settings.teams))
+    left = []
+    for quota in kq.flavor_quotas(settings):
+        taken = heads if quota["name"] == DEFAULT_FLAVOR else _slice_quota(settings, quota["name"],
+                                                                            shares.get(quota["name"], 0))
+        left.append({"name": quota["name"], "resources": [
+            {"name": have["name"], "nominalQuota": _minus(have["nominalQuota"], used["nominalQuota"])}
+            for have, used in zip(quota["resources"], taken["resources"])]})
+    return left
+
+
+def _minus(have: str, used: str) -> str:
+    unit = "Gi" if have.endswith("Gi") else ""
+    left = int(have.removesuffix(unit)) - int(used.removesuffix(unit))
+    return f"{left}{unit}" if left else "0"  # as kq._no_quota writes a zero
+
+
+def _resource_groups(flavors: list[dict]) -> list[dict]:
+    return [{"coveredResources": list(kq.COVERED_RESOURCES), "flavors": flavors}]
+
+
+def root_cohort(settings: PlatformSettings) -> dict:
+    # A Cohort without parentName is a root; its quota is shared by every queue below it.
+    # Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/kueue/v1beta2/cohort_types.go#L24-L72
+    return kq._manifest(COHORT_KIND, kq.COHORT, {"resourceGroups": _resource_groups(root_quotas(settings))})
+
+
+def team_cohort(settings: PlatformSettings, team: TeamSettings) -> dict:
+    """The team's Cohort under the root: no quota (a share held here would never be reclaimed), only the team-wide
+    borrowingLimit: on each rung, at most that many slices beyond what its queues hold."""
+    spec: dict = {"parentName": kq.COHORT}
+    if team.borrowing_limit is not None:
+        chips = str(team.borrowing_limit * settings.tpu.chips)
+        flavors = [kq._no_quota(DEFAULT_FLAVOR)] + [
+            _set_limit(kq._no_quota(rung.flavor), "borrowingLimit", (TPU_RESOURCE,), chips)
+            for rung in queue_chain(settings)]
+        spec["resourceGroups"] = _resource_groups(flavors)
+    return kq._manifest(COHORT_KIND, team.name, spec)
+
+
+def team_cluster_queues(settings: PlatformSettings, team: TeamSettings) -> list[dict]:
+    """The team's chain: the share on the first rung, every lower rung at 0 (it borrows), each queue open to the
+    team's namespace only, in the team's Cohort."""
+    rungs = team_chain(settings, team)
+    share = team_share_quotas(settings, team)
+    queues = []
+    for index, rung in enumerate(rungs):
+        flavors = share if index == 0 else [kq._no_quota(name) for name in
+                                            (DEFAULT_FLAVOR, *(lower.flavor for lower in rungs[index:]))]
+        manifest = kq._cluster_queue(settings, rung.cluster_queue, flavors, in_cohort=True)
+        spec = manifest["spec"]
+        spec["cohortName"] = team.name
+        spec["namespaceSelector"] = {"matchLabels": {NAMESPACE_LABEL: team.namespace}}
+        spec["preemption"] = {**PREEMPTION, "borrowWithinCohort": dict(PREEMPTION["borrowWithinCohort"])}
+        if index == 0:
+            spec["flavorFungibility"] = dict(FIRST_RUNG_FUNGIBILITY)
+        queues.append(manifest)
+    return queues
+
+
+def team_local_queues(settings: PlatformSettings, team: TeamSettings) -> list[dict]:
+    return [kq._manifest("LocalQueue", rung.local_queue, {"clusterQueue": rung.cluster_queue},
+                         namespace=team.namespace) for rung in team_chain(settings, team)]
+
+
+def role_binding(team: TeamSettings) -> dict:
+    """The team's Google groups get `edit` in its namespace (GKE Google Groups for RBAC: kind Group, the email)."""
+    return {
+        "metadata": {"name": f"{team.name}-edit", "namespace": team.namespace},
+        "role_ref": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": TEAM_CLUSTER_ROLE},
+        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}
+                     for group in team.groups],
+    }
+
+
+def teams_output(settings: PlatformSettings) -> dict:
+    """Per team, what its stack needs: {name: {namespace, localQueue, queueChain}} (plain data)."""
+    return {team.name: {"namespace": team.namespace,
+                        "localQueue": team_chain(settings, team)[0].local_queue,
+                        "queueChain": [rung.as_output() for rung in team_chain(settings, team)]}
+            for team in settings.teams}
+
+
+class Teams(pulumi.ComponentResource):
+    """The root Cohort, and per team its namespace, Cohort, chain of ClusterQueues, LocalQueues and RoleBinding.
+    Nothing at all without teams."""
+
+    output: dict
+
+    def __init__(self, name: str, settings: PlatformSettings, kueue: kq.Kueue, provider: k8s.Provider,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-fallback:infra:Teams", name, None, opts)
+        self._name, self._provider = name, provider
+        # After the platform's queues, which wait for Kueue, the flavors and the DWS check.
+        self._after = [kueue.release, *kueue.cluster_queues.values()]
+        self.output = teams_output(settings)
+        if settings.teams:
+            self._object(root_cohort(settings))
+        for team in settings.teams:
+            self._team(settings, team)
+        self.register_outputs({"teams": self.output})
+
+    def _team(self, settings: PlatformSettings, team: TeamSettings) -> None:
+        child = pulumi.ResourceOptions(parent=self, provider=self._provider)
+        namespace = k8s.core.v1.Namespace(f"{self._name}-{team.name}-namespace",
+                                          metadata={"name": team.namespace}, opts=child)
+        in_namespace = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[namespace]))
+        k8s.rbac.v1.RoleBinding(f"{self._name}-{team.name}-role", **role_binding(team), opts=in_namespace)
+        cohort = self._object(team_cohort(settings, team))
+        queues = {m["metadata"]["name"]: self._object(m, after=[cohort])
+                  for m in team_cluster_queues(settings, team)}
+        for manifest in team_local_queues(settings, team):
+            self._object(manifest, after=[namespace, queues[manifest["spec"]["clusterQueue"]]])
+
+    def _object(self, manifest: dict, after: Sequence[pulumi.Resource] = ()) -> k8s.apiextensions.CustomResource:
+        meta = manifest["metadata"]
+        where = f"{meta['namespace']}-" if "namespace" in meta else ""
+        return k8s.apiextensions.CustomResource(
+            f"{self._name}-{manifest['kind'].lower()}-{where}{meta['name']}",
+            api_version=manifest["apiVersion"], kind=manifest["kind"], metadata=meta, spec=manifest["spec"],
+            opts=pulumi.ResourceOptions(parent=self, provider=self._provider, depends_on=[*self._after, *after]))

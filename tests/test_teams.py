@@ -1,0 +1,180 @@
+"""Several teams on one platform (`teams`): the rules, the Kueue objects, access and the `teams` output."""
+
+from __future__ import annotations
+
+import pytest
+
+from infra.offline import OfflineEngine
+from infra.settings import SYSTEM_NAMESPACES, SettingsError
+from infra import failover as stack_failover, kueue as stack_kueue, teams as stack_teams
+from tests.conftest import config_with, plan_for
+
+STACK = "platform-us-east5-b"
+A = {"name": "team-a", "namespace": "team-a", "groups": ["a@example.com"], "shares": {"onDemand": 1}}
+B = {"name": "team-b", "namespace": "team-b", "groups": ["b@example.com"], "shares": {}, "borrowingLimit": 1}
+TWO_TEAMS = {"teams": [A, B], "googleGroupsDomain": "example.com"}
+
+
+def of_kind(plan, kind: str) -> dict[tuple[str | None, str], dict]:
+    return {(m["metadata"].get("namespace"), m["metadata"]["name"]): m
+            for m in plan.kubernetes_manifests() if m["kind"] == kind}
+
+
+def tpu(quota: dict) -> str:
+    return next(r for r in quota["resources"] if r["name"] == "google.com/tpu")["nominalQuota"]
+
+
+# (id, teams overrides of the dev stack, the key the message must name)
+BAD_TEAMS = [
+    ("shares-over-capacity", {"teams": [A, {**B, "shares": {"onDemand": 1}}]}, "tpu-fallback:teams"),
+    ("share-of-a-rung-that-is-off", {"teams": [{**A, "shares": {"reservation": 1}}]}, "tpu-fallback:teams"),
+    ("name-twice", {"teams": [A, {**B, "name": "team-a"}]}, "tpu-fallback:teams"),
+    ("namespace-twice", {"teams": [A, {**B, "namespace": "team-a"}]}, "tpu-fallback:teams"),
+    ("namespace-not-dns", {"teams": [{**A, "namespace": "Team_A"}]}, "tpu-fallback:teams[0].namespace"),
+    ("namespace-system", {"teams": [{**A, "namespace": "kube-system"}]}, "tpu-fallback:teams[0].namespace"),
+    ("namespace-default", {"teams": [{**A, "namespace": "default"}]}, "tpu-fallback:teams[0].namespace"),
+    ("namespace-kueue", {"teams": [{**A, "namespace": stack_kueue.NAMESPACE}]}, "tpu-fallback:teams[0].namespace"),
+    ("namespace-gke", {"teams": [{**A, "namespace": "gke-managed-system"}]}, "tpu-fallback:teams[0].namespace"),
+    ("group-not-email", {"teams": [{**A, "groups": ["team-a"]}]}, "tpu-fallback:teams[0].groups"),
+    ("groups-empty", {"teams": [{**A, "groups": []}]}, "tpu-fallback:teams[0].groups"),
+    ("share-negative", {"teams": [{**A, "shares": {"onDemand": -1}}]}, "tpu-fallback:teams[0].shares"),
+    ("share-of-a-shared-rung", {"teams": [{**A, "shares": {"flexStart": 1}}]}, "tpu-fallback:teams[0].shares"),
+    ("lending-over-share", {"teams": [{**A, "lendingLimit": 2}]}, "tpu-fallback:teams[0].lendingLimit"),
+    ("borrowing-not-slices", {"teams": [{**A, "borrowingLimit": "1"}]}, "tpu-fallback:teams[0].borrowingLimit"),
+    ("field-typo", {"teams": [{**A, "share": {}}]}, "tpu-fallback:teams[0]"),
+    ("not-a-list", {"teams": {"team-a": A}}, "tpu-fallback:teams"),
+    ("heads-over-cpu-pool", {"teams": [{**A, "shares": {"onDemand": 1}}], "systemPool": {"nodeCount": 1,
+                             "machineType": "n2-standard-2"}}, "tpu-fallback:teams"),
+    ("domain-missing", {"teams": [A], "googleGroupsDomain": ""}, "tpu-fallback:googleGroupsDomain"),
+    ("domain-without-teams", {"teams": [], "googleGroupsDomain": "example.com"}, "tpu-fallback:googleGroupsDomain"),
+    ("domain-malformed", {"teams": [A], "googleGroupsDomain": "gke-security-groups@example.com"},
+     "tpu-fallback:googleGroupsDomain"),
+]
+
+
+@pytest.mark.parametrize("overrides, key", [pytest.param(o, k, id=i) for i, o, k in BAD_TEAMS])
+def test_a_bad_team_config_is_rejected_by_key_before_any_resource(overrides, key):
+    engine = OfflineEngine()
+    with pytest.raises(SettingsError) as raised:
+        engine.run(config_with({"googleGroupsDomain": "example.com", **overrides}))
+    assert any(problem.startswith(f"{key}:") for problem in raised.value.problems), raised.value.problems
+    assert engine.recorded == []
+
+
+def test_every_team_problem_is_reported_in_one_pass():
+    with pytest.raises(SettingsError) as raised:
+        OfflineEngine().run(config_with({"googleGroupsDomain": "example.com", "teams": [
+            {**A, "namespace": "kube-system", "groups": ["x"]}, {**B, "name": "B"}]}))
+    named = {problem.split(":", 2)[1] for problem in raised.value.problems}
+    assert {"teams[0].namespace", "teams[0].groups", "teams[1].name"} <= named
+
+
+def test_the_platforms_own_namespaces_are_system_namespaces():
+    assert {stack_kueue.NAMESPACE, stack_failover.NAMESPACE, stack_kueue.LOCAL_QUEUE_NAMESPACE} <= SYSTEM_NAMESPACES
+
+
+def test_the_head_cpu_share_covers_the_default_head_and_kueues_submitter():
+    from infra.settings import JOB_HEAD_CPU, JOB_HEAD_MEMORY_GIB
+    from workloads.settings import WORKLOAD_DEFAULTS
+    # KubeRay's default submitter as Kueue counts it: 500m, 200Mi (rayjob_controller.go L252-263).
+    assert JOB_HEAD_CPU >= float(WORKLOAD_DEFAULTS["headCpu"]) + 0.5
+    assert JOB_HEAD_MEMORY_GIB >= float(WORKLOAD_DEFAULTS["headMemory"].removesuffix("Gi")) + 200 / 1024
+
+
+def test_without_teams_there_is_no_team_object_and_no_groups_on_the_cluster():
+    plan = plan_for()
+    assert not of_kind(plan, "Cohort")
+    assert not [key for key in of_kind(plan, "RoleBinding") if key[1].endswith("-edit")]
+    assert "teams" not in plan.outputs
+    cluster = plan.only("gcp:container/cluster:Cluster")
+    assert "authenticatorGroupsConfig" not in cluster.inputs
+
+
+def test_each_team_gets_the_chain_with_the_same_local_queue_names_in_its_namespace():
+    plan = plan_for("dev", TWO_TEAMS)
+    assert plan.outputs["teams"] == {team["name"]: {
+        "namespace": team["namespace"], "localQueue": "user-queue",
+        "queueChain": [
+            {"flavor": "on-demand", "clusterQueue": f"{team['name']}-cluster-queue", "localQueue": "user-queue"},
+            {"flavor": "dws", "clusterQueue": f"{team['name']}-cluster-queue-dws", "localQueue": "user-queue-dws"}]}
+        for team in (A, B)}
+    local = of_kind(plan, "LocalQueue")
+    for team in (A, B):
+        assert {name: q["spec"]["clusterQueue"] for (ns, name), q in local.items() if ns == team["namespace"]} == {
+            "user-queue": f"{team['name']}-cluster-queue", "user-queue-dws": f"{team['name']}-cluster-queue-dws"}
+    # The controller's chain (flavor and LocalQueue per rung) is the same for every team's namespace.
+    for team in plan.outputs["teams"].values():
+        assert [(r["flavor"], r["localQueue"]) for r in team["queueChain"]] == [
+            (r["flavor"], r["localQueue"]) for r in plan.outputs["queueChain"]]
+
+
+def test_each_teams_queues_admit_its_namespace_only_and_reclaim_without_preempting_otherwise():
+    queues = of_kind(plan_for("dev", TWO_TEAMS), "ClusterQueue")
+    for team in (A, B):
+        for name in (f"{team['name']}-cluster-queue", f"{team['name']}-cluster-queue-dws"):
+            spec = queues[(None, name)]["spec"]
+            assert spec["namespaceSelector"] == {"matchLabels": {"kubernetes.io/metadata.name": team["namespace"]}}
+            assert spec["cohortName"] == team["name"]
+            assert spec["preemption"] == {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never",
+                                          "borrowWithinCohort": {"policy": "Never"}}
+        first = queues[(None, f"{team['name']}-cluster-queue")]["spec"]
+        assert first["flavorFungibility"] == {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "MayStopSearch"}
+        assert "flavorFungibility" not in queues[(None, f"{team['name']}-cluster-queue-dws")]["spec"]
+
+
+def test_shares_sit_on_the_first_rung_with_the_heads_cpu_never_lent_and_the_rest_on_the_root():
+    plan = plan_for("dev", TWO_TEAMS)
+    queues, cohorts = of_kind(plan, "ClusterQueue"), of_kind(plan, "Cohort")
+    a_first = {f["name"]: f for f in queues[(None, "team-a-cluster-queue")]["spec"]["resourceGroups"][0]["flavors"]}
+    assert tpu(a_first["on-demand"]) == "16" and tpu(a_first["dws"]) == "0"
+    assert [(r["name"], r["nominalQuota"], r.get("lendingLimit")) for r in a_first["default-cpu"]["resources"]] == [
+        ("cpu", "3", "0"), ("memory", "5Gi", "0"), ("google.com/tpu", "0", None)]
+    root = {f["name"]: f for f in cohorts[(None, "tpu-fallback")]["spec"]["resourceGroups"][0]["flavors"]}
+    assert "parentName" not in cohorts[(None, "tpu-fallback")]["spec"]
+    assert tpu(root["on-demand"]) == "0" and tpu(root["dws"]) == "16"  # on-demand is A's; DWS shared whole
+    assert [r["nominalQuota"] for r in root["default-cpu"]["resources"][:2]] == ["45", "187Gi"]
+    # B's Cohort holds no quota (a share on a Cohort is never reclaimed), only its borrowing limit.
+    b = cohorts[(None, "team-b")]["spec"]
+    assert b["parentName"] == "tpu-fallback"
+    for flavor in b["resourceGroups"][0]["flavors"]:
+        assert {r["nominalQuota"] for r in flavor["resources"]} == {"0"}
+        limits = {r["name"]: r.get("borrowingLimit") for r in flavor["resources"]}
+        assert limits == {"cpu": None, "memory": None, "google.com/tpu": None if flavor["name"] == "default-cpu"
+                          else "16"}
+    assert cohorts[(None, "team-a")]["spec"] == {"parentName": "tpu-fallback"}
+    # The platform's own chain holds nothing now: it borrows what the teams leave.
+    for (_, name), queue in queues.items():
+        if not name.startswith("team-"):
+            assert {r["nominalQuota"] for f in queue["spec"]["resourceGroups"][0]["flavors"]
+                    for r in f["resources"]} == {"0"}, name
+
+
+def test_a_lending_limit_keeps_part_of_the_share():
+    plan = plan_for("dev", {**TWO_TEAMS, "teams": [{**A, "lendingLimit": 0}, B]})
+    first = of_kind(plan, "ClusterQueue")[(None, "team-a-cluster-queue")]["spec"]["resourceGroups"][0]["flavors"]
+    on_demand = next(f for f in first if f["name"] == "on-demand")
+    assert {r["name"]: r.get("lendingLimit") for r in on_demand["resources"]} == {
+        "cpu": None, "memory": None, "google.com/tpu": "0"}
+
+
+def test_each_teams_groups_edit_its_namespace_only_and_the_cluster_reads_google_groups():
+    plan = plan_for("dev", TWO_TEAMS)
+    bindings = {key: b for key, b in of_kind(plan, "RoleBinding").items() if b["roleRef"]["name"] == "edit"}
+    assert set(bindings) == {("team-a", "team-a-edit"), ("team-b", "team-b-edit")}
+    binding = bindings[("team-a", "team-a-edit")]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"}
+    assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                                    "name": "a@example.com"}]
+    namespaces = {name for (_, name) in of_kind(plan, "Namespace")}
+    assert {"team-a", "team-b"} <= namespaces
+    cluster = plan.only("gcp:container/cluster:Cluster")
+    assert cluster.inputs["authenticatorGroupsConfig"] == {"securityGroup": "gke-security-groups@example.com"}
+
+
+def test_the_example_platform_stack_plans_three_teams():
+    plan = plan_for(STACK)
+    assert set(plan.outputs["teams"]) == {"research", "prod", "interns"}
+    assert [r["flavor"] for r in plan.outputs["teams"]["prod"]["queueChain"]] == [
+        "reservation", "on-demand", "spot", "dws"]
+    assert len(of_kind(plan, "Cohort")) == 4
+    assert stack_teams.TEAM_CLUSTER_ROLE == "edit"
