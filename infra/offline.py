@@ -5,6 +5,8 @@ engine would see (type, inputs, parent, dependencies, provider, options), with a
 way the CLI loads it (stack file over Pulumi.yaml defaults).
 
     python -m infra.offline dev            # print the resource tree, write build/plan/dev/manifests.yaml
+    python -m infra.offline team-a         # a team stack: its StackReference is answered by the offline plan of
+                                           # its platform stack (Pulumi.<stack>.yaml here) or --platform-outputs
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import hashlib
 import json
 import runpy
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,8 @@ ROOT = Path(__file__).resolve().parent.parent
 PROJECT = "tpu-fallback"
 SECRET_MARK = "[secret]"
 PLACEHOLDER_PROJECT = "example-project"
+STACK_REFERENCE = "pulumi:pulumi:StackReference"
+PLATFORM_STACK_KEY = f"{PROJECT}:platformStack"  # roles/team.py: set on team stacks
 
 
 @dataclass
@@ -107,17 +112,52 @@ class Plan:
         return self.of_type("kubernetes:helm.sh/v3:Release")
 
 
+@dataclass(frozen=True)
+class StackOutputs:
+    """Another stack's outputs as a StackReference reads them: what answers a team stack's reference to its
+    platform stack. Secret values are kept as a mark (the offline plan never holds credentials)."""
+
+    outputs: dict[str, Any]
+    secret_output_names: tuple[str, ...] = ()
+
+    @classmethod
+    def of_plan(cls, plan: Plan) -> StackOutputs:
+        return cls({key: SECRET_MARK if key in plan.secret_outputs else copy.deepcopy(value)
+                    for key, value in plan.outputs.items()}, tuple(sorted(plan.secret_outputs)))
+
+    def to_json(self) -> str:
+        return json.dumps({"outputs": self.outputs, "secretOutputNames": list(self.secret_output_names)},
+                          indent=2, sort_keys=True) + "\n"
+
+    @classmethod
+    def from_json(cls, text: str) -> StackOutputs:
+        data = json.loads(text)
+        return cls(data["outputs"], tuple(data.get("secretOutputNames", ())))
+
+
 def _stable_suffix(name: str) -> str:
     # Pulumi auto-names with a random 7-character suffix; a hash keeps the offline plan reproducible.
     return hashlib.sha256(name.encode()).hexdigest()[:7]
 
 
 class RecordingMocks(pulumi.runtime.Mocks):
-    """Echo inputs and invent what the cloud would compute, as plausible fixed values."""
+    """Echo inputs and invent what the cloud would compute, as plausible fixed values; answer a StackReference
+    with the outputs given for that stack."""
+
+    stack_references: Mapping[str, StackOutputs] = {}  # by stack name; set per run by OfflineEngine
 
     def new_resource(self, args: pulumi.runtime.MockResourceArgs):
         outputs = dict(args.inputs)
         typ = args.typ
+        if typ == STACK_REFERENCE:
+            # As pulumi's own mock tests answer one. Ref: pulumi/pulumi sdk/python/lib/test_with_mocks
+            name = outputs.get("name") or args.resource_id
+            if name not in self.stack_references:
+                raise LookupError(f"unknown stack {name!r}: no outputs were given for it "
+                                  f"(known: {', '.join(sorted(self.stack_references)) or 'none'})")
+            referenced = self.stack_references[name]
+            return name, {"name": name, "outputs": copy.deepcopy(referenced.outputs),
+                          "secretOutputNames": list(referenced.secret_output_names)}
         if typ == "gcp:container/cluster:Cluster":
             outputs.update(
                 endpoint="203.0.113.10",
@@ -179,6 +219,17 @@ class RecordingMonitor(pulumi_mocks.MockMonitor):
         return response
 
 
+    def ReadResource(self, request):
+        # A read (a StackReference) creates nothing; kept so the plan says what the program reads.
+        response = super().ReadResource(request)
+        self.recorded.append(Recorded(
+            urn=response.urn, type=request.type, name=request.name, custom=True, inputs={"id": request.id},
+            parent=request.parent, provider=request.provider, dependencies=list(request.dependencies),
+            property_dependencies={}, options={"read": True}, outputs=_plain(self.resources[response.urn].state),
+        ))
+        return response
+
+
 def _plain(value: Any) -> Any:
     """Inputs as plain data, with secrets shown as a mark (the plan is for review, not for credentials)."""
     if isinstance(value, dict):
@@ -235,39 +286,55 @@ class OfflineEngine:
     """Runs __main__.py under the recording engine. `recorded` keeps what was registered, even when the
     program fails, so tests can check that a bad config registers nothing."""
 
-    def __init__(self, stack: str = "dev", preview: bool = False):
+    def __init__(self, stack: str = "dev", preview: bool = False,
+                 stack_references: dict[str, StackOutputs] | None = None):
         self.stack, self.preview = stack, preview
+        self.stack_references = stack_references
         self.recorded: list[Recorded] = []
 
     def run(self, config: dict[str, str]) -> Plan:
         _ensure_event_loop()
         pulumi.runtime.set_all_config(config)
         mocks = RecordingMocks()
+        mocks.stack_references = self.stack_references or {}
         monitor = RecordingMonitor(mocks)
         self.recorded = monitor.recorded
+        # A fresh stack resource per run: set_mocks keeps an existing one, and with it the exports (and an async
+        # entrypoint) of the program run before, e.g. a platform stack's outputs in its team stack's plan.
+        pulumi.runtime.settings.set_root_resource(None)
         pulumi.runtime.set_mocks(mocks, project=PROJECT, stack=self.stack, preview=self.preview, monitor=monitor)
+        root = pulumi.runtime.settings.get_root_resource()
+        # set_mocks closes its stack at once; the CLI's run_in_stack keeps it open for an async entrypoint
+        # (pulumi.run, which team stacks use) and awaits that after the module's code. Do the same.
+        # Ref: https://github.com/pulumi/pulumi/pull/23945 (runtime/stack.py: run_in_stack)
+        root._async_program_registration_closed = False
         collected: dict[str, Any] = {}
         secret: set[str] = set()
 
         @pulumi.runtime.test
         def _run():
             runpy.run_path(str(ROOT / "__main__.py"), run_name="__main__")
-            exports = pulumi.runtime.settings.get_root_resource().outputs
+            program = root._take_async_program()
 
-            async def find_secrets():
+            async def exports_after_program():
+                if program is not None:
+                    root._add_program_outputs(await program())
+                exports = root.outputs
                 for key, value in exports.items():
                     if await pulumi.Output.from_input(value).is_secret():
                         secret.add(key)
+                await pulumi.Output.all(**exports).apply(collected.update).future()
 
-            return pulumi.Output.all(pulumi.Output.all(**exports).apply(collected.update), find_secrets())
+            return asyncio.ensure_future(exports_after_program())
 
         _run()
         return Plan(monitor.recorded, collected, secret)
 
 
-def run_program(config: dict[str, str], stack: str = "dev", preview: bool = False) -> Plan:
+def run_program(config: dict[str, str], stack: str = "dev", preview: bool = False,
+                stack_references: dict[str, StackOutputs] | None = None) -> Plan:
     """Run __main__.py under the recording engine; exceptions from the program propagate."""
-    return OfflineEngine(stack, preview).run(config)
+    return OfflineEngine(stack, preview, stack_references).run(config)
 
 
 class _ReviewDumper(yaml.SafeDumper):
@@ -314,7 +381,8 @@ def render_tree(plan: Plan) -> str:
         for r in children.get(parent, []):
             indent = "  " * depth
             deps = sorted(index[d].name for d in r.dependencies if d in index and d != r.parent)
-            lines.append(f"{indent}+ {r.type} {r.name}" + (f"  (after: {', '.join(deps)})" if deps else ""))
+            mark = "> read" if r.options.get("read") else "+"  # a read creates nothing
+            lines.append(f"{indent}{mark} {r.type} {r.name}" + (f"  (after: {', '.join(deps)})" if deps else ""))
             if r.custom:
                 for key in sorted(r.inputs):
                     block = _block(r.inputs[key], indent + "    ")
@@ -345,27 +413,66 @@ def render_manifests(plan: Plan) -> str:
     return yaml.dump_all(docs, Dumper=_ReviewDumper, sort_keys=True, default_flow_style=False, width=200)
 
 
-def write_plan(stack: str, config: dict[str, str], out_dir: Path) -> Plan:
-    plan = run_program(config, stack=stack)
+def write_plan(stack: str, config: dict[str, str], out_dir: Path,
+               stack_references: dict[str, StackOutputs] | None = None) -> Plan:
+    plan = run_program(config, stack=stack, stack_references=stack_references)
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "plan.txt").write_text(render_tree(plan))
     (out_dir / "manifests.yaml").write_text(render_manifests(plan))
+    # What a team stack's StackReference to this stack would read (--platform-outputs).
+    (out_dir / "outputs.json").write_text(StackOutputs.of_plan(plan).to_json())
     return plan
+
+
+def platform_config(stack: str, root: Path = ROOT) -> dict[str, str]:
+    """A stack's config, with a placeholder project when its file leaves gcp:project to `pulumi config set`."""
+    config = stack_config(stack, root)
+    config.setdefault("gcp:project", PLACEHOLDER_PROJECT)
+    return config
+
+
+def platform_outputs_for(platform_stack: str, root: Path = ROOT) -> StackOutputs:
+    """A platform stack's outputs from its offline plan, when its stack file is here (the stack part of
+    <organization>/<project>/<stack>)."""
+    short = platform_stack.rsplit("/", 1)[-1]
+    if not (root / f"Pulumi.{short}.yaml").exists():
+        raise FileNotFoundError(f"the platform stack {platform_stack} has no Pulumi.{short}.yaml here; pass its "
+                                "outputs with --platform-outputs (outputs.json of its offline plan)")
+    return StackOutputs.of_plan(run_program(platform_config(short, root), stack=short))
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("stack", nargs="?", default="dev", help="stack name: reads Pulumi.<stack>.yaml")
-    parser.add_argument("--out", type=Path, default=None, help="folder for plan.txt and manifests.yaml "
+    parser.add_argument("--out", type=Path, default=None, help="folder for plan.txt, manifests.yaml and outputs.json "
                                                                 "(default build/plan/<stack>)")
+    parser.add_argument("--platform-outputs", type=Path, default=None, metavar="JSON",
+                        help="team stacks (tpu-fallback:platformStack set): the platform stack's outputs that answer "
+                             "its StackReference, as the outputs.json an offline plan of the platform stack writes; "
+                             "default: the offline plan of Pulumi.<stack>.yaml here, <stack> being the last part of "
+                             "platformStack")
     args = parser.parse_args(argv)
     config = stack_config(args.stack)
-    if "gcp:project" not in config:
+    references = None
+    platform_stack = config.get(PLATFORM_STACK_KEY)
+    if platform_stack is not None:
+        if args.platform_outputs is not None:
+            outputs = StackOutputs.from_json(args.platform_outputs.read_text())
+            source = str(args.platform_outputs)
+        else:
+            try:
+                outputs = platform_outputs_for(platform_stack)
+            except FileNotFoundError as err:
+                parser.error(str(err))
+            source = f"the offline plan of Pulumi.{platform_stack.rsplit('/', 1)[-1]}.yaml"
+        print(f"(team stack: the StackReference to {platform_stack} is answered by {source})")
+        references = {platform_stack: outputs}
+    elif "gcp:project" not in config:
         # Stack files leave the project to `pulumi config set gcp:project`; the offline plan needs one.
         print(f"(gcp:project is not set in Pulumi.{args.stack}.yaml; planning with {PLACEHOLDER_PROJECT})")
         config["gcp:project"] = PLACEHOLDER_PROJECT
     out_dir = args.out or ROOT / "build" / "plan" / args.stack
-    plan = write_plan(args.stack, config, out_dir)
+    plan = write_plan(args.stack, config, out_dir, references)
     sys.stdout.write((out_dir / "plan.txt").read_text())
     print(f"\n{len(plan.resources)} resources; Kubernetes objects written to {out_dir / 'manifests.yaml'}")
     return 0

@@ -8,12 +8,18 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 from infra.offline import PLACEHOLDER_PROJECT, OfflineEngine, Plan, config_value, namespaced, stack_config
 from tests.k8s_schema import SCHEMAS_ENV, schemas_dir
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED_STACKS = sorted(p.name[len("Pulumi."):-len(".yaml")] for p in REPO.glob("Pulumi.*.yaml"))
+_STACK_FILES = {p.name[len("Pulumi."):-len(".yaml")]: p for p in REPO.glob("Pulumi.*.yaml")}
+# A stack has one role (__main__.py): team stacks name their platform stack and declare no cluster, so every test of
+# the cluster, pools, Kueue and the controller runs over the platform stacks; tests/test_team_stack.py over the rest.
+TEAM_STACKS = sorted(stack for stack, path in _STACK_FILES.items()
+                     if namespaced("platformStack") in (yaml.safe_load(path.read_text()).get("config") or {}))
+SHIPPED_STACKS = sorted(set(_STACK_FILES) - set(TEAM_STACKS))
 
 
 def base_config(stack: str = "dev") -> dict[str, str]:

@@ -16,6 +16,8 @@ from workloads.rayjob import SCRIPT_KEY, SCRIPT_PATH, rayjob_manifest
 from workloads.settings import WorkloadSettings
 
 KSA_NAME = "ray-training"
+TRAIN_ROLE = "train"
+TEAM_ROLE_MAX = 24  # leaves the cluster name at least 5 of an account ID's 30 characters
 SCRIPT_CONFIGMAP_PREFIX = "train-script"
 BUCKET_SUFFIX = "ckpt"
 # The bucket only: objects read/write/delete, and bucket metadata that gcsfs and pyarrow look up.
@@ -58,13 +60,41 @@ def checkpoint_bucket_name(gcp_project: str, stack: str, pulumi_project: str = "
 
 
 @dataclass(frozen=True)
+class TeamNamespace:
+    """A team's namespace on a shared cluster, which the platform stack made with the team's LocalQueues."""
+
+    team: str
+    namespace: str
+    local_queue: str  # the first rung's, which jobs are submitted to
+
+
+@dataclass(frozen=True)
 class PlatformHandles:
-    """What the workloads take from the platform."""
+    """What the workloads take from the platform: declared in the same stack (one team: `kueue` and `cluster`), or
+    by a platform stack this stack only reads (a team stack: `team`, the rest lives in the other stack)."""
 
     settings: PlatformSettings
     provider: k8s.Provider
-    cluster: pulumi.Resource  # Workload Identity's pool exists once the cluster does
-    kueue: Kueue
+    cluster: pulumi.Resource | None  # Workload Identity's pool exists once the cluster does
+    kueue: Kueue | None
+    team: TeamNamespace | None = None
+
+    def __post_init__(self):
+        if (self.team is None) == (self.kueue is None):
+            raise ValueError("PlatformHandles: either this stack's Kueue or a team's namespace on another stack's")
+
+
+def training_account_id(platform: PlatformSettings, team: TeamNamespace | None) -> str:
+    """`<cluster>-train`; on a shared cluster `<cluster>-<team>-train`: every team stack otherwise claims one account.
+    Account IDs are 6-30 characters, so a long team name is cut and told apart by a digest.
+    Ref: https://cloud.google.com/iam/docs/service-accounts-create#creating"""
+    if team is None:
+        return platform.service_account_id(TRAIN_ROLE)
+    role = f"{team.team}-{TRAIN_ROLE}"
+    if len(role) > TEAM_ROLE_MAX:
+        digest = hashlib.sha256(team.team.encode()).hexdigest()[:4]
+        role = f"{team.team[:TEAM_ROLE_MAX - len(TRAIN_ROLE) - 6].rstrip('-')}-{digest}-{TRAIN_ROLE}"
+    return platform.service_account_id(role)
 
 
 class TrainingJobs(pulumi.ComponentResource):
@@ -98,7 +128,7 @@ class TrainingJobs(pulumi.ComponentResource):
             opts=child,
         )
         self.service_account = gcp.serviceaccount.Account(
-            f"{name}-gsa", project=project, account_id=platform.settings.service_account_id("train"),
+            f"{name}-gsa", project=project, account_id=training_account_id(platform.settings, platform.team),
             display_name="Ray training pods (checkpoint bucket only)", opts=child)
         member = self.service_account.email.apply(lambda email: f"serviceAccount:{email}")
         grants: list[pulumi.Resource] = [
@@ -107,10 +137,18 @@ class TrainingJobs(pulumi.ComponentResource):
             for role in BUCKET_ROLES
         ]
 
-        # Every rung's LocalQueue, not only the one jobs are submitted to: a failover moves jobs down the chain.
-        namespace_ready: list[pulumi.Resource] = list(platform.kueue.local_queues.values())
-        if settings.namespace != LOCAL_QUEUE_NAMESPACE:
-            namespace_ready = self._namespace_with_queue(name, settings.namespace, platform, on_cluster)
+        if platform.team is not None:
+            # A team stack: the platform stack made Kueue, the namespace and its queues; nothing here to wait for.
+            if settings.namespace != platform.team.namespace:
+                raise ValueError(f"team {platform.team.team} deploys into {platform.team.namespace}, "
+                                 f"not {settings.namespace}")
+            namespace_ready, kueue_ready, local_queue = [], [], platform.team.local_queue
+        else:
+            # Every rung's LocalQueue, not only the one jobs are submitted to: a failover moves jobs down the chain.
+            namespace_ready = list(platform.kueue.local_queues.values())
+            if settings.namespace != LOCAL_QUEUE_NAMESPACE:
+                namespace_ready = self._namespace_with_queue(name, settings.namespace, platform, on_cluster)
+            kueue_ready, local_queue = [platform.kueue.release], platform.kueue.local_queue_name
         ksa = k8s.core.v1.ServiceAccount(
             f"{name}-ksa",
             metadata={"name": KSA_NAME, "namespace": settings.namespace,
@@ -121,7 +159,7 @@ class TrainingJobs(pulumi.ComponentResource):
             service_account_id=self.service_account.name,
             role="roles/iam.workloadIdentityUser",
             member=f"serviceAccount:{project}.svc.id.goog[{settings.namespace}/{KSA_NAME}]",
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[platform.cluster])))
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[platform.cluster] if platform.cluster else [])))
 
         script_text = SCRIPT_PATH.read_text()
         self.script_configmap_name = script_configmap_name(script_text)
@@ -137,7 +175,7 @@ class TrainingJobs(pulumi.ComponentResource):
             # targeted update that skips the ConfigMap or the bucket still builds it. Order is kept by depends_on.
             manifest = rayjob_manifest(platform.settings, settings, job_name, configmap=self.script_configmap_name,
                                        bucket=self.bucket_name, service_account=KSA_NAME,
-                                       local_queue=platform.kueue.local_queue_name)
+                                       local_queue=local_queue)
             self.rayjobs.append(k8s.apiextensions.CustomResource(
                 f"{name}-{job_name}",
                 api_version="ray.io/v1",
@@ -148,7 +186,7 @@ class TrainingJobs(pulumi.ComponentResource):
                 # queue. And only once its pods may write checkpoints. No await on the job itself: it runs
                 # for as long as training does.
                 opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
-                    depends_on=[platform.kueue.release, *namespace_ready, ksa, script, self.bucket, *grants]))))
+                    depends_on=[*kueue_ready, *namespace_ready, ksa, script, self.bucket, *grants]))))
         self.register_outputs({"jobs": self.job_names, "bucket": self.bucket.name})
 
     def _namespace_with_queue(self, name: str, namespace: str, platform: PlatformHandles,
