@@ -1,0 +1,245 @@
+"""Three teams on one real kube-apiserver 1.36 + Kueue 0.19.2, with the stack's Cohorts and per-team chains and the
+failover controller (its ServiceAccount's rights). The tests play KubeRay (a preempted RayJob's Suspended status)
+and GKE (stockout events, a provisioned DWS request).
+
+Capacity (the dev platform with 3 on-demand and 2 DWS slices): A and B one on-demand slice each, C none; B may
+borrow at most one slice per rung. PodsReady timeout 10m, so no job is evicted for its pods while a scenario runs;
+the stockout scenario uses the controller's early path (4 s grace).
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import time
+
+import pytest
+
+from failover import decisions
+from tests.controlplane import jobs
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.failover_tier import STOCKOUT_MESSAGE, FailoverTier, platform_plan
+from tests.controlplane.kube import condition, condition_reason, wait_for
+from tests.controlplane.stack import release_values
+
+pytestmark = pytest.mark.controlplane
+
+TEAM_A = {"name": "team-a", "namespace": "ns-a", "groups": ["a@example.com"], "shares": {"onDemand": 1}}
+TEAM_B = {"name": "team-b", "namespace": "ns-b", "groups": ["b@example.com"], "shares": {"onDemand": 1},
+          "borrowingLimit": 1}
+TEAM_C = {"name": "team-c", "namespace": "ns-c", "groups": ["c@example.com"], "shares": {}}
+TEAMS = (TEAM_A, TEAM_B, TEAM_C)
+OVERRIDES = {"teams": list(TEAMS), "googleGroupsDomain": "example.com",
+             "onDemand": {"maxSlices": 3}, "flexStart": {"maxSlices": 2}}
+DWS_SLICES = 2
+CHIPS_PER_SLICE = 16
+REACTION_TIMEOUT = 60
+
+
+def start_teams_tier() -> FailoverTier:
+    plan = platform_plan(pods_ready_timeout=600, overrides=OVERRIDES)
+    return FailoverTier(ControlPlane(release_values(plan)), plan).start()
+
+
+@pytest.fixture(scope="module")
+def tier(request):
+    tier = start_teams_tier()
+    tier.start_controller()
+    yield tier
+    failed = request.session.testsfailed > 0
+    tier.plane.stop(keep_workdir=failed)
+    if failed:
+        print(f"\nteams tier logs kept in {tier.plane.supervisor.logs}")
+
+
+@pytest.fixture
+def clean(tier):
+    yield tier
+    for team in TEAMS:
+        namespace = team["namespace"]
+        for kind in (jobs.RAYJOB, ("v1", "Pod")):
+            for obj in tier.kube.list(*kind, namespace=namespace):
+                tier.kube.delete(*kind, obj["metadata"]["name"], namespace, propagation="Background")
+    wait_for(lambda: not any(tier.kube.list(*jobs.WORKLOAD, namespace=t["namespace"]) for t in TEAMS), 60,
+             "no Workload left")
+
+
+def submit(tier: FailoverTier, team: dict, name: str, queue: str = "user-queue", wait: bool = True) -> dict | None:
+    """A dev RayJob in the team's namespace; waits for Kueue's first decision and returns the Workload (a job queued
+    behind a pending one of its queue may get no condition at all: `wait=False`)."""
+    job = jobs.dev_rayjob(name, queue)
+    job["metadata"]["namespace"] = team["namespace"]
+    tier.kube.create(job)
+    return jobs.wait_decided(tier.kube, team["namespace"], name) if wait else None
+
+
+def workload(tier: FailoverTier, team: dict, name: str) -> dict:
+    return jobs.workload_of(tier.kube, team["namespace"], name)
+
+
+def flavor(tier: FailoverTier, team: dict, name: str) -> str | None:
+    return jobs.decision(tier.kube, team["namespace"], name).flavor
+
+
+def evictions(tier: FailoverTier) -> dict[str, str]:
+    """Every Workload with Evicted=True, any team: its owner RayJob -> the Preempted condition's reason."""
+    found = {}
+    for team in TEAMS:
+        for w in tier.kube.list(*jobs.WORKLOAD, namespace=team["namespace"]):
+            if condition(w, "Evicted") == "True":
+                owner = w["metadata"]["ownerReferences"][0]["name"]
+                found[owner] = condition_reason(w, "Preempted") or condition_reason(w, "Evicted")
+    return found
+
+
+def reserved_chips(tier: FailoverTier, team: dict, flavor_name: str) -> int:
+    """The TPU chips a team's Workloads hold on a flavor (quota reserved), summed over its whole chain."""
+    total = 0
+    for w in tier.kube.list(*jobs.WORKLOAD, namespace=team["namespace"]):
+        if condition(w, "QuotaReserved") == "True" and jobs.tpu_flavor(w) == flavor_name:
+            for assignment in w["status"]["admission"]["podSetAssignments"]:
+                if "google.com/tpu" in (assignment.get("resourceUsage") or {}):
+                    total += int(assignment["resourceUsage"]["google.com/tpu"])
+    return total
+
+
+def all_provisioning_requests(tier: FailoverTier) -> list[dict]:
+    return [r for t in TEAMS for r in tier.kube.list(*jobs.PROVISIONING_REQUEST, namespace=t["namespace"])]
+
+
+def play_kuberay_suspended(tier: FailoverTier, team: dict, name: str) -> None:
+    """What KubeRay does once Kueue suspends a RayJob: deletes its cluster and reports Suspended."""
+    wait_for(lambda: jobs.suspended(tier.kube.get(*jobs.RAYJOB, name, team["namespace"])), REACTION_TIMEOUT,
+             f"{name} suspended by Kueue")
+    tier.kube.patch(*jobs.RAYJOB, name, {"status": {"jobDeploymentStatus": "Suspended"}},
+                    namespace=team["namespace"], subresource="status")
+
+
+def play_stockout(tier: FailoverTier, team: dict, job: str) -> None:
+    """GKE in a stockout: KubeRay's TPU worker pod, and the autoscaler's FailedScaleUp event for it."""
+    namespace, cluster = team["namespace"], f"{job}-raycluster"
+    tier.kube.patch(*jobs.RAYJOB, job, {"status": {"rayClusterName": cluster}}, namespace=namespace,
+                    subresource="status")
+    (worker,) = jobs.dev_rayjob(job)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    pod = f"{cluster}-tpu-group-worker-0"
+    container = copy.deepcopy(worker["template"]["spec"]["containers"][0])
+    container.pop("volumeMounts", None)
+    tier.kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": pod, "namespace": namespace,
+        "labels": {"ray.io/cluster": cluster, "ray.io/group": worker["groupName"], "ray.io/node-type": "worker"}},
+        "spec": {"containers": [container]}})
+    moment = datetime.datetime.now(datetime.timezone.utc)
+    now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+    tier.kube.create({"apiVersion": "v1", "kind": "Event",
+                      "metadata": {"name": f"{pod}.{moment.timestamp():.0f}", "namespace": namespace},
+                      "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace},
+                      "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
+                      "source": {"component": "cluster-autoscaler"}, "count": 1,
+                      "firstTimestamp": now, "lastTimestamp": now})
+
+
+def test_the_team_objects_are_accepted_by_the_real_server(tier):
+    for m in tier.plan.kubernetes_manifests():
+        if m["kind"] in ("Cohort", "ClusterQueue", "LocalQueue", "RoleBinding", "Namespace"):
+            assert tier.kube.get(m["apiVersion"], m["kind"], m["metadata"]["name"],
+                                 m["metadata"].get("namespace")), (m["kind"], m["metadata"]["name"])
+    cohort = tier.kube.get("kueue.x-k8s.io/v1beta2", "Cohort", "team-b")
+    assert cohort["spec"]["parentName"] == "tpu-fallback"
+
+
+def test_a_local_queue_pointing_at_another_teams_queue_admits_nothing(clean):
+    tier = clean
+    tier.kube.create({"apiVersion": "kueue.x-k8s.io/v1beta2", "kind": "LocalQueue",
+                      "metadata": {"name": "sneaky", "namespace": TEAM_B["namespace"]},
+                      "spec": {"clusterQueue": "team-a-cluster-queue"}})
+    try:
+        w = submit(tier, TEAM_B, "b-sneaky", queue="sneaky")
+        time.sleep(2)  # on-demand and DWS are all free: only the namespace selector can stop it
+        w = workload(tier, TEAM_B, "b-sneaky")
+        assert condition(w, "QuotaReserved") == "False", w["status"]
+        assert "namespace" in next(c["message"] for c in w["status"]["conditions"] if c["type"] == "QuotaReserved")
+    finally:
+        tier.kube.delete("kueue.x-k8s.io/v1beta2", "LocalQueue", "sneaky", TEAM_B["namespace"])
+
+
+def test_a_stocked_out_job_walks_down_its_own_teams_chain(clean):
+    tier = clean
+    submit(tier, TEAM_A, "a-stockout")
+    assert flavor(tier, TEAM_A, "a-stockout") == "on-demand"
+    play_stockout(tier, TEAM_A, "a-stockout")
+    wait_for(lambda: (tier.kube.get(*jobs.RAYJOB, "a-stockout", TEAM_A["namespace"])["metadata"].get("labels") or {})
+             .get(jobs.QUEUE_LABEL) == "user-queue-dws", REACTION_TIMEOUT, "the move to A's dws rung")
+    w = wait_for(lambda: (w := workload(tier, TEAM_A, "a-stockout")) and condition(w, "QuotaReserved") == "True"
+                 and w, REACTION_TIMEOUT, "a-stockout re-admitted")
+    assert w["spec"]["queueName"] == "user-queue-dws"
+    assert w["status"]["admission"]["clusterQueue"] == "team-a-cluster-queue-dws"
+    assert jobs.tpu_flavor(w) == "dws"
+    jobs.wait_provisioning_request(tier.kube, TEAM_A["namespace"], "a-stockout", REACTION_TIMEOUT)
+    # Nothing of it anywhere else: no Workload, no request in the other teams' namespaces.
+    for other in (TEAM_B, TEAM_C):
+        assert not tier.kube.list(*jobs.WORKLOAD, namespace=other["namespace"])
+        assert not tier.kube.list(*jobs.PROVISIONING_REQUEST, namespace=other["namespace"])
+
+
+def test_own_jobs_and_jobs_moved_down_are_never_preempted(clean):
+    tier = clean
+    for name in ("a-1", "a-2", "a-3"):  # A's share, then the idle on-demand it borrows, all of it
+        submit(tier, TEAM_A, name)
+    submit(tier, TEAM_A, "a-dws", queue="user-queue-dws")  # a job already moved down the ladder
+    submit(tier, TEAM_A, "a-4")  # on-demand full: DWS
+    submit(tier, TEAM_A, "a-5")  # nothing left: waits
+    assert [flavor(tier, TEAM_A, n) for n in ("a-1", "a-2", "a-3", "a-dws", "a-4", "a-5")] == [
+        "on-demand", "on-demand", "on-demand", "dws", "dws", None]
+    time.sleep(3)
+    assert evictions(tier) == {}
+
+
+def test_reclaim_borrowing_limits_and_dws_capacity_across_teams(clean):
+    tier = clean
+    # C (no share) takes the on-demand slice nobody owns; B its share and A's idle one, then DWS up to its limit.
+    submit(tier, TEAM_C, "c-1")
+    for name in ("b-1", "b-2", "b-3", "b-4"):
+        submit(tier, TEAM_B, name)
+    submit(tier, TEAM_B, "b-5", wait=False)
+    time.sleep(1)
+    assert [flavor(tier, TEAM_B, n) for n in ("b-1", "b-2", "b-3", "b-4", "b-5")] == [
+        "on-demand", "on-demand", "dws", None, None]
+    assert flavor(tier, TEAM_C, "c-1") == "on-demand"
+    # B never holds more than its share plus its borrowing limit, on any rung, while jobs queue.
+    assert reserved_chips(tier, TEAM_B, "on-demand") == 2 * CHIPS_PER_SLICE
+    assert reserved_chips(tier, TEAM_B, "dws") == 1 * CHIPS_PER_SLICE
+    # B's DWS job gets its slice: from now on it must never be preempted.
+    request = jobs.wait_provisioning_request(tier.kube, TEAM_B["namespace"], "b-3")
+    jobs.mark_provisioned(tier.kube, request, "b-3-resize")
+    wait_for(lambda: condition(workload(tier, TEAM_B, "b-3"), "Admitted") == "True", REACTION_TIMEOUT, "b-3 admitted")
+
+    # A wants its share back: one borrower is preempted for it, and A runs on on-demand, not on DWS.
+    submit(tier, TEAM_A, "a-1")
+    victims = wait_for(lambda: evictions(tier), REACTION_TIMEOUT, "a reclaim")
+    assert len(victims) == 1 and set(victims.values()) == {"InCohortReclamation"}, victims
+    (victim,) = victims
+    assert victim in ("b-2", "c-1"), victims  # a borrower; never b-1 (B's own share) nor b-3 (DWS)
+    owner = TEAM_B if victim.startswith("b-") else TEAM_C
+    evicted = workload(tier, owner, victim)
+    assert condition_reason(evicted, "Evicted") == "Preempted"
+    play_kuberay_suspended(tier, owner, victim)
+    wait_for(lambda: flavor(tier, TEAM_A, "a-1") is not None, REACTION_TIMEOUT, "a-1 admitted")
+    assert flavor(tier, TEAM_A, "a-1") == "on-demand"
+    # A preemption is not a stockout: the controller moved nothing.
+    rayjob = tier.kube.get(*jobs.RAYJOB, victim, owner["namespace"])
+    assert decisions.FAILOVER_ANNOTATION not in (rayjob["metadata"].get("annotations") or {})
+    assert rayjob["metadata"]["labels"][jobs.QUEUE_LABEL] == "user-queue"
+
+    # DWS across all teams: more jobs queued on the DWS rungs than the pool has slices.
+    for team, name in ((TEAM_A, "a-dws"), (TEAM_C, "c-dws-1"), (TEAM_C, "c-dws-2")):
+        submit(tier, team, name, queue="user-queue-dws", wait=False)
+    time.sleep(2)
+    on_dws = [w for t in TEAMS for w in tier.kube.list(*jobs.WORKLOAD, namespace=t["namespace"])
+              if condition(w, "QuotaReserved") == "True" and jobs.tpu_flavor(w) == "dws"]
+    assert len(on_dws) == DWS_SLICES
+    assert len(all_provisioning_requests(tier)) <= DWS_SLICES
+    assert reserved_chips(tier, TEAM_B, "on-demand") <= 2 * CHIPS_PER_SLICE
+    # Through all of it, the DWS job that had its slice was never touched, and only the one borrower was evicted.
+    assert condition(workload(tier, TEAM_B, "b-3"), "Evicted") != "True"
+    assert condition(workload(tier, TEAM_B, "b-3"), "Admitted") == "True"
+    assert set(evictions(tier)) <= {victim}
