@@ -24,6 +24,9 @@ FAILOVER_ANNOTATION = "tpu-fallback/failover"
 MOVES_ANNOTATION = "tpu-fallback/moves"
 TPU_RESOURCE = "google.com/tpu"
 PODS_READY_TIMEOUT = "PodsReadyTimeout"
+# Kueue's eviction for another queue's claim (a team reclaiming its share, InCohortReclamation): capacity exists,
+# it is just someone else's. Never a move. Ref: kueue v0.19.2 apis/kueue/v1beta2/workload_types.go WorkloadPreempted
+PREEMPTED = "Preempted"
 STOCKOUT = "Stockout"
 MOVING, MOVED = "moving", "moved"
 # GKE's autoscaler on pods it could not get nodes for. Only a lack of capacity counts; a quota error does not.
@@ -210,6 +213,8 @@ def decide(chain: Chain, workload: WorkloadView, job_failover: str | None,
         rung = start if rung is None else rung
         return _move_to_next(chain, workload, start, rung, PODS_READY_TIMEOUT, now)
 
+    if workload.evicted_reason == PREEMPTED:
+        return None  # a preemption, not a stockout: Kueue requeues it where it was
     if (workload.admitted and chain.stocks_out_after_admission(workload.flavor) and stockout is not None
             and now - stockout >= grace):  # early path
         return _move_to_next(chain, workload, start, chain.index_of_flavor(workload.flavor), STOCKOUT, now)

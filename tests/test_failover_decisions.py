@@ -216,3 +216,13 @@ def test_a_preempted_job_is_never_moved():
         assert _decide(preempted) is None
     # The same Workload evicted for its pods' timeout is moved: the reason alone decides.
     assert isinstance(_decide(workload(evicted="PodsReadyTimeout", recorded="on-demand")), StartMove)
+
+
+def test_a_job_being_preempted_is_not_moved_early_even_with_stockout_events():
+    # Kueue marks Evicted=Preempted while the admission is still there (cleared a moment later); the autoscaler's
+    # stockout events for its pods must not turn the preemption into a move.
+    since = NOW - GRACE - datetime.timedelta(minutes=1)
+    being_preempted = workload(reserved_on="on-demand", recorded="on-demand", evicted="Preempted")
+    assert _decide(being_preempted, stockout=since) is None
+    admitted = workload(reserved_on="on-demand", recorded="on-demand")
+    assert isinstance(_decide(admitted, stockout=since), StartMove)  # the same job, not being preempted: moved

@@ -246,7 +246,9 @@ def test_enum_values_the_program_sets_are_the_ones_gke_allows():
                                                          "KUBELET"},
         "NodePoolAutoscaling.locationPolicy": {"ANY"},  # plan B; plan A leaves GKE's default
         "PlacementPolicy.type": {"COMPACT"},  # every multi-host slice
-        "ReservationAffinity.consumeReservationType": {"NO_RESERVATION"},
+        # The shipped platform stack has a reservation rung and a Spot rung (Pulumi.platform-us-east5-b.yaml).
+        "NodeTaint.effect": {"NO_SCHEDULE"},
+        "ReservationAffinity.consumeReservationType": {"NO_RESERVATION", "SPECIFIC_RESERVATION"},
         "WorkloadMetadataConfig.mode": {"GKE_METADATA"},
     }
 

@@ -25,6 +25,7 @@ from ops.status import cli, health, jobs
 from ops.status.ladder import CHAIN_ENV, FROM_CLUSTER_QUEUES, FROM_CONTROLLER, build_ladder, chain_of_controller
 from ops.status.render import duration, render_json, render_table, report_dict
 from ops.status.report import Snapshot, build_report
+from infra.rungs import RUNG_KINDS
 from tests.conftest import SHIPPED_STACKS, plan_for
 
 NOW = datetime.datetime(2026, 11, 30, 12, 0, 0, tzinfo=datetime.timezone.utc)
@@ -158,12 +159,13 @@ def rung_tuples(ladder) -> list[tuple]:
 def test_the_ladder_read_from_the_queues_is_the_controllers_chain(stack, overrides):
     found = plan_objects(stack, overrides)
     deployments = found.get("Deployment", [])
+    cohorts = found.get("Cohort", [])
     from_queues = build_ladder(found["ClusterQueue"], found["ResourceFlavor"], found.get("AdmissionCheck", []),
-                               found["LocalQueue"], None)
+                               found["LocalQueue"], None, cohorts)
     assert from_queues.source == FROM_CLUSTER_QUEUES
     if deployments:
         from_controller = build_ladder(found["ClusterQueue"], found["ResourceFlavor"], found["AdmissionCheck"],
-                                       found["LocalQueue"], deployments[0])
+                                       found["LocalQueue"], deployments[0], cohorts)
         assert from_controller.source == FROM_CONTROLLER
         expected = [(r.flavor, r.cluster_queue, r.local_queue, r.admission_check)
                     for r in chain_of_controller(deployments[0]).rungs]
@@ -171,8 +173,14 @@ def test_the_ladder_read_from_the_queues_is_the_controllers_chain(stack, overrid
     else:  # one rung: no controller, and the seed's names
         assert rung_tuples(from_queues) == [(from_queues.rungs[0].flavor, stack_kueue.CLUSTER_QUEUE,
                                              stack_kueue.LOCAL_QUEUE, from_queues.rungs[0].flavor == "dws")]
-    # Each flavor's quota lives in the queue that starts at it (infra.kueue.chain_flavor_quotas).
-    assert all(r.cluster_queue == r.entry_queue for r in from_queues.rungs)
+    # Every rung shows the whole capacity behind it, wherever its quota lives.
+    chips = plan_for(stack, overrides).outputs["tpuChips"]
+    by_flavor = {kind.flavor: chips[key] for key, kind in RUNG_KINDS.items() if key in chips}
+    assert {r.flavor: r.quota_of().nominal for r in from_queues.rungs} == by_flavor
+    if not cohorts:  # one team: each flavor's quota lives in the queue that starts at it (infra.kueue)
+        assert all(r.cluster_queue == r.entry_queue for r in from_queues.rungs)
+    else:  # several teams: shares on the teams' queues, the rest on the root Cohort (infra/teams.py)
+        assert all(r.cluster_queue for r in from_queues.rungs)
 
 
 def test_the_ladder_has_four_rungs_in_the_configured_order():

@@ -2,7 +2,8 @@
 
 The rungs come from the failover controller's FAILOVER_CHAIN when its Deployment exists (the stack's `queueChain`),
 else from the ClusterQueues themselves: a rung is a flavor with TPU quota, in the order of the queue that lists the
-most of them (the chain's top queue tries every rung). The names follow infra/kueue.py: `cluster-queue` /
+most of them (the chain's top queue tries every rung). With several teams (infra/teams.py) quota also lives on
+Cohorts: the root holds the shared rungs and what no team was given, so Cohorts count as quota holders too. The names follow infra/kueue.py: `cluster-queue` /
 `user-queue` start at rung 0, `cluster-queue-<flavor>` / `user-queue-<flavor>` at that flavor's rung.
 """
 
@@ -135,9 +136,10 @@ def chain_of_controller(deployment: Mapping | None) -> Chain | None:
     return None
 
 
-def rung_flavors(cluster_queues: Sequence[Mapping]) -> list[str]:
+def rung_flavors(cluster_queues: Sequence[Mapping], cohorts: Sequence[Mapping] = ()) -> list[str]:
     """Flavors with TPU quota somewhere, in the order of the queue that lists the most of them, then the rest."""
-    with_tpus = {f for cq in cluster_queues for f in flavor_order(cq) if nominal_quota(cq, f) > 0}
+    with_tpus = {f for holder in (*cluster_queues, *cohorts) for f in flavor_order(holder)
+                 if nominal_quota(holder, f) > 0}
     lists = sorted(([f for f in flavor_order(cq) if f in with_tpus] for cq in cluster_queues),
                    key=lambda flavors: -len(flavors))  # stable: ties keep the queues' name order
     ordered: list[str] = []
@@ -175,18 +177,21 @@ def local_queue_of(local_queues: Iterable[Mapping], cluster_queue: str | None,
     return pointing[0] if pointing else None
 
 
-def holder_of(cluster_queues: Sequence[Mapping], flavor: str) -> str | None:
-    return next((name_of(cq) for cq in cluster_queues if nominal_quota(cq, flavor) > 0), None)
+def holder_of(cluster_queues: Sequence[Mapping], flavor: str, cohorts: Sequence[Mapping] = ()) -> str | None:
+    """The ClusterQueue holding the flavor's quota; else the Cohort (shown as `cohort <name>`)."""
+    queue = next((name_of(cq) for cq in cluster_queues if nominal_quota(cq, flavor) > 0), None)
+    cohort = next((name_of(c) for c in cohorts if nominal_quota(c, flavor) > 0), None)
+    return queue or (f"cohort {cohort}" if cohort else None)
 
 
-def quota_of(cluster_queues: Sequence[Mapping], flavor: str) -> tuple[Quota, ...]:
+def quota_of(cluster_queues: Sequence[Mapping], flavor: str, cohorts: Sequence[Mapping] = ()) -> tuple[Quota, ...]:
     resources: list[str] = []
     for cq in cluster_queues:
         resources += [r for r in covered_resources(cq) if r not in resources]
     quotas = []
     for resource in resources:
         listing = [cq for cq in cluster_queues if flavor in flavor_order(cq)]
-        nominal = sum((nominal_quota(cq, flavor, resource) for cq in listing), Decimal(0))
+        nominal = sum((nominal_quota(holder, flavor, resource) for holder in (*listing, *cohorts)), Decimal(0))
         reservation = [status_amount(cq, "flavorsReservation", flavor, resource) for cq in listing]
         usage = [status_amount(cq, "flavorsUsage", flavor, resource) for cq in listing]
         quotas.append(Quota(resource, nominal, sum((t for t, _ in reservation), Decimal(0)),
@@ -204,7 +209,7 @@ def queue_view(cluster_queue: Mapping) -> QueueView:
 
 def build_ladder(cluster_queues: Sequence[Mapping], resource_flavors: Sequence[Mapping],
                  admission_checks: Sequence[Mapping], local_queues: Sequence[Mapping],
-                 controller: Mapping | None) -> Ladder:
+                 controller: Mapping | None, cohorts: Sequence[Mapping] = ()) -> Ladder:
     """The rungs, from the controller's chain when it has one, else from the ClusterQueues."""
     cluster_queues = sorted(cluster_queues, key=name_of)
     by_name = {name_of(cq): cq for cq in cluster_queues}
@@ -217,19 +222,19 @@ def build_ladder(cluster_queues: Sequence[Mapping], resource_flavors: Sequence[M
         entries = [(r.cluster_queue, r.local_queue) for r in chain.rungs]
     else:
         source = FROM_CLUSTER_QUEUES
-        flavors = rung_flavors(cluster_queues)
+        flavors = rung_flavors(cluster_queues, cohorts)
         entries = []
         for index, flavor in enumerate(flavors):
             entry = entry_queue(cluster_queues, flavors, index)
             entries.append((entry, local_queue_of(local_queues, entry, conventional_queues(index, flavor))))
     rungs = []
     for index, (flavor, (entry, local)) in enumerate(zip(flavors, entries)):
-        holder = holder_of(cluster_queues, flavor)
-        checks = checks_on(by_name.get(holder or entry or ""), flavor)
+        holder = holder_of(cluster_queues, flavor, cohorts)
+        checks = checks_on(by_name.get(holder or "") or by_name.get(entry or ""), flavor)
         check = checks[0] if checks else None
         rungs.append(RungView(index, flavor, holder, entry, local, check,
                               None if check is None else checks_active.get(check, False),
-                              flavor in existing, quota_of(cluster_queues, flavor)))
+                              flavor in existing, quota_of(cluster_queues, flavor, cohorts)))
     return Ladder(tuple(rungs), tuple(queue_view(cq) for cq in cluster_queues), source)
 
 

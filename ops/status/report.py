@@ -31,6 +31,7 @@ class Snapshot:
     namespace: str | None
     context: str | None = None
     cluster_queues: list[dict] = field(default_factory=list)
+    cohorts: list[dict] = field(default_factory=list)  # several teams: shared quota lives on the root Cohort
     resource_flavors: list[dict] = field(default_factory=list)
     admission_checks: list[dict] = field(default_factory=list)
     local_queues: list[dict] = field(default_factory=list)
@@ -103,7 +104,7 @@ def rung_statuses(ladder: Ladder, views: Sequence[JobView]) -> tuple[RungStatus,
 def build_report(snapshot: Snapshot, only: Sequence[str] = ()) -> Report:
     """The report; `only` limits the jobs to those names (the rungs still count every job shown)."""
     ladder = build_ladder(snapshot.cluster_queues, snapshot.resource_flavors, snapshot.admission_checks,
-                          snapshot.local_queues, snapshot.controller)
+                          snapshot.local_queues, snapshot.controller, snapshot.cohorts)
     targets = local_queue_targets(snapshot.local_queues)
     views = [job_view(job, snapshot, ladder, targets) for job in sorted(snapshot.rayjobs, key=key_of)]
     shown = tuple(v for v in views if not only or v.name in only)

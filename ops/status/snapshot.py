@@ -16,6 +16,7 @@ from infra.kueue import KUEUE_API_VERSION
 from ops.status.report import Snapshot
 
 CLUSTER_QUEUE = (KUEUE_API_VERSION, "ClusterQueue")
+COHORT = (KUEUE_API_VERSION, "Cohort")
 RESOURCE_FLAVOR = (KUEUE_API_VERSION, "ResourceFlavor")
 ADMISSION_CHECK = (KUEUE_API_VERSION, "AdmissionCheck")
 LOCAL_QUEUE = (KUEUE_API_VERSION, "LocalQueue")
@@ -75,6 +76,7 @@ class ClusterReader:
                 return []
 
         snapshot.cluster_queues = listed(CLUSTER_QUEUE)
+        snapshot.cohorts = listed(COHORT)
         snapshot.resource_flavors = listed(RESOURCE_FLAVOR)
         snapshot.admission_checks = listed(ADMISSION_CHECK)
         snapshot.local_queues = listed(LOCAL_QUEUE, namespace)
