@@ -111,8 +111,8 @@ class TestStackOnRealKueue:
         def settled():
             found = [jobs.decision(kube, scenario.namespace, job) for job in scenario.job_names]
             complete = all((d.flavor != "dws") or d.checks for d in found)
-            return found if complete else None
-        decisions = wait_for(settled, DECISION_TIMEOUT, "admission checks on the DWS jobs")
+            return (found,) if complete else None  # a tuple: a stack without jobs settles at once
+        (decisions,) = wait_for(settled, DECISION_TIMEOUT, "admission checks on the DWS jobs")
         assert [d.flavor for d in decisions] == expected, decisions
         for want, got in zip(expected, decisions):
             rayjob = kube.get(*jobs.RAYJOB, got.job, scenario.namespace)
