@@ -156,6 +156,8 @@ def test_a_restart_mid_move_finishes_the_move(clean):
     jobs.wait_provisioning_request(tier.kube, NAMESPACE, "restart", timeout=REACTION_TIMEOUT)
     assert tier.queues_of("restart") == ("user-queue-dws", "user-queue-dws")
     assert jobs.workload_of(tier.kube, NAMESPACE, "restart")["spec"].get("active", True) is True
-    assert tier.move_of("restart") == move.done()
+    # The done mark is the move's last write, after the reactivation that lets Kueue create the request: the two
+    # race, so wait for it (the cause of this test's one unexplained failure, captured in the kept logs since).
+    wait_for(lambda: tier.move_of("restart") == move.done(), REACTION_TIMEOUT, "the move marked done")
     assert len(tier.moves_recorded("restart")) == 1
 
