@@ -116,8 +116,10 @@ def test_early_path_moves_on_the_autoscalers_stockout_before_the_timeout(clean):
           f"(grace {GRACE_SECONDS} s)")
     assert time_to_plan_b < PODS_READY_TIMEOUT_SECONDS
     assert time_to_plan_b <= GRACE_SECONDS + TIME_TO_PLAN_B_SLACK
-    move = tier.move_of("stockout-early")
-    assert (move.reason, move.state) == ("Stockout", decisions.MOVED)
+    # The done mark is written after the reactivation that lets Kueue create the request: wait for it.
+    move = wait_for(lambda: (m := tier.move_of("stockout-early")) and m.state == decisions.MOVED and m,
+                    REACTION_TIMEOUT, "the move marked done")
+    assert move.reason == "Stockout"
     workload = jobs.workload_of(tier.kube, NAMESPACE, "stockout-early")
     assert workload["spec"].get("active", True) is True  # it always ends active
 
