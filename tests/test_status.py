@@ -381,6 +381,10 @@ def test_reactivated_before_it_was_ever_admitted_is_back_in_the_queue():
     plain = rayjob("reactivated")
     view = one_job(plain, workload(plain, conditions))
     assert (view.state, view.detail) == (jobs.WAITING_FOR_QUOTA, "evicted earlier: deactivated; insufficient unused quota")
+    # Moved before Kueue reconciled the deactivation (seen on the tier): no Evicted condition, still moved here.
+    quick = rayjob("moved-quickly", queue="user-queue-dws", annotations=job["metadata"]["annotations"])
+    view = one_job(quick, workload(quick, pending(300, "insufficient unused quota")))
+    assert view.detail == "moved here from on-demand by the failover controller; insufficient unused quota"
 
 
 def test_a_move_in_progress_and_the_moves_so_far():

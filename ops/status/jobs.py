@@ -219,11 +219,13 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     pending = found.get("QuotaReserved")
     since = changed_at(requeued) if evicted is not None and is_true(requeued) else None
     detail = kueue_message(pending)
-    if evicted is not None:
-        # A move deactivates the Workload on purpose: say so rather than "deactivated".
-        moved = last_move is not None and (evicted.get("reason") or "").startswith(DEACTIVATED_REASON)
-        earlier = (f"moved here from {last_move.from_flavor} by the failover controller" if moved
-                   else f"evicted earlier: {eviction_words(evicted.get('reason'))}")
+    # A move deactivates the Workload on purpose: say it was moved here rather than "deactivated". Judged by the move's
+    # target, not by the Evicted condition: a pending Workload moved before Kueue reconciled its deactivation never
+    # gets one (seen on the tier, where the status test once found no Evicted condition after a move).
+    moved_here = last_move is not None and last_move.local_queue == view.queue_name
+    earlier = (f"moved here from {last_move.from_flavor} by the failover controller" if moved_here
+               else f"evicted earlier: {eviction_words(evicted.get('reason'))}" if evicted is not None else "")
+    if earlier:
         detail = earlier + (f"; {detail}" if detail else "")
     return State(WAITING_FOR_QUOTA, "waiting for quota", since or changed_at(pending) or created_at(workload), detail)
 
