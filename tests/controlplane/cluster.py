@@ -19,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from infra import kueue as stack_kueue
+from tests import upstream
 from tests.controlplane import build, chart, pki
 from tests.controlplane.kube import Kube, wait_for
 from tests.controlplane.processes import Supervisor, free_port, http_ok
@@ -157,13 +158,16 @@ class ControlPlane:
                                    60, "/healthz")
 
     def _install_crds(self) -> None:
-        """Kueue's CRDs from the chart (conversion by the local Kueue), KubeRay's, and the ProvisioningRequest
-        CRD, which must exist before Kueue starts or Kueue skips its provisioning controller."""
+        """Kueue's CRDs from the chart (conversion by the local Kueue), KubeRay's, the ProvisioningRequest
+        CRD, which must exist before Kueue starts or Kueue skips its provisioning controller, and GMP's
+        PodMonitoring, which GKE's managed collection brings (before the garbage collector starts: measured, a
+        PodMonitoring's foreground deletion waited 24 s for its 30 s rediscovery when the CRD came later)."""
         crds = [chart.local_crd(crd, self.webhook_port, self.ca.cert_pem) for crd in self.chart.crds()]
         ray_dir = build.module_dir("kuberay") / "config" / "crd" / "bases"
         crds += [yaml.safe_load((ray_dir / name).read_text()) for name in RAY_CRDS]
         autoscaler_dir = build.module_dir("autoscaler") / "config" / "crd"
         crds.append(yaml.safe_load((autoscaler_dir / PROVISIONING_REQUEST_CRD).read_text()))
+        crds.append(yaml.safe_load(upstream.path(upstream.PODMONITORING_CRD).read_text()))
         for crd in crds:
             self.kube.create(crd)
         for crd in crds:

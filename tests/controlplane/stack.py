@@ -13,19 +13,13 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import yaml
-
 from infra.offline import Plan, Recorded
-from tests import upstream
 from tests.controlplane.kube import Kube, condition, wait_for
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 WAIT_FOR = "pulumi.com/waitFor"
 DELETION_POLICY = "pulumi.com/deletionPropagationPolicy"
 PULUMI_DELETE_TIMEOUT = 300.0
-# CRDs a GKE cluster brings and the tier does not start with: installed, from their upstream module, before the
-# first object of their kind (and kept, as GKE keeps them), so the server judges those objects too.
-GKE_CRDS = {("monitoring.googleapis.com/v1", "PodMonitoring"): upstream.PODMONITORING_CRD}
 
 
 @dataclass(frozen=True)
@@ -95,7 +89,6 @@ def deploy(kube: Kube, plan: Plan, wait_timeout: float = 60.0,
     for step in steps:
         if step.manifest is None:
             continue  # the tier already runs Kueue with what this release renders
-        ensure_gke_crd(kube, step.manifest, wait_timeout)
         kube.create(step.manifest)
         awaited = (step.manifest["metadata"].get("annotations") or {}).get(WAIT_FOR)
         if awaited:
@@ -106,16 +99,6 @@ def deploy(kube: Kube, plan: Plan, wait_timeout: float = 60.0,
         if after_create is not None:
             after_create(step)
     return deployed
-
-
-def ensure_gke_crd(kube: Kube, manifest: dict, timeout: float) -> None:
-    item = GKE_CRDS.get((manifest["apiVersion"], manifest["kind"]))
-    if item is None:
-        return
-    crd = yaml.safe_load(upstream.path(item).read_text())
-    if kube.get("apiextensions.k8s.io/v1", "CustomResourceDefinition", crd["metadata"]["name"]) is None:
-        kube.create(crd)
-        kube.wait_crd_established(crd["metadata"]["name"], timeout)
 
 
 def deletion_policy(manifest: dict) -> str:
