@@ -152,13 +152,15 @@ def plan_flavor(plan: PlanSettings) -> dict:
     return _manifest("ResourceFlavor", plan.flavor, spec)
 
 
-def _quota(name: str, cpu: int, memory_gib: int, tpu_chips: int) -> dict:
+def flavor_quota(name: str, cpu: int, memory_gib: int, tpu_chips: int) -> dict:
+    """One flavor's entry in a resource group: cpu, memory and TPU chips (infra/teams.py builds shares with it)."""
     values = (str(cpu), f"{memory_gib}Gi", str(tpu_chips))
     return {"name": name, "resources": [
         {"name": resource, "nominalQuota": value} for resource, value in zip(COVERED_RESOURCES, values)]}
 
 
-def _no_quota(name: str) -> dict:
+def no_quota(name: str) -> dict:
+    """A flavor listed with nothing of its own: the queue can still borrow it from its Cohort."""
     return {"name": name, "resources": [{"name": resource, "nominalQuota": "0"} for resource in COVERED_RESOURCES]}
 
 
@@ -169,11 +171,11 @@ def flavor_quotas(settings: PlatformSettings) -> list[dict]:
     retry them forever (kubernetes-sigs/kueue#5129); a quota equal to pool capacity keeps such jobs queued.
     """
     system, tpu = settings.system_pool, settings.tpu
-    quotas = [_quota(DEFAULT_FLAVOR, system.node_count * system.machine.vcpus,
+    quotas = [flavor_quota(DEFAULT_FLAVOR, system.node_count * system.machine.vcpus,
                      system.node_count * system.machine.memory_gib, 0)]
     for plan in settings.plans:
         hosts = plan.hosts(settings.tpu)
-        quotas.append(_quota(plan.flavor, hosts * tpu.machine_type.vcpus,
+        quotas.append(flavor_quota(plan.flavor, hosts * tpu.machine_type.vcpus,
                              hosts * tpu.machine_type.memory_gib, plan.chips(tpu)))
     return quotas
 
@@ -216,7 +218,7 @@ def chain_flavor_quotas(settings: PlatformSettings) -> dict[str, list[dict]]:
     for index, rung in enumerate(chain):
         owned = set() if settings.teams else {rung.flavor, DEFAULT_FLAVOR} if index == 0 else {rung.flavor}
         flavors = [DEFAULT_FLAVOR, *(lower.flavor for lower in chain[index:])]
-        queues[rung.cluster_queue] = [capacity[name] if name in owned else _no_quota(name) for name in flavors]
+        queues[rung.cluster_queue] = [capacity[name] if name in owned else no_quota(name) for name in flavors]
     return queues
 
 

@@ -55,11 +55,11 @@ def team_chain(settings: PlatformSettings, team: TeamSettings) -> tuple[QueueRun
 def _slice_quota(settings: PlatformSettings, flavor: str, slices: int) -> dict:
     tpu = settings.tpu
     hosts = slices * tpu.hosts
-    return kq._quota(flavor, hosts * tpu.machine_type.vcpus, hosts * tpu.machine_type.memory_gib, slices * tpu.chips)
+    return kq.flavor_quota(flavor, hosts * tpu.machine_type.vcpus, hosts * tpu.machine_type.memory_gib, slices * tpu.chips)
 
 
 def _head_quota(slices: int) -> dict:
-    return kq._quota(DEFAULT_FLAVOR, slices * JOB_HEAD_CPU, slices * JOB_HEAD_MEMORY_GIB, 0)
+    return kq.flavor_quota(DEFAULT_FLAVOR, slices * JOB_HEAD_CPU, slices * JOB_HEAD_MEMORY_GIB, 0)
 
 
 def _set_limit(quota: dict, field: str, resources: Sequence[str], value: str) -> dict:
@@ -77,7 +77,7 @@ def team_share_quotas(settings: PlatformSettings, team: TeamSettings) -> list[di
     quotas = [head]
     for rung in queue_chain(settings):
         slices = shares.get(rung.flavor, 0)
-        quota = _slice_quota(settings, rung.flavor, slices) if slices else kq._no_quota(rung.flavor)
+        quota = _slice_quota(settings, rung.flavor, slices) if slices else kq.no_quota(rung.flavor)
         if slices and team.lending_limit is not None:
             _set_limit(quota, "lendingLimit", (TPU_RESOURCE,), str(team.lending_limit * settings.tpu.chips))
         quotas.append(quota)
@@ -121,8 +121,8 @@ def team_cohort(settings: PlatformSettings, team: TeamSettings) -> dict:
     spec: dict = {"parentName": kq.COHORT}
     if team.borrowing_limit is not None:
         chips = str(team.borrowing_limit * settings.tpu.chips)
-        flavors = [kq._no_quota(DEFAULT_FLAVOR)] + [
-            _set_limit(kq._no_quota(rung.flavor), "borrowingLimit", (TPU_RESOURCE,), chips)
+        flavors = [kq.no_quota(DEFAULT_FLAVOR)] + [
+            _set_limit(kq.no_quota(rung.flavor), "borrowingLimit", (TPU_RESOURCE,), chips)
             for rung in queue_chain(settings)]
         spec["resourceGroups"] = _resource_groups(flavors)
     return kq._manifest(COHORT_KIND, team.name, spec)
@@ -135,7 +135,7 @@ def team_cluster_queues(settings: PlatformSettings, team: TeamSettings) -> list[
     share = team_share_quotas(settings, team)
     queues = []
     for index, rung in enumerate(rungs):
-        flavors = share if index == 0 else [kq._no_quota(name) for name in
+        flavors = share if index == 0 else [kq.no_quota(name) for name in
                                             (DEFAULT_FLAVOR, *(lower.flavor for lower in rungs[index:]))]
         manifest = kq._cluster_queue(settings, rung.cluster_queue, flavors, in_cohort=True)
         spec = manifest["spec"]
