@@ -86,6 +86,7 @@ GUARANTEED_RUNGS = ("reservation", "onDemand")
 # Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/jobs/rayjob/rayjob_controller.go#L252-L263
 JOB_HEAD_CPU = 3
 JOB_HEAD_MEMORY_GIB = 5
+SUBMITTER_CPU, SUBMITTER_MEMORY_GIB = 0.5, 200 / 1024  # what Kueue counts for KubeRay's submitter pod set
 # Namespaces no team may take: Kubernetes' and GKE's own (kube-*, gke-*, GMP's), Kueue's and the failover
 # controller's (their objects and RBAC would be editable by the team's groups), and `default`, where the platform's
 # own chain keeps its LocalQueues under the same names a team's get.

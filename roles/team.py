@@ -18,11 +18,12 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.settings import DEFAULTS, ConfigReader, PlatformSettings
+from infra.settings import (DEFAULTS, JOB_HEAD_CPU, JOB_HEAD_MEMORY_GIB, SUBMITTER_CPU, SUBMITTER_MEMORY_GIB,
+                            ConfigReader, PlatformSettings)
 from roles.contract import (KUBECONFIG_OUTPUT, PLATFORM_OUTPUT, TEAMS_OUTPUT, cluster_id, settings_from_output,
                             team_from_output)
 from workloads.jobs import PlatformHandles, TeamNamespace, TrainingJobs
-from workloads.settings import WORKLOAD_DEFAULTS, read_workload_settings
+from workloads.settings import WORKLOAD_DEFAULTS, WorkloadSettings, cpu_cores, memory_gib, read_workload_settings
 
 PLATFORM_STACK_KEY = "platformStack"
 TEAM_KEY = "team"
@@ -119,6 +120,19 @@ def read_platform(reader: ConfigReader, stack: TeamStackSettings, published: Any
         return platform, None
 
 
+def check_head_within_share(reader: ConfigReader, workloads: WorkloadSettings) -> None:
+    """A team's share holds each job's Ray head at the platform's per-job size (infra/settings.py JOB_HEAD_CPU).
+    A bigger head borrows CPU for every job, and a job that borrows anything cannot reclaim the team's share
+    (measured: ../shared/notes/kueue-multi-team.md): reclaim would silently never happen."""
+    for field, given, amount, extra, limit, unit in (
+            ("headCpu", workloads.head_cpu, cpu_cores(workloads.head_cpu), SUBMITTER_CPU, JOB_HEAD_CPU, "vCPU"),
+            ("headMemory", workloads.head_memory, memory_gib(workloads.head_memory), SUBMITTER_MEMORY_GIB,
+             JOB_HEAD_MEMORY_GIB, "GiB")):
+        reader.check(f"{WORKLOADS_KEY}.{field}", amount is None or amount + extra <= limit,
+                     f"{given} with the submitter is more than the {limit} {unit} per job the team's share holds: "
+                     "every job would borrow, and a job that borrows cannot reclaim the team's share")
+
+
 def deploy() -> None:
     """Declare the team's workloads on the platform stack's cluster."""
     reader = ConfigReader(pulumi.Config())
@@ -147,6 +161,7 @@ def deploy() -> None:
                          workloads.namespace in (WORKLOAD_DEFAULTS["namespace"], team.namespace),
                          f"{workloads.namespace!r}: a team stack deploys into its team's namespace "
                          f"{team.namespace!r} (from {stack.platform_stack}); remove it")
+            check_head_within_share(reader, workloads)
         reader.raise_if_failed()
         workloads = dataclasses.replace(workloads, namespace=team.namespace)
 

@@ -161,6 +161,9 @@ def _problems(overrides: dict[str, object] | None = None, references: dict[str, 
     ({"teamz": "prod"}, "teamz", "unknown key"),
     ({"workloads": {"namespace": "research"}}, "workloads.namespace", "deploys into its team's namespace"),
     ({"workloads": {"headCpu": "64"}}, "workloads.headCpu", "does not fit one n2-standard-16"),
+    # Fits the pool, but more than the share holds per job: every job would borrow, so reclaim would never happen.
+    ({"workloads": {"headCpu": "3"}}, "workloads.headCpu", "cannot reclaim the team's share"),
+    ({"workloads": {"headMemory": "6Gi"}}, "workloads.headMemory", "cannot reclaim the team's share"),
     ({"workloads": {"trainingArgs": ["--batch-size", "12"]}}, "workloads.trainingArgs", "slice's 8 chips"),
 ])
 def test_a_bad_team_stack_fails_naming_the_key(overrides, key, message):

@@ -61,12 +61,12 @@ class WorkloadSettings:
         return tuple(f"{self.name_prefix}-{i}" for i in range(1, self.jobs + 1))
 
 
-def _cpu_cores(value: str) -> float | None:
+def cpu_cores(value: str) -> float | None:
     match = _CPU.match(value)
     return None if match is None else int(match[1]) / (1000 if match[2] else 1)
 
 
-def _memory_gib(value: str) -> float | None:
+def memory_gib(value: str) -> float | None:
     match = _MEMORY.match(value)
     return None if match is None else int(match[1]) / (1024 if match[2] == "Mi" else 1)
 
@@ -113,8 +113,8 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings | No
     # KubeRay names the head service <rayjob>-<random>-head-svc; the RayJob name must leave room for that.
     reader.check("workloads.namePrefix", bool(_DNS_LABEL.match(name_prefix)) and len(longest) <= 40,
                  f"{name_prefix!r}: job names like {longest!r} must be DNS labels of at most 40 characters")
-    for field, parse in (("headCpu", _cpu_cores), ("headMemory", _memory_gib), ("workerCpu", _cpu_cores),
-                         ("workerMemory", _memory_gib)):
+    for field, parse in (("headCpu", cpu_cores), ("headMemory", memory_gib), ("workerCpu", cpu_cores),
+                         ("workerMemory", memory_gib)):
         amount = parse(raw[field])
         if amount is None:
             reader.fail(f"workloads.{field}", f"{raw[field]!r} is not a quantity like "
