@@ -14,7 +14,7 @@ from failover import decisions
 from infra import kueue as stack_kueue
 from tests.controlplane import jobs
 from tests.controlplane.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS, RESYNC_SECONDS,
-                                              start_failover_tier)
+                                              controller_running, start_failover_tier)
 from tests.controlplane.kube import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -29,13 +29,8 @@ REACTION_TIMEOUT = 60
 
 @pytest.fixture(scope="module")
 def tier(request):
-    tier = start_failover_tier()
-    tier.start_controller()
-    yield tier
-    failed = request.session.testsfailed > 0
-    tier.plane.stop(keep_workdir=failed)  # the controller's and Kueue's logs, for whoever reads the failure
-    if failed:
-        print(f"\nfailover tier logs kept in {tier.plane.supervisor.logs}")
+    with controller_running(start_failover_tier(), request.session) as tier:
+        yield tier
 
 
 @pytest.fixture

@@ -11,7 +11,8 @@ import pytest
 
 from failover import decisions
 from tests.controlplane import jobs
-from tests.controlplane.failover_tier import GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS, start_failover_tier
+from tests.controlplane.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS,
+                                              controller_running, start_failover_tier)
 from tests.controlplane.kube import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -22,13 +23,8 @@ REACTION_TIMEOUT = 60  # as in test_failover_controlplane.py: four test files sh
 
 @pytest.fixture(scope="module")
 def tier(request):
-    tier = start_failover_tier()
-    tier.start_controller(resync=RESYNC_SECONDS)
-    yield tier
-    failed = request.session.testsfailed > 0
-    tier.plane.stop(keep_workdir=failed)
-    if failed:
-        print(f"\nfailover tier logs kept in {tier.plane.supervisor.logs}")
+    with controller_running(start_failover_tier(), request.session, resync=RESYNC_SECONDS) as tier:
+        yield tier
 
 
 @pytest.fixture

@@ -4,11 +4,13 @@ from `failover/` with its ServiceAccount's token (not admin), and what the tests
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import datetime
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from failover import decisions
@@ -147,6 +149,20 @@ class FailoverTier:
         return [e for e in self.kube.list("v1", "Event", namespace=NAMESPACE)
                 if e["involvedObject"].get("kind") == "RayJob" and e["involvedObject"]["name"] == job
                 and e["reason"] == "MovedToNextRung"]
+
+
+@contextlib.contextmanager
+def controller_running(tier: FailoverTier, session, resync: float = RESYNC_SECONDS) -> Iterator[FailoverTier]:
+    """The tier with its failover controller, for a module's tests; stopped at the end, its logs (the
+    controller's, Kueue's) kept when a test of the session failed, for whoever reads the failure."""
+    try:
+        tier.start_controller(resync=resync)
+        yield tier
+    finally:
+        failed = session.testsfailed > 0
+        tier.plane.stop(keep_workdir=failed)
+        if failed:
+            print(f"\nfailover tier logs kept in {tier.plane.supervisor.logs}")
 
 
 def start_failover_tier(**settings) -> FailoverTier:
