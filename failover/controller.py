@@ -219,11 +219,13 @@ class Controller:
         view, now = cached.view, self.clock()
         job = None
         stockout = None
-        if view.admitted and self.chain.stocks_out_after_admission(view.flavor) and self._events(view.namespace):
+        events = self._events(view.namespace) if view.admitted and self.chain.stocks_out_after_admission(
+            view.flavor) else []
+        if events:
             job = self._get(self.rayjobs, view.rayjob, view.namespace)
             if job is None:
                 return 0
-            stockout = decisions.stockout_since(self._events(view.namespace), self._tpu_pods(job), view.admitted_at)
+            stockout = decisions.stockout_since(events, self._tpu_pods(job), view.admitted_at)
         action = decisions.decide(self.chain, view, annotation, stockout, self.grace, now)
         if action is None:
             if stockout is not None:  # the grace period ends at a known time: look again then

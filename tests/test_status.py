@@ -12,6 +12,7 @@ import copy
 import datetime
 import io
 import json
+from collections.abc import Callable
 
 import pytest
 import yaml
@@ -118,7 +119,7 @@ def admitted(seconds_ago: float = 40, pods_ready: float | None = None) -> list[d
 def evicted(reason: str, seconds_ago: float = 20, requeued: float | None = None) -> list[dict]:
     found = [condition("QuotaReserved", False, "Pending", seconds_ago),
              condition("Admitted", False, "NoReservation", seconds_ago),
-             condition("Evicted", True, reason, seconds_ago, f"Exceeded the PodsReady timeout default/x"
+             condition("Evicted", True, reason, seconds_ago, "Exceeded the PodsReady timeout default/x"
                        if reason == PODS_READY_TIMEOUT else "The workload is deactivated")]
     if requeued is None:
         return found + [condition("Requeued", False, reason, seconds_ago)]
@@ -559,7 +560,7 @@ def test_the_moves_and_a_not_deployed_controller_in_the_table():
         FAILOVER_ANNOTATION: move.done().to_json(), MOVES_ANNOTATION: with_move_recorded(None, move)})
     report = build_report(dev_snapshot(rayjobs=[job], workloads=[workload(job, pending(60))], controller=None))
     text = render_table(report)
-    assert f"moved\n  why: " in text and f"  moves: on-demand -> dws ({PODS_READY_TIMEOUT}, {ago(120)})" in text
+    assert "moved\n  why: " in text and f"  moves: on-demand -> dws ({PODS_READY_TIMEOUT}, {ago(120)})" in text
     assert "not deployed" in text
     assert "rungs from the ClusterQueues" in text
     crashing = {"type": "Available", "status": "False", "message": "Deployment does not have minimum availability."}
@@ -638,27 +639,26 @@ def test_an_unknown_context_and_a_bad_interval_are_errors(kubeconfig):
     assert code == 2 and "--interval" in err
 
 
-def test_watch_redraws_until_interrupted(kubeconfig):
-    sleeps = []
+def interrupted_after(redraws: int) -> tuple[list[float], Callable[[float], None]]:
+    """A sleep that records its waits and presses Ctrl-C at the given one."""
+    sleeps: list[float] = []
 
-    def sleep(seconds):
+    def sleep(seconds: float) -> None:
         sleeps.append(seconds)
-        if len(sleeps) == 3:
+        if len(sleeps) == redraws:
             raise KeyboardInterrupt
+    return sleeps, sleep
 
+
+def test_watch_redraws_until_interrupted(kubeconfig):
+    sleeps, sleep = interrupted_after(3)
     code, out, _, reader = status(["--kubeconfig", kubeconfig, "-w", "--interval", "0.5"], sleep=sleep)
     assert code == 0 and sleeps == [0.5, 0.5, 0.5] and len(reader.asked) == 3
     assert out.count(cli.CLEAR_SCREEN) == 3 and out.count("JOBS (namespace research)") == 3
 
 
 def test_watch_as_json_prints_one_document_per_line(kubeconfig):
-    sleeps = []
-
-    def sleep(seconds):
-        sleeps.append(seconds)
-        if len(sleeps) == 2:
-            raise KeyboardInterrupt
-
+    _, sleep = interrupted_after(2)
     code, out, _, _ = status(["--kubeconfig", kubeconfig, "-o", "json", "--watch"], sleep=sleep)
     documents = [json.loads(line) for line in out.splitlines()]
     assert code == 0 and len(documents) == 2 and documents[0]["namespace"] == "research"

@@ -9,8 +9,6 @@ the stockout scenario uses the controller's early path (4 s grace).
 
 from __future__ import annotations
 
-import copy
-import datetime
 import time
 
 import pytest
@@ -18,7 +16,7 @@ import pytest
 from failover import decisions
 from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.failover_tier import STOCKOUT_MESSAGE, FailoverTier, controller_running, platform_plan
+from tests.controlplane.failover_tier import FailoverTier, controller_running, platform_plan
 from tests.controlplane.kube import condition, condition_reason, wait_for
 from tests.controlplane.stack import release_values
 
@@ -123,29 +121,6 @@ def play_kuberay_suspended(tier: FailoverTier, team: dict, name: str) -> None:
                     namespace=team["namespace"], subresource="status")
 
 
-def play_stockout(tier: FailoverTier, team: dict, job: str) -> None:
-    """GKE in a stockout: KubeRay's TPU worker pod, and the autoscaler's FailedScaleUp event for it."""
-    namespace, cluster = team["namespace"], f"{job}-raycluster"
-    tier.kube.patch(*jobs.RAYJOB, job, {"status": {"rayClusterName": cluster}}, namespace=namespace,
-                    subresource="status")
-    (worker,) = jobs.dev_rayjob(job)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    pod = f"{cluster}-tpu-group-worker-0"
-    container = copy.deepcopy(worker["template"]["spec"]["containers"][0])
-    container.pop("volumeMounts", None)
-    tier.kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": pod, "namespace": namespace,
-        "labels": {"ray.io/cluster": cluster, "ray.io/group": worker["groupName"], "ray.io/node-type": "worker"}},
-        "spec": {"containers": [container]}})
-    moment = datetime.datetime.now(datetime.timezone.utc)
-    now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-    tier.kube.create({"apiVersion": "v1", "kind": "Event",
-                      "metadata": {"name": f"{pod}.{moment.timestamp():.0f}", "namespace": namespace},
-                      "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace},
-                      "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
-                      "source": {"component": "cluster-autoscaler"}, "count": 1,
-                      "firstTimestamp": now, "lastTimestamp": now})
-
-
 def test_the_team_objects_are_accepted_by_the_real_server(tier):
     for m in tier.plan.kubernetes_manifests():
         if m["kind"] in ("Cohort", "ClusterQueue", "LocalQueue", "RoleBinding", "Namespace"):
@@ -174,7 +149,7 @@ def test_a_stocked_out_job_walks_down_its_own_teams_chain(clean):
     tier = clean
     submit(tier, TEAM_A, "a-stockout")
     assert flavor(tier, TEAM_A, "a-stockout") == "on-demand"
-    play_stockout(tier, TEAM_A, "a-stockout")
+    tier.play_kuberay_and_a_stockout("a-stockout", TEAM_A["namespace"])
     wait_for(lambda: (tier.kube.get(*jobs.RAYJOB, "a-stockout", TEAM_A["namespace"])["metadata"].get("labels") or {})
              .get(jobs.QUEUE_LABEL) == "user-queue-dws", REACTION_TIMEOUT, "the move to A's dws rung")
     w = wait_for(lambda: (w := workload(tier, TEAM_A, "a-stockout")) and condition(w, "QuotaReserved") == "True"

@@ -8,7 +8,6 @@ the network. Test workers started in parallel wait for one download (a lock), an
 
 from __future__ import annotations
 
-import fcntl
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,15 +46,7 @@ KUEUE_METRICS = UpstreamFile("kueue", "pkg/metrics/metrics.go")
 
 def path(item: UpstreamFile) -> Path:
     """The cached copy of an upstream file, downloading its module the first time."""
-    target = item.cached
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with open(target.with_name(f".{target.name}.lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not target.exists():
-            _copy(item, target)
-    return target
+    return build.made_once(item.cached, lambda target: _copy(item, target))
 
 
 def _copy(item: UpstreamFile, target: Path) -> None:

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.controlplane import versions
@@ -77,18 +78,22 @@ def _targets() -> dict[str, tuple[str | None, str, str]]:
     }
 
 
-def build(name: str) -> Path:
-    """The binary `name` at its pinned version, built only when the cache lacks it. Test workers started in
-    parallel on a fresh machine wait for one build instead of running four."""
-    target = versions.binary_path(name, versions.BINARIES[name])
+def made_once(target: Path, make: Callable[[Path], None]) -> Path:
+    """`target`, made by `make(target)` only when the cache lacks it. Test workers started in parallel on a fresh
+    machine wait for one maker (a lock) instead of running four."""
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.with_name(f".{target.name}.lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not target.exists():
-            _build(name, target)
+            make(target)
     return target
+
+
+def build(name: str) -> Path:
+    """The binary `name` at its pinned version, built only when the cache lacks it."""
+    return made_once(versions.binary_path(name, versions.BINARIES[name]), lambda target: _build(name, target))
 
 
 def _build(name: str, target: Path) -> None:

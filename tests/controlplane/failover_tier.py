@@ -106,28 +106,28 @@ class FailoverTier:
             self.kube.delete("v1", "Pod", pod["metadata"]["name"], NAMESPACE, propagation="Background")
         wait_for(lambda: not self.kube.list(*jobs.WORKLOAD, namespace=NAMESPACE), 60, "no Workload left")
 
-    def play_kuberay_and_a_stockout(self, job: str) -> str:
+    def play_kuberay_and_a_stockout(self, job: str, namespace: str = NAMESPACE) -> str:
         """What a GKE cluster shows in a stockout: KubeRay's RayCluster and TPU worker pod, and the autoscaler's
         FailedScaleUp event for lack of capacity on it; the event's firstTimestamp."""
         cluster = f"{job}-raycluster"
-        self.kube.patch(*jobs.RAYJOB, job, {"status": {"rayClusterName": cluster}}, namespace=NAMESPACE,
+        self.kube.patch(*jobs.RAYJOB, job, {"status": {"rayClusterName": cluster}}, namespace=namespace,
                         subresource="status")
         (worker,) = jobs.dev_rayjob(job)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
         pod_name = f"{cluster}-tpu-group-worker-0"
         container = copy.deepcopy(worker["template"]["spec"]["containers"][0])
         container.pop("volumeMounts", None)
-        if self.kube.get("v1", "Pod", pod_name, NAMESPACE) is None:
+        if self.kube.get("v1", "Pod", pod_name, namespace) is None:
             self.kube.create({"apiVersion": "v1", "kind": "Pod",
-                              "metadata": {"name": pod_name, "namespace": NAMESPACE,
+                              "metadata": {"name": pod_name, "namespace": namespace,
                                            "labels": {"ray.io/cluster": cluster, "ray.io/group": worker["groupName"],
                                                       "ray.io/node-type": "worker"}},
                               "spec": {"containers": [container]}})
         moment = datetime.datetime.now(datetime.timezone.utc)
         now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
         self.kube.create({"apiVersion": "v1", "kind": "Event",
-                          "metadata": {"name": f"{pod_name}.{moment.timestamp():.0f}", "namespace": NAMESPACE},
+                          "metadata": {"name": f"{pod_name}.{moment.timestamp():.0f}", "namespace": namespace},
                           "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod_name,
-                                             "namespace": NAMESPACE},
+                                             "namespace": namespace},
                           "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
                           "source": {"component": "cluster-autoscaler"}, "count": 1,
                           "firstTimestamp": now, "lastTimestamp": now})
