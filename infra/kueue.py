@@ -127,9 +127,14 @@ def chart_source(repository: str) -> dict:
 
 
 def helm_values(settings: PlatformSettings) -> dict:
+    return values_for(manager_config(settings))
+
+
+def values_for(configuration: dict) -> dict:
+    """The chart's values for a manager configuration (a region's, or a fleet manager's: infra/fleet.py)."""
     return {
         "controllerManager": {"featureGates": [dict(gate) for gate in FEATURE_GATES]},
-        "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config(settings), sort_keys=False)},
+        "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(configuration, sort_keys=False)},
     }
 
 
@@ -280,6 +285,26 @@ def admission_check() -> dict:
     })
 
 
+def install_release(parent: pulumi.Resource, name: str, provider: k8s.Provider, version: str, repository: str,
+                    values: dict) -> k8s.helm.v3.Release:
+    """Kueue's namespace and Helm release (`<name>-namespace`, `<name>-release`), children of `parent`."""
+    namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE},
+                                      opts=pulumi.ResourceOptions(parent=parent, provider=provider))
+    return k8s.helm.v3.Release(
+        f"{name}-release",
+        name=RELEASE_NAME,
+        **chart_source(repository),
+        version=version,
+        # The known name, not one lifted from the Namespace (a `pulumi up --target` that skips it has none);
+        # depends_on keeps the order.
+        namespace=NAMESPACE,
+        values=values,
+        # Awaited (no skip_await): the release is done once the controller and its webhook are ready.
+        timeout=600,
+        opts=pulumi.ResourceOptions(parent=parent, provider=provider, depends_on=[namespace]),
+    )
+
+
 class Kueue(pulumi.ComponentResource):
     """Kueue from its Helm chart, then flavors, for plan B the DWS check, and the chain of queues (a ClusterQueue
     and a LocalQueue per rung).
@@ -300,21 +325,8 @@ class Kueue(pulumi.ComponentResource):
         super().__init__("tpu-fallback:infra:Kueue", name, None, opts)
         self._name, self._provider = name, provider
 
-        namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE},
-                                          opts=pulumi.ResourceOptions(parent=self, provider=provider))
-        self.release = k8s.helm.v3.Release(
-            f"{name}-release",
-            name=RELEASE_NAME,
-            **chart_source(settings.kueue_chart_repository),
-            version=settings.kueue_version,
-            # The known name, not one lifted from the Namespace (a `pulumi up --target` that skips it has none);
-            # depends_on keeps the order.
-            namespace=NAMESPACE,
-            values=helm_values(settings),
-            # Awaited (no skip_await): the release is done once the controller and its webhook are ready.
-            timeout=600,
-            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[namespace]),
-        )
+        self.release = install_release(self, name, provider, settings.kueue_version,
+                                       settings.kueue_chart_repository, helm_values(settings))
 
         flavors = [self._object(default_flavor(settings))]
         flavors += [self._object(plan_flavor(plan)) for plan in settings.plans]

@@ -40,6 +40,7 @@ DEFAULTS: Mapping[str, Any] = {
     "monitoring": {"enabled": True},
     "teams": [],
     "googleGroupsDomain": "",
+    "fleetMember": {"enabled": False, "startRung": "flexStart"},
 }
 
 # Kueue 0.16 is the first release that stores v1beta2, the API version every object here is written in.
@@ -312,6 +313,15 @@ class MonitoringSettings:
 
 
 @dataclass(frozen=True)
+class FleetMemberSettings:
+    """This region as a member of a MultiKueue fleet (infra/fleet_member.py): a fleet job starts here on the
+    queue of `start_rung` (config key), flexStart by default: admitted only once DWS has provisioned the slice,
+    so the first region with TPUs wins."""
+
+    start_rung: str = "flexStart"
+
+
+@dataclass(frozen=True)
 class TeamSettings:
     """One team on a shared platform: its namespace, the Google groups that may deploy there, and its guaranteed
     slices per guaranteed rung (config key: slices); the limits in slices, None when unset (Kueue: no limit)."""
@@ -348,6 +358,7 @@ class PlatformSettings:
     monitoring: MonitoringSettings = MonitoringSettings()
     teams: tuple[TeamSettings, ...] = ()  # empty: one team, today's single chain
     groups_domain: str = ""  # the domain of gke-security-groups@<domain> (GKE Google Groups for RBAC)
+    fleet_member: FleetMemberSettings | None = None  # None: not a member of a fleet
 
     @property
     def security_group(self) -> str:
@@ -545,6 +556,23 @@ def read_monitoring_settings(reader: ConfigReader) -> MonitoringSettings:
     return MonitoringSettings(reader.obj("monitoring", DEFAULTS["monitoring"])["enabled"])
 
 
+def read_fleet_member(reader: ConfigReader, plans: tuple[PlanSettings, ...],
+                      teams: tuple[TeamSettings, ...]) -> FleetMemberSettings | None:
+    """`fleetMember`: None unless enabled. The start rung must be enabled here; and no teams: a fleet job's
+    namespace is the fleet's own (infra/fleet_member.py), which no team's queues admit."""
+    raw = reader.obj("fleetMember", DEFAULTS["fleetMember"])
+    if not raw["enabled"]:
+        return None
+    enabled = [plan.config_key for plan in plans]
+    reader.check("fleetMember.startRung", raw["startRung"] in enabled,
+                 f"{raw['startRung']!r} is not an enabled rung of this stack; use one of {', '.join(enabled)} "
+                 "(flexStart, the default, admits a fleet job only once DWS has provisioned its slice)")
+    reader.check("fleetMember.enabled", not teams,
+                 "a platform with teams cannot be a fleet member yet: the teams' queues admit only their own "
+                 "namespaces; use a single-team platform stack per region as a member")
+    return FleetMemberSettings(raw["startRung"])
+
+
 def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> PlatformSettings | None:
     """The platform half of the settings, built whenever its parts are readable so that the checks which need
     it (pool names, the workloads' fit) run in the same pass; only valid when `reader.problems` is empty.
@@ -575,6 +603,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
     monitoring = read_monitoring_settings(reader)
     teams = read_teams(reader)
     groups_domain = read_groups_domain(reader, teams)
+    fleet_member = read_fleet_member(reader, plans, teams)
 
     _check_versions_and_zones(reader, plans, zone, gke_version, generation, allow_unlisted_zone)
     if tpu is None or machine is None or fallback is None:
@@ -585,7 +614,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
         system_pool=SystemPoolSettings(machine, system_raw["nodeCount"]),
         tpu=tpu, plans=plans, kueue_version=kueue_version, kueue_chart_repository=kueue_chart_repository,
         fallback=fallback, failover_controller=failover_controller, monitoring=monitoring,
-        teams=teams, groups_domain=groups_domain,
+        teams=teams, groups_domain=groups_domain, fleet_member=fleet_member,
     )
     _check_plans(reader, settings)
     _check_team_capacity(reader, settings)

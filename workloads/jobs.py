@@ -69,6 +69,17 @@ class TeamNamespace:
 
 
 @dataclass(frozen=True)
+class JobSite:
+    """A cluster where the jobs' pods may run though they are submitted elsewhere (a fleet member: the manager
+    creates the RayJob there): it needs the jobs' Kubernetes ServiceAccount and script, and Workload Identity in
+    its project."""
+
+    name: str
+    provider: k8s.Provider
+    project: str
+
+
+@dataclass(frozen=True)
 class PlatformHandles:
     """What the workloads take from the platform: declared in the same stack (one team: `kueue` and `cluster`), or
     by a platform stack this stack only reads (a team stack: `team`, the rest lives in the other stack)."""
@@ -78,6 +89,10 @@ class PlatformHandles:
     cluster: pulumi.Resource | None  # Workload Identity's pool exists once the cluster does
     kueue: Kueue | None
     team: TeamNamespace | None = None
+    # A fleet: the pods run on these clusters, not on `provider`'s, which only queues the RayJobs (after `ready`).
+    sites: tuple[JobSite, ...] = ()
+    ready: tuple[pulumi.Resource, ...] = ()
+    bucket_location: str | None = None  # default: the platform's region
 
     def __post_init__(self):
         if (self.team is None) == (self.kueue is None):
@@ -120,7 +135,7 @@ class TrainingJobs(pulumi.ComponentResource):
             # auto-named gets a new bucket under this name (the old one, checkpoints included, is deleted).
             name=self.bucket_name,
             project=project,
-            location=platform.settings.region,  # next to the slices
+            location=platform.bucket_location or platform.settings.region,  # next to the slices
             uniform_bucket_level_access=True,
             public_access_prevention="enforced",
             # `pulumi destroy` removes everything, checkpoints included; copy out what you want to keep.
@@ -149,24 +164,32 @@ class TrainingJobs(pulumi.ComponentResource):
             if settings.namespace != LOCAL_QUEUE_NAMESPACE:
                 namespace_ready = self._namespace_with_queue(name, settings.namespace, platform, on_cluster)
             kueue_ready, local_queue = [platform.kueue.release], platform.kueue.local_queue_name
-        ksa = k8s.core.v1.ServiceAccount(
-            f"{name}-ksa",
-            metadata={"name": KSA_NAME, "namespace": settings.namespace,
-                      "annotations": {"iam.gke.io/gcp-service-account": self.service_account.email}},
-            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=namespace_ready)))
-        grants.append(gcp.serviceaccount.IAMMember(
-            f"{name}-workload-identity",
-            service_account_id=self.service_account.name,
-            role="roles/iam.workloadIdentityUser",
-            member=f"serviceAccount:{project}.svc.id.goog[{settings.namespace}/{KSA_NAME}]",
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[platform.cluster] if platform.cluster else [])))
-
         script_text = SCRIPT_PATH.read_text()
         self.script_configmap_name = script_configmap_name(script_text)
-        script = k8s.core.v1.ConfigMap(
-            f"{name}-script", metadata={"name": self.script_configmap_name, "namespace": settings.namespace},
-            data={SCRIPT_KEY: script_text},
-            opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=namespace_ready)))
+        sites = platform.sites or (JobSite("", platform.provider, project),)
+        on_sites: list[pulumi.Resource] = []
+        for site in sites:
+            # The single-cluster names stay as they were (`<name>-ksa`), so a deployed stack keeps its URNs.
+            prefix = f"{name}-{site.name}" if site.name else name
+            at_site = pulumi.ResourceOptions(parent=self, provider=site.provider, depends_on=namespace_ready)
+            on_sites.append(k8s.core.v1.ServiceAccount(
+                f"{prefix}-ksa",
+                metadata={"name": KSA_NAME, "namespace": settings.namespace,
+                          "annotations": {"iam.gke.io/gcp-service-account": self.service_account.email}},
+                opts=at_site))
+            on_sites.append(k8s.core.v1.ConfigMap(
+                f"{prefix}-script", metadata={"name": self.script_configmap_name, "namespace": settings.namespace},
+                data={SCRIPT_KEY: script_text}, opts=at_site))
+        # One binding per project: Workload Identity's pool is the project's, whatever the cluster.
+        for site_project in dict.fromkeys(site.project for site in sites):
+            suffix = "" if site_project == project else f"-{site_project}"
+            grants.append(gcp.serviceaccount.IAMMember(
+                f"{name}-workload-identity{suffix}",
+                service_account_id=self.service_account.name,
+                role="roles/iam.workloadIdentityUser",
+                member=f"serviceAccount:{site_project}.svc.id.goog[{settings.namespace}/{KSA_NAME}]",
+                opts=pulumi.ResourceOptions(parent=self,
+                                            depends_on=[platform.cluster] if platform.cluster else [])))
 
         self.job_names = list(settings.job_names())
         self.rayjobs = []
@@ -186,7 +209,8 @@ class TrainingJobs(pulumi.ComponentResource):
                 # queue. And only once its pods may write checkpoints. No await on the job itself: it runs
                 # for as long as training does.
                 opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
-                    depends_on=[*kueue_ready, *namespace_ready, ksa, script, self.bucket, *grants]))))
+                    depends_on=[*kueue_ready, *platform.ready, *namespace_ready, *on_sites, self.bucket,
+                                *grants]))))
         self.register_outputs({"jobs": self.job_names, "bucket": self.bucket.name})
 
     def _namespace_with_queue(self, name: str, namespace: str, platform: PlatformHandles,

@@ -1,0 +1,244 @@
+"""Plan C: a fleet of regional stacks behind one queue, with Kueue MultiKueue on a small manager cluster.
+
+A job is submitted once, to the manager. Kueue copies its Workload to every member; each member asks DWS for a
+slice (its fleet queue starts at the DWS rung, infra/fleet_member.py); the first member whose request is provisioned
+admits it, the manager creates the RayJob there and deletes the other copies and their requests.
+
+Settings (`tpu-fallback:fleet`) are read here; the objects are built by small functions returning manifests; the
+`FleetManager` component declares them. Ref: ../shared/notes/multikueue.md (Kueue 0.19.2, read and measured).
+"""
+
+from __future__ import annotations
+
+import copy
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE
+from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
+                         install_release, values_for)
+from infra.settings import ConfigReader
+
+FLEET_KEY = "fleet"
+FLEET_DEFAULTS: Mapping = {"members": [], "dispatcher": "AllAtOnce", "workerLostTimeout": "15m",
+                           "checkpointLocation": ""}
+# The manager runs Kueue and the KubeRay operator only: two small nodes, one for each if a node goes.
+FLEET_SYSTEM_POOL = {"machineType": "e2-standard-4", "nodeCount": 2}
+DISPATCHERS = {"AllAtOnce": "kueue.x-k8s.io/multikueue-dispatcher-all-at-once",
+               "Incremental": "kueue.x-k8s.io/multikueue-dispatcher-incremental"}
+MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
+ADMISSION_CHECK = "fleet-multikueue"
+MULTIKUEUE_CONFIG = "fleet"
+FLAVOR = "fleet"
+CLUSTER_QUEUE = "fleet-cluster-queue"
+# The manager's RayJob CRD must have `spec.managedBy` (KubeRay >= 1.3): Kueue's webhook sets it so that the
+# manager's KubeRay leaves the job to MultiKueue. The same version as the tier's CRDs (tests/controlplane/versions.py).
+# Ref: https://kueue.sigs.k8s.io/docs/tasks/run/multikueue/kuberay/
+KUBERAY_VERSION = "1.6.2"
+KUBERAY_CHART = {"chart": "kuberay-operator", "repository_opts": {"repo": "https://ray-project.github.io/kuberay-helm/"}}
+KUBERAY_NAMESPACE = "kuberay-system"
+# A member of up to 20 (MultiKueueConfig.spec.clusters: 1-20); at least two, or there is nothing to fail over to.
+MIN_MEMBERS, MAX_MEMBERS = 2, 20
+# Kueue's default is 15m. Shorter re-dispatches sooner after a real loss, and overlaps two runs longer after a
+# short partition (README "Plan C"); the tests use seconds.
+MIN_WORKER_LOST_SECONDS, MAX_WORKER_LOST_SECONDS = 10, 24 * 3600
+_STACK_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+_FULLY_QUALIFIED_STACK = re.compile(rf"^{_STACK_PART}/{_STACK_PART}/{_STACK_PART}$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+_DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
+_LOCATION = re.compile(r"^[a-z]+(-[a-z]+[0-9]+)?$", re.IGNORECASE)
+
+
+@dataclass(frozen=True)
+class FleetSettings:
+    members: tuple[str, ...]  # <organization>/<project>/<stack>, in the order the manager lists them
+    dispatcher: str  # a key of DISPATCHERS
+    worker_lost_timeout_seconds: int
+    checkpoint_location: str  # "" : the first member's region
+    origin: str  # the value of kueue.x-k8s.io/multikueue-origin on the copies this manager makes
+
+    @property
+    def cluster_names(self) -> tuple[str, ...]:
+        return tuple(member_cluster_name(member) for member in self.members)
+
+
+def member_cluster_name(member: str) -> str:
+    """The MultiKueueCluster's name: the member's stack name."""
+    return member.rsplit("/", 1)[-1].lower()
+
+
+def _seconds(value: str) -> int | None:
+    match = _DURATION.match(value)
+    return None if match is None else int(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2]]
+
+
+def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> FleetSettings:
+    """`fleet`: every problem named by its key, before any resource. `this_stack`: (project, stack)."""
+    raw = reader.obj(FLEET_KEY, FLEET_DEFAULTS)
+    members = raw["members"]
+    if not reader.check(f"{FLEET_KEY}.members", isinstance(members, list) and all(isinstance(m, str) for m in members),
+                        "must be a list of stack names, <organization>/<project>/<stack>"):
+        members = []
+    for index, member in enumerate(members):
+        where = f"{FLEET_KEY}.members[{index}]"
+        if not reader.check(where, bool(_FULLY_QUALIFIED_STACK.match(member)),
+                            f"{member!r} is not a fully qualified stack name; use <organization>/<project>/<stack>"):
+            continue
+        reader.check(where, member.split("/")[1:] != list(this_stack),
+                     f"{member} is this fleet stack; list the regional stacks (tpu-fallback:fleetMember enabled)")
+        reader.check(where, bool(_DNS_LABEL.match(member_cluster_name(member))),
+                     f"the stack name {member.rsplit('/', 1)[-1]!r} names its MultiKueueCluster: it must be a DNS "
+                     "label (lowercase letters, digits, hyphens)")
+    reader.check(f"{FLEET_KEY}.members", MIN_MEMBERS <= len(members) <= MAX_MEMBERS,
+                 f"{len(members)} member(s); a fleet has {MIN_MEMBERS} to {MAX_MEMBERS} regional stacks")
+    names = [member_cluster_name(m) for m in members]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    reader.check(f"{FLEET_KEY}.members", not twice,
+                 f"stack name(s) {', '.join(twice)} listed more than once (a MultiKueueCluster is named after it)")
+    reader.check(f"{FLEET_KEY}.dispatcher", raw["dispatcher"] in DISPATCHERS,
+                 f"{raw['dispatcher']!r}: use AllAtOnce (every member asks for capacity at once) or Incremental")
+    lost = _seconds(raw["workerLostTimeout"])
+    reader.check(f"{FLEET_KEY}.workerLostTimeout",
+                 lost is not None and MIN_WORKER_LOST_SECONDS <= lost <= MAX_WORKER_LOST_SECONDS,
+                 f"{raw['workerLostTimeout']!r} is not a duration from {MIN_WORKER_LOST_SECONDS}s to "
+                 f"{MAX_WORKER_LOST_SECONDS // 3600}h, such as 15m")
+    location = raw["checkpointLocation"]
+    reader.check(f"{FLEET_KEY}.checkpointLocation", not location or bool(_LOCATION.match(location)),
+                 f"{location!r} is not a Cloud Storage location such as US, EU or us-east5")
+    return FleetSettings(tuple(members), raw["dispatcher"], lost or 0, location,
+                         origin=f"tpu-fallback-{this_stack[1]}"[:63].rstrip("-.").lower())
+
+
+# ---- the manager's Kueue -------------------------------------------------------------------------------------
+
+
+def manager_config(fleet: FleetSettings) -> dict:
+    """The chart's default configuration with MultiKueue's section and only the RayJob integration: the manager
+    watches every enabled integration in every member, and one failed watch keeps a member disconnected
+    (multikueuecluster.go L349-363). No waitForPodsReady: no pod runs here."""
+    config = copy.deepcopy(MANAGER_CONFIG_BASE)
+    config["integrations"] = {"frameworks": ["ray.io/rayjob"]}
+    config["multiKueue"] = {
+        "gcInterval": "1m",
+        # Distinct per manager, so two fleets sharing a member never take each other's copies.
+        "origin": fleet.origin,
+        "workerLostTimeout": f"{fleet.worker_lost_timeout_seconds}s",
+        "dispatcherName": DISPATCHERS[fleet.dispatcher],
+    }
+    return config
+
+
+def _manifest(kind: str, name: str, spec: dict, namespace: str | None = None) -> dict:
+    metadata = {"name": name} if namespace is None else {"name": name, "namespace": namespace}
+    return {"apiVersion": KUEUE_API_VERSION, "kind": kind, "metadata": metadata, "spec": spec}
+
+
+def kubeconfig_secret_name(cluster: str) -> str:
+    return f"{cluster}-kubeconfig"
+
+
+def multikueue_cluster(cluster: str) -> dict:
+    """A member, reached through the kubeconfig Secret in Kueue's namespace (key `kubeconfig`)."""
+    return _manifest("MultiKueueCluster", cluster, {"clusterSource": {"kubeConfig": {
+        "locationType": "Secret", "location": kubeconfig_secret_name(cluster)}}})
+
+
+def multikueue_config(fleet: FleetSettings) -> dict:
+    return _manifest("MultiKueueConfig", MULTIKUEUE_CONFIG, {"clusters": list(fleet.cluster_names)})
+
+
+def admission_check() -> dict:
+    return _manifest("AdmissionCheck", ADMISSION_CHECK, {
+        "controllerName": MULTIKUEUE_CONTROLLER,
+        "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": MULTIKUEUE_CONFIG}})
+
+
+def flavor() -> dict:
+    """One flavor without node labels: nothing is scheduled on the manager, its quota only gates dispatch."""
+    return _manifest("ResourceFlavor", FLAVOR, {})
+
+
+def fleet_quota(capacities: Sequence[Mapping[str, int]]) -> dict[str, str]:
+    """The members' fleet capacity added up: Kueue advises a manager quota equal to the workers' total.
+    Ref: https://kueue.sigs.k8s.io/docs/concepts/multikueue/"""
+    total = {key: sum(int(c[key]) for c in capacities) for key in ("cpu", "memoryGi", "tpuChips")}
+    return dict(zip(COVERED_RESOURCES, (str(total["cpu"]), f"{total['memoryGi']}Gi", str(total["tpuChips"]))))
+
+
+def cluster_queue(quota: Mapping[str, str]) -> dict:
+    """Only the MultiKueue check: a ClusterQueue with a ProvisioningRequest check too goes inactive
+    (pkg/cache/scheduler/clusterqueue.go L334-347); the DWS checks are the members'."""
+    manifest = _manifest("ClusterQueue", CLUSTER_QUEUE, {
+        "namespaceSelector": {},
+        "resourceGroups": [{"coveredResources": list(COVERED_RESOURCES), "flavors": [{"name": FLAVOR, "resources": [
+            {"name": resource, "nominalQuota": quota[resource]} for resource in COVERED_RESOURCES]}]}],
+        "admissionChecksStrategy": {"admissionChecks": [{"name": ADMISSION_CHECK}]},
+    })
+    # Active once the check is: at least one member connected. Ref: multikueue/admissioncheck.go
+    manifest["metadata"]["annotations"] = {"pulumi.com/waitFor": "condition=Active"}
+    return manifest
+
+
+def local_queue() -> dict:
+    return _manifest("LocalQueue", FLEET_LOCAL_QUEUE, {"clusterQueue": CLUSTER_QUEUE}, namespace=FLEET_NAMESPACE)
+
+
+@dataclass(frozen=True)
+class MemberHandle:
+    """A member as the manager sees it: its cluster name and the secret kubeconfig of its output."""
+
+    cluster: str
+    kubeconfig: pulumi.Output[str]  # secret, inline token (infra/fleet_member.py)
+    capacity: Mapping[str, int]
+
+
+class FleetManager(pulumi.ComponentResource):
+    """Kueue as a MultiKueue manager, KubeRay's CRDs (its operator leaves managed jobs alone), one kubeconfig
+    Secret and MultiKueueCluster per member, and the fleet's queue (`tpu-fallback:infra:FleetManager`)."""
+
+    release: k8s.helm.v3.Release
+    local_queue: k8s.apiextensions.CustomResource
+    ready: list[pulumi.Resource]  # what a fleet job waits for
+
+    def __init__(self, name: str, fleet: FleetSettings, kueue_version: str, kueue_repository: str,
+                 members: Sequence[MemberHandle], provider: k8s.Provider,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-fallback:infra:FleetManager", name, None, opts)
+        self._name, self._provider = name, provider
+        on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
+
+        self.release = install_release(self, f"{name}-kueue", provider, kueue_version, kueue_repository,
+                                       values_for(manager_config(fleet)))
+        # The operator and the CRDs, from KubeRay's chart (its crds/ are installed on first install only).
+        # Ref: https://docs.ray.io/en/latest/cluster/kubernetes/getting-started/kuberay-operator-installation.html
+        kuberay = k8s.helm.v3.Release(
+            f"{name}-kuberay", name="kuberay-operator", **KUBERAY_CHART, version=KUBERAY_VERSION,
+            namespace=KUBERAY_NAMESPACE, create_namespace=True, timeout=600, opts=on_cluster)
+
+        clusters = []
+        for member in members:
+            secret = k8s.core.v1.Secret(
+                f"{name}-{member.cluster}-kubeconfig",
+                metadata={"name": kubeconfig_secret_name(member.cluster), "namespace": KUEUE_NAMESPACE},
+                string_data={"kubeconfig": member.kubeconfig},
+                opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[self.release])))
+            clusters.append(self._object(multikueue_cluster(member.cluster), after=[secret]))
+        config = self._object(multikueue_config(fleet), after=clusters)
+        check = self._object(admission_check(), after=[config])
+        queue = self._object(cluster_queue(fleet_quota([m.capacity for m in members])),
+                             after=[self._object(flavor()), check])
+        namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": FLEET_NAMESPACE}, opts=on_cluster)
+        self.local_queue = self._object(local_queue(), after=[namespace, queue])
+        self.ready = [self.release, kuberay, self.local_queue]
+        self.register_outputs({"localQueue": FLEET_LOCAL_QUEUE, "members": [m.cluster for m in members]})
+
+    def _object(self, manifest: dict, after: Sequence[pulumi.Resource] = ()) -> k8s.apiextensions.CustomResource:
+        kind, name = manifest["kind"], manifest["metadata"]["name"]
+        return k8s.apiextensions.CustomResource(
+            f"{self._name}-{kind.lower()}-{name}", api_version=manifest["apiVersion"], kind=kind,
+            metadata=manifest["metadata"], spec=manifest["spec"],
+            opts=pulumi.ResourceOptions(parent=self, provider=self._provider, depends_on=[self.release, *after]))
