@@ -81,7 +81,9 @@ class GkeCluster(pulumi.ComponentResource):
     provider: k8s.Provider
     kubeconfig: pulumi.Output[str]
 
-    def __init__(self, name: str, settings: PlatformSettings, opts: pulumi.ResourceOptions | None = None):
+    def __init__(self, name: str, settings: PlatformSettings, opts: pulumi.ResourceOptions | None = None,
+                 ray_operator: bool = True):
+        """`ray_operator`: GKE's Ray Operator add-on (a fleet's manager installs its own pinned KubeRay)."""
         super().__init__("tpu-fallback:infra:GkeCluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
 
@@ -122,7 +124,7 @@ class GkeCluster(pulumi.ComponentResource):
             initial_node_count=system.node_count,
             node_config={"machine_type": system.machine.name, **node_config_common(self.node_service_account.email)},
             node_pool_defaults={"node_config_defaults": {"gcfs_config": {"enabled": True}}},
-            addons_config={"ray_operator_configs": [{"enabled": True}]},
+            addons_config={"ray_operator_configs": [{"enabled": True}]} if ray_operator else None,
             workload_identity_config={"workload_pool": f"{settings.project}.svc.id.goog"},
             # Off: GKE's defaults, untouched.
             monitoring_config=monitoring_config() if settings.monitoring.enabled else None,

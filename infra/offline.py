@@ -7,6 +7,7 @@ way the CLI loads it (stack file over Pulumi.yaml defaults).
     python -m infra.offline dev            # print the resource tree, write build/plan/dev/manifests.yaml
     python -m infra.offline team-a         # a team stack: its StackReference is answered by the offline plan of
                                            # its platform stack (Pulumi.<stack>.yaml here) or --platform-outputs
+    python -m infra.offline fleet          # a fleet stack: each member's reference likewise, or --stack-outputs
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ SECRET_MARK = "[secret]"
 PLACEHOLDER_PROJECT = "example-project"
 STACK_REFERENCE = "pulumi:pulumi:StackReference"
 PLATFORM_STACK_KEY = f"{PROJECT}:platformStack"  # roles/team.py: set on team stacks
+FLEET_KEY = f"{PROJECT}:fleet"  # roles/fleet.py: set on fleet stacks
 
 
 @dataclass
@@ -436,9 +438,30 @@ def platform_outputs_for(platform_stack: str, root: Path = ROOT) -> StackOutputs
     <organization>/<project>/<stack>)."""
     short = platform_stack.rsplit("/", 1)[-1]
     if not (root / f"Pulumi.{short}.yaml").exists():
-        raise FileNotFoundError(f"the platform stack {platform_stack} has no Pulumi.{short}.yaml here; pass its "
-                                "outputs with --platform-outputs (outputs.json of its offline plan)")
+        raise FileNotFoundError(f"the stack {platform_stack} has no Pulumi.{short}.yaml here; pass its outputs "
+                                "with --stack-outputs (or, for a team stack, --platform-outputs): the outputs.json "
+                                "of its offline plan")
     return StackOutputs.of_plan(run_program(platform_config(short, root), stack=short))
+
+
+def referenced_stacks(config: Mapping[str, str]) -> list[str]:
+    """The stacks a stack's program reads through a StackReference: a team stack's platform, a fleet's members."""
+    if PLATFORM_STACK_KEY in config:
+        return [config[PLATFORM_STACK_KEY]]
+    if FLEET_KEY in config:
+        try:
+            members = json.loads(config[FLEET_KEY]).get("members") or []
+        except (ValueError, AttributeError):
+            return []  # the program reports the bad key
+        return [member for member in members if isinstance(member, str)]
+    return []
+
+
+def _stack_outputs_argument(text: str) -> tuple[str, Path]:
+    stack, sep, path = text.partition("=")
+    if not sep or not stack or not path:
+        raise argparse.ArgumentTypeError(f"{text!r}: use <organization>/<project>/<stack>=<outputs.json>")
+    return stack, Path(path)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -451,23 +474,30 @@ def main(argv: list[str] | None = None) -> int:
                              "its StackReference, as the outputs.json an offline plan of the platform stack writes; "
                              "default: the offline plan of Pulumi.<stack>.yaml here, <stack> being the last part of "
                              "platformStack")
+    parser.add_argument("--stack-outputs", type=_stack_outputs_argument, action="append", default=[],
+                        metavar="STACK=JSON",
+                        help="a referenced stack's outputs (<organization>/<project>/<stack>=outputs.json of its "
+                             "offline plan), for a fleet's members or a team's platform; repeatable; default: the "
+                             "offline plan of Pulumi.<stack>.yaml here")
     args = parser.parse_args(argv)
     config = stack_config(args.stack)
-    references = None
+    given = {stack: path for stack, path in args.stack_outputs}
     platform_stack = config.get(PLATFORM_STACK_KEY)
-    if platform_stack is not None:
-        if args.platform_outputs is not None:
-            outputs = StackOutputs.from_json(args.platform_outputs.read_text())
-            source = str(args.platform_outputs)
+    if platform_stack is not None and args.platform_outputs is not None:
+        given[platform_stack] = args.platform_outputs
+    references = {}
+    for referenced in referenced_stacks(config):
+        if referenced in given:
+            outputs, source = StackOutputs.from_json(given[referenced].read_text()), str(given[referenced])
         else:
             try:
-                outputs = platform_outputs_for(platform_stack)
+                outputs = platform_outputs_for(referenced)
             except FileNotFoundError as err:
                 parser.error(str(err))
-            source = f"the offline plan of Pulumi.{platform_stack.rsplit('/', 1)[-1]}.yaml"
-        print(f"(team stack: the StackReference to {platform_stack} is answered by {source})")
-        references = {platform_stack: outputs}
-    elif "gcp:project" not in config:
+            source = f"the offline plan of Pulumi.{referenced.rsplit('/', 1)[-1]}.yaml"
+        print(f"(the StackReference to {referenced} is answered by {source})")
+        references[referenced] = outputs
+    if platform_stack is None and "gcp:project" not in config:
         # Stack files leave the project to `pulumi config set gcp:project`; the offline plan needs one.
         print(f"(gcp:project is not set in Pulumi.{args.stack}.yaml; planning with {PLACEHOLDER_PROJECT})")
         config["gcp:project"] = PLACEHOLDER_PROJECT

@@ -573,10 +573,21 @@ def read_fleet_member(reader: ConfigReader, plans: tuple[PlanSettings, ...],
     return FleetMemberSettings(raw["startRung"])
 
 
-def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> PlatformSettings | None:
-    """The platform half of the settings, built whenever its parts are readable so that the checks which need
-    it (pool names, the workloads' fit) run in the same pass; only valid when `reader.problems` is empty.
-    None when a part is unreadable (`reader.problems` says why)."""
+@dataclass(frozen=True)
+class ClusterKeys:
+    """The keys every cluster of this program reads (a region's, or a fleet's manager): machine None when unreadable."""
+
+    project: str
+    zone: str
+    cluster_name: str
+    gke_version: str
+    deletion_protection: bool
+    machine: CpuMachineType | None
+    node_count: int
+
+
+def read_cluster_keys(reader: ConfigReader, gcp_config: pulumi.Config, cluster_name_default: str = DEFAULTS[
+        "clusterName"], system_pool_default: Mapping[str, Any] = DEFAULTS["systemPool"]) -> ClusterKeys:
     project = gcp_config.get("project")
     if project is None:
         reader.problems.append("gcp:project: required; run `pulumi config set gcp:project <your-project-id>`")
@@ -584,16 +595,27 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
         reader.problems.append(f"gcp:project: {project!r} is not a GCP project ID")
     zone = reader.text("zone", DEFAULTS["zone"], _ZONE, "use a zone such as us-east5-b")
     cluster_name = reader.text(
-        "clusterName", DEFAULTS["clusterName"], _CLUSTER_NAME,
+        "clusterName", cluster_name_default, _CLUSTER_NAME,
         "GKE cluster names are 1-40 lowercase letters, digits or hyphens, start with a letter, end alphanumeric")
     gke_version = reader.text("gkeVersion", DEFAULTS["gkeVersion"], _GKE_VERSION,
                               "use a GKE version such as 1.34 or 1.34.1-gke.1829001")
     deletion_protection = reader.boolean("deletionProtection", DEFAULTS["deletionProtection"])
 
-    system_raw = reader.obj("systemPool", DEFAULTS["systemPool"])
+    system_raw = reader.obj("systemPool", system_pool_default)
     machine = _lookup_or_fail(reader, "systemPool.machineType", lookup_cpu_machine, system_raw["machineType"])
     reader.check("systemPool.nodeCount", 1 <= system_raw["nodeCount"] <= 100,
                  f"{system_raw['nodeCount']} is out of range; Kueue and the Ray heads need 1 to 100 nodes")
+    return ClusterKeys(project or "", zone, cluster_name, gke_version, deletion_protection, machine,
+                       system_raw["nodeCount"])
+
+
+def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> PlatformSettings | None:
+    """The platform half of the settings, built whenever its parts are readable so that the checks which need
+    it (pool names, the workloads' fit) run in the same pass; only valid when `reader.problems` is empty.
+    None when a part is unreadable (`reader.problems` says why)."""
+    keys = read_cluster_keys(reader, gcp_config)
+    project, zone, cluster_name, gke_version = keys.project, keys.zone, keys.cluster_name, keys.gke_version
+    deletion_protection, machine = keys.deletion_protection, keys.machine
 
     tpu, generation, allow_unlisted_zone = _read_tpu(reader, zone)
     plans = _read_rung_order(reader, {key: _read_plan(reader, kind) for key, kind in RUNG_KINDS.items()})
@@ -611,7 +633,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
     settings = PlatformSettings(
         project=project or "", zone=zone, cluster_name=cluster_name, gke_version=gke_version,
         deletion_protection=deletion_protection,
-        system_pool=SystemPoolSettings(machine, system_raw["nodeCount"]),
+        system_pool=SystemPoolSettings(machine, keys.node_count),
         tpu=tpu, plans=plans, kueue_version=kueue_version, kueue_chart_repository=kueue_chart_repository,
         fallback=fallback, failover_controller=failover_controller, monitoring=monitoring,
         teams=teams, groups_domain=groups_domain, fleet_member=fleet_member,

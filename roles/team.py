@@ -47,7 +47,7 @@ class TeamStackSettings:
     team: str
 
 
-def _differs_from_default(raw: str, default: Any) -> bool:
+def differs_from_default(raw: str, default: Any) -> bool:
     """Whether a config value (a string, JSON for objects and lists, as the CLI passes it) is not the default."""
     if isinstance(default, str):
         return raw != default
@@ -78,7 +78,7 @@ def read_team_stack_settings(reader: ConfigReader) -> TeamStackSettings:
                                                              "digits and hyphens, starting with a letter)")
     for key, default in DEFAULTS.items():
         raw = reader.config.get(key)
-        if raw is not None and _differs_from_default(raw, default):
+        if raw is not None and differs_from_default(raw, default):
             reader.fail(key, f"set on the platform stack; a team stack reads it from {platform_stack or 'it'}: "
                              "remove it here")
     reader.unknown_keys({*DEFAULTS, WORKLOADS_KEY, PLATFORM_STACK_KEY, TEAM_KEY})

@@ -16,10 +16,19 @@ from tests.k8s_schema import SCHEMAS_ENV, schemas_dir
 REPO = Path(__file__).resolve().parent.parent
 _STACK_FILES = {p.name[len("Pulumi."):-len(".yaml")]: p for p in REPO.glob("Pulumi.*.yaml")}
 # A stack has one role (__main__.py): team stacks name their platform stack and declare no cluster, so every test of
-# the cluster, pools, Kueue and the controller runs over the platform stacks; tests/test_team_stack.py over the rest.
-TEAM_STACKS = sorted(stack for stack, path in _STACK_FILES.items()
-                     if namespaced("platformStack") in (yaml.safe_load(path.read_text()).get("config") or {}))
-SHIPPED_STACKS = sorted(set(_STACK_FILES) - set(TEAM_STACKS))
+# the cluster, pools, Kueue and the controller runs over the platform stacks; tests/test_team_stack.py and
+# tests/test_fleet.py over the rest.
+
+
+def _stacks_setting(key: str) -> list[str]:
+    return sorted(stack for stack, path in _STACK_FILES.items()
+                  if namespaced(key) in (yaml.safe_load(path.read_text()).get("config") or {}))
+
+
+TEAM_STACKS = _stacks_setting("platformStack")
+# Fleet stacks (roles/fleet.py) read their members' stacks; tests/test_fleet.py covers them.
+FLEET_STACKS = _stacks_setting("fleet")
+SHIPPED_STACKS = sorted(set(_STACK_FILES) - set(TEAM_STACKS) - set(FLEET_STACKS))
 
 
 def base_config(stack: str = "dev") -> dict[str, str]:

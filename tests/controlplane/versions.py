@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from infra.fleet import KUBERAY_VERSION
 from infra.settings import DEFAULTS
 
 KUEUE = "v" + DEFAULTS["kueue"]["version"]
@@ -17,8 +18,8 @@ KUBERNETES_STAGING = "v0.36.3"  # k8s.io/kubernetes' staging modules share the t
 ETCD = "v3.6.16"
 HELM = "v3.22.0"
 # ../shared/schemas holds KubeRay 1.7.0's CRDs; the Go proxy does not serve 1.7.0, so the tier installs the
-# newest 1.6 it serves, the one Kueue 0.19.2's go.mod requires.
-KUBERAY = "v1.6.2"
+# newest 1.6 it serves, the one Kueue 0.19.2's go.mod requires, and a fleet's manager installs the same (its chart).
+KUBERAY = "v" + KUBERAY_VERSION
 # The ProvisioningRequest API Kueue 0.19.2 is built against (its go.mod).
 AUTOSCALER_APIS = "v0.0.0-20240830133931-adfbe7e45277"
 # Google Cloud Managed Service for Prometheus: its PodMonitoring CRD (GKE installs its own copy with managed

@@ -1,0 +1,192 @@
+"""The fleet role (plan C): one queue over several regional stacks; a job runs wherever TPUs come first.
+
+A fleet stack sets `tpu-fallback:fleet: {members: [<org>/<project>/<stack>, ...]}`. It declares a small CPU-only
+manager cluster with Kueue as a MultiKueue manager (infra/fleet.py), reads each member (a platform stack with
+`fleetMember` enabled, infra/fleet_member.py) through a StackReference, and submits the training RayJobs to the
+fleet queue. The jobs' pods run on the members: their ServiceAccount and script are declared there, through each
+member's own (secret) kubeconfig.
+
+Settings → members (read, checked) → manager cluster → MultiKueue → jobs → outputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.cluster import GkeCluster
+from infra.fleet import (FLEET_KEY, FLEET_SYSTEM_POOL, FleetManager, FleetSettings, MemberHandle,
+                         member_cluster_name, read_fleet_settings)
+from infra.fleet_member import (FLEET_KUBECONFIG_OUTPUT, FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE)
+from infra.settings import (DEFAULTS, ClusterKeys, ConfigReader, MonitoringSettings, PlatformSettings,
+                            read_cluster_keys)
+from roles.contract import KUBECONFIG_OUTPUT, PLATFORM_OUTPUT, cluster_id, settings_from_output
+from roles.team import WORKLOADS_KEY, differs_from_default, read_published
+from workloads.jobs import JobSite, PlatformHandles, TeamNamespace, TrainingJobs
+from workloads.settings import WORKLOAD_DEFAULTS, read_workload_settings
+
+# The keys a fleet stack reads; any other platform key belongs to the members' stacks.
+FLEET_STACK_KEYS = ("zone", "clusterName", "gkeVersion", "deletionProtection", "systemPool", "kueue")
+FLEET_CLUSTER_NAME = "tpu-fleet"
+
+
+def is_fleet_stack(config: pulumi.Config) -> bool:
+    return config.get(FLEET_KEY) is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Member:
+    """A member as read from its stack's outputs."""
+
+    stack: str
+    cluster: str  # the MultiKueueCluster's name
+    settings: PlatformSettings
+    queue: Mapping[str, Any]  # its `fleetMember` output
+    reference: pulumi.StackReference
+
+
+def read_member(reader: ConfigReader, where: str, stack: str, reference: pulumi.StackReference,
+                published: Any, queue: Any) -> Member | None:
+    """A member's settings and fleet queue from its outputs; a problem names the fleet key that led there."""
+    if not isinstance(queue, Mapping) or not isinstance(published, Mapping):
+        reader.fail(where, f"{stack} has no `{FLEET_MEMBER_OUTPUT}` output: it is not a fleet member; set "
+                           "tpu-fallback:fleetMember {enabled: true} there and run `pulumi up` on it")
+        return None
+    try:
+        settings = settings_from_output(published)
+    except (KeyError, TypeError, ValueError) as err:
+        reader.fail(where, f"{stack}'s `{PLATFORM_OUTPUT}` output is not readable ({type(err).__name__}: {err}); "
+                           "run `pulumi up` on it with this version of tpu-fallback")
+        return None
+    fits = queue.get("namespace") == FLEET_NAMESPACE and queue.get("localQueue") == FLEET_LOCAL_QUEUE
+    if not reader.check(where, fits, f"{stack}'s fleet queue is {queue.get('namespace')}/{queue.get('localQueue')}, "
+                                     f"not {FLEET_NAMESPACE}/{FLEET_LOCAL_QUEUE}: it runs another version of "
+                                     "tpu-fallback; run `pulumi up` on it"):
+        return None
+    return Member(stack, member_cluster_name(stack), settings, queue, reference)
+
+
+def check_members(reader: ConfigReader, members: list[Member], kueue_version: str) -> None:
+    """A job fits every member: the same slice (the RayJob asks for it by machine type and topology), in distinct
+    zones (stockouts are zonal: a second member in one zone adds no chance), on the manager's Kueue version."""
+    first = members[0]
+    zones: dict[str, str] = {}
+    for index, member in enumerate(members):
+        where = f"{FLEET_KEY}.members[{index}]"
+        if member.settings.zone in zones:
+            reader.fail(where, f"{member.stack} is in {member.settings.zone}, as {zones[member.settings.zone]} is: "
+                               "stockouts are zonal, so members must be in distinct zones")
+        zones.setdefault(member.settings.zone, member.stack)
+        shape, wanted = member.settings.tpu, first.settings.tpu
+        reader.check(where, (shape.machine_type.name, shape.topology) == (wanted.machine_type.name, wanted.topology),
+                     f"{member.stack} has {shape.machine_type.name} {shape.topology} slices, {first.stack} has "
+                     f"{wanted.machine_type.name} {wanted.topology}: a fleet job asks every member for one slice "
+                     "shape; make them equal")
+        reader.check(where, member.settings.kueue_version == kueue_version,
+                     f"{member.stack} runs Kueue {member.settings.kueue_version}, the manager {kueue_version} "
+                     "(kueue.version): MultiKueue copies Workloads between them; use one version")
+
+
+def check_workloads_fit(reader: ConfigReader, members: list[Member]) -> Any:
+    """The workloads' settings, checked against every member's machines (head on its CPU pool, batch over the
+    chips): a problem found only against a later member names it."""
+    workloads = read_workload_settings(reader, members[0].settings)
+    for member in members[1:]:
+        against = ConfigReader(reader.config)
+        read_workload_settings(against, member.settings)
+        reader.problems += [f"{problem} (against {member.stack})" for problem in against.problems
+                            if problem not in reader.problems]
+    if workloads is not None:
+        reader.check(f"{WORKLOADS_KEY}.namespace",
+                     workloads.namespace in (WORKLOAD_DEFAULTS["namespace"], FLEET_NAMESPACE),
+                     f"{workloads.namespace!r}: a fleet's jobs run in {FLEET_NAMESPACE!r}, the namespace every "
+                     "member's fleet queue is in; remove it")
+    return workloads
+
+
+def manager_settings(keys: ClusterKeys, fleet_template: PlatformSettings) -> PlatformSettings:
+    """The manager cluster's settings: its own cluster keys, and the members' slice for the jobs it queues."""
+    return dataclasses.replace(
+        fleet_template, project=keys.project, zone=keys.zone, cluster_name=keys.cluster_name,
+        gke_version=keys.gke_version, deletion_protection=keys.deletion_protection,
+        system_pool=dataclasses.replace(fleet_template.system_pool, machine=keys.machine or
+                                        fleet_template.system_pool.machine, node_count=keys.node_count),
+        monitoring=MonitoringSettings(enabled=False), teams=(), fleet_member=None)
+
+
+def read_stack_keys(reader: ConfigReader) -> tuple[FleetSettings, str, str]:
+    """The fleet's own keys, and no key the members own: (fleet, kueue version, chart repository)."""
+    fleet = read_fleet_settings(reader, (pulumi.get_project(), pulumi.get_stack()))
+    for key, default in DEFAULTS.items():
+        raw = reader.config.get(key)
+        if key not in FLEET_STACK_KEYS and raw is not None and differs_from_default(raw, default):
+            reader.fail(key, "a fleet stack does not read it: the members' stacks own their TPUs and rungs; "
+                             "remove it here")
+    kueue = reader.obj("kueue", DEFAULTS["kueue"])
+    reader.unknown_keys({*DEFAULTS, WORKLOADS_KEY, FLEET_KEY})
+    return fleet, kueue["version"], kueue["chartRepository"]
+
+
+def deploy() -> None:
+    """Declare the fleet: manager cluster, MultiKueue, and the jobs submitted to the fleet queue."""
+    reader = ConfigReader(pulumi.Config())
+    fleet, kueue_version, kueue_repository = read_stack_keys(reader)
+    keys = read_cluster_keys(reader, pulumi.Config("gcp"), FLEET_CLUSTER_NAME, FLEET_SYSTEM_POOL)
+    reader.raise_if_failed()
+    # Reads of the members' outputs; they create nothing.
+    references = {stack: pulumi.StackReference(member_cluster_name(stack), stack_name=stack)
+                  for stack in fleet.members}
+
+    # As a team stack does (roles/team.py): await the members' plain outputs before declaring anything, so every
+    # check runs before the first resource and preview shows the jobs. Ref: https://github.com/pulumi/pulumi/pull/23945
+    async def declare_fleet() -> pulumi.Inputs:
+        members = []
+        for index, (stack, reference) in enumerate(references.items()):
+            member = read_member(reader, f"{FLEET_KEY}.members[{index}]", stack, reference,
+                                 await read_published(reference, PLATFORM_OUTPUT),
+                                 await read_published(reference, FLEET_MEMBER_OUTPUT))
+            if member is not None:
+                members.append(member)
+        reader.raise_if_failed()
+        check_members(reader, members, kueue_version)
+        workloads = check_workloads_fit(reader, members)
+        reader.raise_if_failed()
+        settings = manager_settings(keys, members[0].settings)
+        workloads = dataclasses.replace(workloads, namespace=FLEET_NAMESPACE)
+
+        cluster = GkeCluster("fleet", settings, ray_operator=False)
+        manager = FleetManager("fleet", fleet, kueue_version, kueue_repository, [
+            MemberHandle(member.cluster, member.reference.require_output(FLEET_KUBECONFIG_OUTPUT),
+                         member.queue["capacity"]) for member in members], cluster.provider)
+
+        jobs = None
+        if workloads.enabled and workloads.jobs > 0:
+            # The jobs' pods run on the members: their ServiceAccount and script go there, through each member's
+            # own kubeconfig (secret, the one its `pulumi up` used), and are removed with this stack.
+            sites = tuple(JobSite(member.cluster, k8s.Provider(
+                f"{member.cluster}-k8s", kubeconfig=member.reference.require_output(KUBECONFIG_OUTPUT),
+                cluster_identifier=cluster_id(member.settings)), member.settings.project) for member in members)
+            handles = PlatformHandles(settings, cluster.provider, cluster.cluster, None,
+                                      TeamNamespace("fleet", FLEET_NAMESPACE, FLEET_LOCAL_QUEUE), sites=sites,
+                                      ready=tuple(manager.ready),
+                                      bucket_location=fleet.checkpoint_location or members[0].settings.region)
+            jobs = TrainingJobs("training", handles, workloads)
+        return {
+            "clusterName": cluster.cluster.name,
+            "kubeconfig": cluster.kubeconfig,
+            "members": {member.cluster: {"stack": member.stack, "zone": member.settings.zone,
+                                         "startRung": member.queue["startRung"],
+                                         "clusterQueue": member.queue["clusterQueue"]} for member in members},
+            "localQueue": {"namespace": FLEET_NAMESPACE, "name": FLEET_LOCAL_QUEUE},
+            "dispatcher": fleet.dispatcher,
+            "workerLostTimeoutSeconds": fleet.worker_lost_timeout_seconds,
+            "trainingJobs": jobs.job_names if jobs else [],
+            "checkpointBucket": jobs.bucket.url if jobs else None,
+        }
+
+    pulumi.run(declare_fleet)
+
