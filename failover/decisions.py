@@ -14,6 +14,10 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# On the copies a MultiKueue manager makes in this cluster (a fleet member's, plan C). The manager owns them: any
+# change of a copy's spec makes it delete and recreate the copy, and an eviction here re-dispatches the job to
+# every member. So the controller leaves them alone. Ref: ../shared/notes/multikueue.md (workload.go L490-536)
+MULTIKUEUE_ORIGIN_LABEL = "kueue.x-k8s.io/multikueue-origin"
 # On the Workload: the rung it was last admitted on. Kueue clears `status.admission` when it evicts, so the
 # controller writes it down while the Workload is admitted.
 ADMITTED_FLAVOR_ANNOTATION = "tpu-fallback/admitted-flavor"
@@ -85,6 +89,7 @@ class WorkloadView:
     rayjob: str | None  # the owning RayJob's name
     pending_since: datetime.datetime | None = None  # waiting for quota since (creation, or losing its quota)
     check_states: tuple[tuple[str, str], ...] = ()  # (admission check, state), as Kueue reports them
+    multikueue_origin: str | None = None  # set on a fleet manager's copy (MULTIKUEUE_ORIGIN_LABEL)
 
     @classmethod
     def from_object(cls, obj: Mapping) -> WorkloadView:
@@ -111,7 +116,8 @@ class WorkloadView:
             recorded_flavor=(meta.get("annotations") or {}).get(ADMITTED_FLAVOR_ANNOTATION),
             evicted_reason=conditions["Evicted"].get("reason") if true("Evicted") else None,
             rayjob=owner, pending_since=pending_since,
-            check_states=tuple((c["name"], c.get("state", "")) for c in status.get("admissionChecks") or []))
+            check_states=tuple((c["name"], c.get("state", "")) for c in status.get("admissionChecks") or []),
+            multikueue_origin=(meta.get("labels") or {}).get(MULTIKUEUE_ORIGIN_LABEL))
 
 
 @dataclass(frozen=True)
@@ -197,6 +203,8 @@ def decide(chain: Chain, workload: WorkloadView, job_failover: str | None,
     Never moves up the chain nor past its last rung; a move in progress is finished first, so a restart, a
     repeated event or a second replica moves nothing twice.
     """
+    if workload.multikueue_origin is not None:
+        return None  # a fleet's job: its manager re-dispatches it (README "Plan C")
     pending = Move.from_json(job_failover)
     if pending is not None and pending.state == MOVING:
         return FinishMove(pending)

@@ -53,6 +53,19 @@ def _decide(obj: dict, failover: str | None = None, stockout: datetime.datetime 
     return decide(CHAIN, view, failover, stockout, GRACE, NOW)
 
 
+def test_a_fleet_managers_copy_is_left_alone():
+    """A MultiKueue copy: a spec change makes the manager delete and recreate it, and its eviction re-dispatches
+    the job to every member; so no move, not even a recorded flavor, though the same Workload without the label
+    would be moved."""
+    timed_out = workload(evicted="PodsReadyTimeout", recorded="on-demand")
+    assert isinstance(_decide(timed_out), StartMove)
+    for obj in (timed_out, workload(reserved_on="on-demand")):
+        obj["metadata"]["labels"] = {decisions.MULTIKUEUE_ORIGIN_LABEL: "tpu-fallback-fleet"}
+        assert WorkloadView.from_object(obj).multikueue_origin == "tpu-fallback-fleet"
+        assert _decide(obj) is None
+        assert _decide(obj, stockout=NOW - datetime.timedelta(hours=1)) is None
+
+
 def test_an_admission_is_written_down_once():
     assert _decide(workload(reserved_on="on-demand")) == RecordFlavor("on-demand")
     assert _decide(workload(reserved_on="on-demand", recorded="on-demand")) is None
