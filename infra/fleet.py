@@ -26,8 +26,6 @@ from infra.settings import ConfigReader
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = {"members": [], "dispatcher": "AllAtOnce", "workerLostTimeout": "15m",
                            "checkpointLocation": ""}
-# The manager runs Kueue and the KubeRay operator only: two small nodes, one for each if a node goes.
-FLEET_SYSTEM_POOL = {"machineType": "e2-standard-4", "nodeCount": 2}
 DISPATCHERS = {"AllAtOnce": "kueue.x-k8s.io/multikueue-dispatcher-all-at-once",
                "Incremental": "kueue.x-k8s.io/multikueue-dispatcher-incremental"}
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"

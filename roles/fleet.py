@@ -19,7 +19,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.cluster import GkeCluster
-from infra.fleet import (FLEET_KEY, FLEET_SYSTEM_POOL, FleetManager, FleetSettings, MemberHandle,
+from infra.fleet import (FLEET_KEY, FleetManager, FleetSettings, MemberHandle,
                          member_cluster_name, read_fleet_settings)
 from infra.fleet_member import (FLEET_KUBECONFIG_OUTPUT, FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE)
 from infra.settings import (DEFAULTS, ClusterKeys, ConfigReader, MonitoringSettings, PlatformSettings,
@@ -31,7 +31,6 @@ from workloads.settings import WORKLOAD_DEFAULTS, read_workload_settings
 
 # The keys a fleet stack reads; any other platform key belongs to the members' stacks.
 FLEET_STACK_KEYS = ("zone", "clusterName", "gkeVersion", "deletionProtection", "systemPool", "kueue")
-FLEET_CLUSTER_NAME = "tpu-fleet"
 
 
 def is_fleet_stack(config: pulumi.Config) -> bool:
@@ -135,7 +134,7 @@ def deploy() -> None:
     """Declare the fleet: manager cluster, MultiKueue, and the jobs submitted to the fleet queue."""
     reader = ConfigReader(pulumi.Config())
     fleet, kueue_version, kueue_repository = read_stack_keys(reader)
-    keys = read_cluster_keys(reader, pulumi.Config("gcp"), FLEET_CLUSTER_NAME, FLEET_SYSTEM_POOL)
+    keys = read_cluster_keys(reader, pulumi.Config("gcp"))
     reader.raise_if_failed()
     # Reads of the members' outputs; they create nothing.
     references = {stack: pulumi.StackReference(member_cluster_name(stack), stack_name=stack)

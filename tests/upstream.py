@@ -40,6 +40,9 @@ PODMONITORING_CRD = UpstreamFile("prometheus-engine",
                                  "charts/operator/crds/monitoring.googleapis.com_podmonitorings.yaml")
 # Kueue's Cohort CRD (v1beta2), which ../shared/schemas does not hold: the teams' root and team Cohorts.
 KUEUE_COHORT_CRD = UpstreamFile("kueue", "config/components/crd/bases/kueue.x-k8s.io_cohorts.yaml")
+# MultiKueue's (plan C): not among ../shared/schemas either.
+KUEUE_MULTIKUEUE_CRDS = {kind: UpstreamFile("kueue", f"config/components/crd/bases/kueue.x-k8s.io_{kind.lower()}s.yaml")
+                         for kind in ("MultiKueueCluster", "MultiKueueConfig")}
 # Kueue's metric names and labels, for the dashboard's queries.
 KUEUE_METRICS = UpstreamFile("kueue", "pkg/metrics/metrics.go")
 
