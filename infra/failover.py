@@ -18,8 +18,8 @@ from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
 from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
-PACKAGE_FILES = ("__init__.py", "__main__.py", "controller.py", "decisions.py", "informer.py", "metrics.py",
-                 "workqueue.py", "requirements.txt")
+PACKAGE_FILES = ("__init__.py", "__main__.py", "controller.py", "decisions.py", "fleet.py", "informer.py",
+                 "metrics.py", "workqueue.py", "requirements.txt")
 # The image's Python is the one the tests run the controller with (3.11); a patch release, pinned.
 PYTHON_IMAGE = "python:3.11.14-slim"
 NAMESPACE = "tpu-fallback-system"
@@ -55,14 +55,14 @@ def chain_config(kueue: Kueue, settings: PlatformSettings) -> str:
     return json.dumps([{**rung.as_output(), "admissionCheck": rung.flavor in checked} for rung in kueue.queue_chain])
 
 
-def start_command(settings: PlatformSettings) -> tuple[str, list[dict]]:
+def start_command(settings: PlatformSettings, module: str = "failover") -> tuple[str, list[dict]]:
     """The container's shell command and the environment it needs: install the pins first (PyPI or the
     configured index), or nothing with a prebuilt image."""
     runtime = settings.failover_controller
     if runtime.image:
-        return "exec python -m failover", []
+        return f"exec python -m {module}", []
     install = (f"pip install --quiet --no-cache-dir --target {DEPS_DIR} -r {CODE_MOUNT}/requirements.txt "
-               f"&& exec python -m failover")
+               f"&& exec python -m {module}")
     env = [{"name": "PYTHONPATH", "value": DEPS_DIR}]
     if runtime.pip_index_url:
         env.append({"name": "PIP_INDEX_URL", "value": runtime.pip_index_url})  # pip reads it; no PyPI
@@ -70,45 +70,52 @@ def start_command(settings: PlatformSettings) -> tuple[str, list[dict]]:
 
 
 def deployment(settings: PlatformSettings, chain: str, configmap: str) -> dict:
-    run, runtime_env = start_command(settings)
+    return controller_deployment(settings, NAME, "failover", configmap, env=[
+        {"name": "FAILOVER_CHAIN", "value": chain},
+        {"name": "FAILOVER_GRACE_SECONDS", "value": str(settings.fallback.stockout_grace_period_seconds)},
+        {"name": "FAILOVER_RESYNC_SECONDS", "value": str(RESYNC_SECONDS)},
+        {"name": "FAILOVER_HEALTH_PORT", "value": str(HEALTH_PORT)},
+        {"name": "FAILOVER_METRICS_PORT", "value": str(METRICS_PORT)},
+    ], ports=[{"name": "health", "containerPort": HEALTH_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
+        probe={"httpGet": {"path": "/healthz", "port": "health"}})
+
+
+def controller_deployment(settings: PlatformSettings, name: str, module: str, configmap: str, env: list[dict],
+                          ports: list[dict] | None = None, probe: dict | None = None) -> dict:
+    """A Deployment running `python -m <module>` from the code ConfigMap, as the ServiceAccount `name`: the
+    failover controller, or a fleet's watch (infra/fleet.py)."""
+    run, runtime_env = start_command(settings, module)
+    container: dict = {
+        "name": "controller",
+        "image": settings.failover_controller.image or PYTHON_IMAGE,
+        "command": ["sh", "-c", run],
+        "workingDir": str(Path(CODE_MOUNT).parent),
+        "env": [*runtime_env, {"name": "HOME", "value": "/tmp"}, *env],
+    }
+    if ports:
+        container["ports"] = ports
+    if probe:
+        # /healthz answers once pip is done and the watches have listed: a minute's start.
+        container["livenessProbe"] = {**probe, "initialDelaySeconds": 60, "periodSeconds": 20, "failureThreshold": 3}
+    container.update({
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}},
+        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
+        "volumeMounts": [{"name": "code", "mountPath": CODE_MOUNT, "readOnly": True}],
+    })
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": NAME, "namespace": NAMESPACE, "labels": {"app": NAME}},
+        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": name}},
         "spec": {
-            "replicas": 1,  # moves are idempotent, so a second replica during a rollout is harmless
-            "selector": {"matchLabels": {"app": NAME}},
+            "replicas": 1,  # its writes are idempotent, so a second replica during a rollout is harmless
+            "selector": {"matchLabels": {"app": name}},
             "template": {
-                "metadata": {"labels": {"app": NAME}},
+                "metadata": {"labels": {"app": name}},
                 "spec": {
-                    "serviceAccountName": NAME,
+                    "serviceAccountName": name,
                     "nodeSelector": {NODEPOOL_LABEL_KEY: settings.system_pool.name},
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
-                    "containers": [{
-                        "name": "controller",
-                        "image": settings.failover_controller.image or PYTHON_IMAGE,
-                        "command": ["sh", "-c", run],
-                        "workingDir": str(Path(CODE_MOUNT).parent),
-                        "env": [
-                            *runtime_env,
-                            {"name": "HOME", "value": "/tmp"},
-                            {"name": "FAILOVER_CHAIN", "value": chain},
-                            {"name": "FAILOVER_GRACE_SECONDS",
-                             "value": str(settings.fallback.stockout_grace_period_seconds)},
-                            {"name": "FAILOVER_RESYNC_SECONDS", "value": str(RESYNC_SECONDS)},
-                            {"name": "FAILOVER_HEALTH_PORT", "value": str(HEALTH_PORT)},
-                            {"name": "FAILOVER_METRICS_PORT", "value": str(METRICS_PORT)},
-                        ],
-                        "ports": [{"name": "health", "containerPort": HEALTH_PORT},
-                                  {"name": "metrics", "containerPort": METRICS_PORT}],
-                        # /healthz answers once pip is done and the watches have listed: a minute's start.
-                        "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"},
-                                          "initialDelaySeconds": 60, "periodSeconds": 20, "failureThreshold": 3},
-                        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"},
-                                      "limits": {"memory": "512Mi"}},
-                        "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
-                        "volumeMounts": [{"name": "code", "mountPath": CODE_MOUNT, "readOnly": True}],
-                    }],
+                    "containers": [container],
                     "volumes": [{"name": "code", "configMap": {"name": configmap}}],
                 },
             },

@@ -11,6 +11,7 @@ Settings (`tpu-fallback:fleet`) are read here; the objects are built by small fu
 from __future__ import annotations
 
 import copy
+import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -18,10 +19,11 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import failover
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE
 from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
                          install_release, values_for)
-from infra.settings import ConfigReader
+from infra.settings import ConfigReader, PlatformSettings
 
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = {"members": [], "dispatcher": "AllAtOnce", "workerLostTimeout": "15m",
@@ -44,6 +46,14 @@ MIN_MEMBERS, MAX_MEMBERS = 2, 20
 # Kueue's default is 15m. Shorter re-dispatches sooner after a real loss, and overlaps two runs longer after a
 # short partition (README "Plan C"); the tests use seconds.
 MIN_WORKER_LOST_SECONDS, MAX_WORKER_LOST_SECONDS = 10, 24 * 3600
+# The fleet watch (failover/fleet.py): says on each job where it really runs; runs from the failover package.
+WATCH_NAME = "fleet-watch"
+WATCH_SECONDS = 10
+WATCH_RULES = (
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+)
 _STACK_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
 _FULLY_QUALIFIED_STACK = re.compile(rf"^{_STACK_PART}/{_STACK_PART}/{_STACK_PART}$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
@@ -185,6 +195,21 @@ def local_queue() -> dict:
     return _manifest("LocalQueue", FLEET_LOCAL_QUEUE, {"clusterQueue": CLUSTER_QUEUE}, namespace=FLEET_NAMESPACE)
 
 
+def watch_secret_rule(clusters: Sequence[str]) -> dict:
+    """The watch reads the members' kubeconfig Secrets and no other (a Role in Kueue's namespace)."""
+    return {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+            "resourceNames": [kubeconfig_secret_name(cluster) for cluster in clusters]}
+
+
+def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str) -> dict:
+    return failover.controller_deployment(settings, WATCH_NAME, "failover.fleet", configmap, env=[
+        {"name": "FLEET_MEMBERS", "value": json.dumps({c: kubeconfig_secret_name(c) for c in fleet.cluster_names})},
+        {"name": "FLEET_ORIGIN", "value": fleet.origin},
+        {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
+        {"name": "FLEET_WATCH_SECONDS", "value": str(WATCH_SECONDS)},
+    ])
+
+
 @dataclass(frozen=True)
 class MemberHandle:
     """A member as the manager sees it: its cluster name and the secret kubeconfig of its output."""
@@ -202,15 +227,15 @@ class FleetManager(pulumi.ComponentResource):
     local_queue: k8s.apiextensions.CustomResource
     ready: list[pulumi.Resource]  # what a fleet job waits for
 
-    def __init__(self, name: str, fleet: FleetSettings, kueue_version: str, kueue_repository: str,
+    def __init__(self, name: str, fleet: FleetSettings, settings: PlatformSettings,
                  members: Sequence[MemberHandle], provider: k8s.Provider,
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-fallback:infra:FleetManager", name, None, opts)
         self._name, self._provider = name, provider
         on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
 
-        self.release = install_release(self, f"{name}-kueue", provider, kueue_version, kueue_repository,
-                                       values_for(manager_config(fleet)))
+        self.release = install_release(self, f"{name}-kueue", provider, settings.kueue_version,
+                                       settings.kueue_chart_repository, values_for(manager_config(fleet)))
         # The operator and the CRDs, from KubeRay's chart (its crds/ are installed on first install only).
         # Ref: https://docs.ray.io/en/latest/cluster/kubernetes/getting-started/kuberay-operator-installation.html
         kuberay = k8s.helm.v3.Release(
@@ -232,7 +257,41 @@ class FleetManager(pulumi.ComponentResource):
         namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": FLEET_NAMESPACE}, opts=on_cluster)
         self.local_queue = self._object(local_queue(), after=[namespace, queue])
         self.ready = [self.release, kuberay, self.local_queue]
+        self._watch(name, fleet, settings, on_cluster, after=[self.release, *clusters])
         self.register_outputs({"localQueue": FLEET_LOCAL_QUEUE, "members": [m.cluster for m in members]})
+
+    def _watch(self, name: str, fleet: FleetSettings, settings: PlatformSettings, on_cluster: pulumi.ResourceOptions,
+               after: Sequence[pulumi.Resource]) -> None:
+        """The fleet watch: its ServiceAccount and RBAC, the failover package's code, the Deployment."""
+        def opts(*resources: pulumi.Resource) -> pulumi.ResourceOptions:
+            return pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=list(resources)))
+
+        namespace = k8s.core.v1.Namespace(f"{name}-watch-namespace", metadata={"name": failover.NAMESPACE},
+                                          opts=on_cluster)
+        account = k8s.core.v1.ServiceAccount(f"{name}-watch-account", metadata={
+            "name": WATCH_NAME, "namespace": failover.NAMESPACE}, opts=opts(namespace))
+        subject = [{"kind": "ServiceAccount", "name": WATCH_NAME, "namespace": failover.NAMESPACE}]
+        role_name = f"tpu-fallback-{WATCH_NAME}"
+        role = k8s.rbac.v1.ClusterRole(f"{name}-watch-role", metadata={"name": role_name},
+                                       rules=[dict(rule) for rule in WATCH_RULES], opts=on_cluster)
+        binding = k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-watch-binding", metadata={"name": role_name}, subjects=subject,
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role_name},
+            opts=opts(role, account))
+        secrets = k8s.rbac.v1.Role(f"{name}-watch-secrets", metadata={"name": role_name, "namespace": KUEUE_NAMESPACE},
+                                   rules=[watch_secret_rule(fleet.cluster_names)], opts=opts(self.release))
+        secrets_binding = k8s.rbac.v1.RoleBinding(
+            f"{name}-watch-secrets-binding", metadata={"name": role_name, "namespace": KUEUE_NAMESPACE},
+            subjects=subject, role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
+            opts=opts(secrets, account))
+        sources = failover.package_sources()
+        configmap = failover.code_configmap_name(sources)
+        code = k8s.core.v1.ConfigMap(f"{name}-watch-code", metadata={"name": configmap,
+                                                                     "namespace": failover.NAMESPACE},
+                                     data=sources, opts=opts(namespace))
+        manifest = watch_deployment(settings, fleet, configmap)
+        k8s.apps.v1.Deployment(f"{name}-watch", metadata=manifest["metadata"], spec=manifest["spec"],
+                               opts=opts(code, binding, secrets_binding, *after))
 
     def _object(self, manifest: dict, after: Sequence[pulumi.Resource] = ()) -> k8s.apiextensions.CustomResource:
         kind, name = manifest["kind"], manifest["metadata"]["name"]

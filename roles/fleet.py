@@ -22,15 +22,16 @@ from infra.cluster import GkeCluster
 from infra.fleet import (FLEET_KEY, FleetManager, FleetSettings, MemberHandle,
                          member_cluster_name, read_fleet_settings)
 from infra.fleet_member import (FLEET_KUBECONFIG_OUTPUT, FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE)
-from infra.settings import (DEFAULTS, ClusterKeys, ConfigReader, MonitoringSettings, PlatformSettings,
-                            read_cluster_keys)
+from infra.settings import (DEFAULTS, ClusterKeys, ConfigReader, ControllerRuntime, MonitoringSettings,
+                            PlatformSettings, read_cluster_keys, read_controller_runtime)
 from roles.contract import KUBECONFIG_OUTPUT, PLATFORM_OUTPUT, cluster_id, settings_from_output
 from roles.team import WORKLOADS_KEY, differs_from_default, read_published
 from workloads.jobs import JobSite, PlatformHandles, TeamNamespace, TrainingJobs
 from workloads.settings import WORKLOAD_DEFAULTS, read_workload_settings
 
 # The keys a fleet stack reads; any other platform key belongs to the members' stacks.
-FLEET_STACK_KEYS = ("zone", "clusterName", "gkeVersion", "deletionProtection", "systemPool", "kueue")
+FLEET_STACK_KEYS = ("zone", "clusterName", "gkeVersion", "deletionProtection", "systemPool", "kueue",
+                    "failoverController")
 
 
 def is_fleet_stack(config: pulumi.Config) -> bool:
@@ -107,10 +108,13 @@ def check_workloads_fit(reader: ConfigReader, members: list[Member]) -> Any:
     return workloads
 
 
-def manager_settings(keys: ClusterKeys, fleet_template: PlatformSettings) -> PlatformSettings:
-    """The manager cluster's settings: its own cluster keys, and the members' slice for the jobs it queues."""
+def manager_settings(keys: ClusterKeys, kueue: tuple[str, str], runtime: ControllerRuntime,
+                     fleet_template: PlatformSettings) -> PlatformSettings:
+    """The manager cluster's settings: its own cluster keys, Kueue and controller runtime, and the members' slice
+    for the jobs it queues."""
     return dataclasses.replace(
-        fleet_template, project=keys.project, zone=keys.zone, cluster_name=keys.cluster_name,
+        fleet_template, project=keys.project, kueue_version=kueue[0], kueue_chart_repository=kueue[1],
+        failover_controller=runtime, zone=keys.zone, cluster_name=keys.cluster_name,
         gke_version=keys.gke_version, deletion_protection=keys.deletion_protection,
         system_pool=dataclasses.replace(fleet_template.system_pool, machine=keys.machine or
                                         fleet_template.system_pool.machine, node_count=keys.node_count),
@@ -135,6 +139,7 @@ def deploy() -> None:
     reader = ConfigReader(pulumi.Config())
     fleet, kueue_version, kueue_repository = read_stack_keys(reader)
     keys = read_cluster_keys(reader, pulumi.Config("gcp"))
+    runtime = read_controller_runtime(reader)  # the fleet watch's Python packages (infra/fleet.py)
     reader.raise_if_failed()
     # Reads of the members' outputs; they create nothing.
     references = {stack: pulumi.StackReference(member_cluster_name(stack), stack_name=stack)
@@ -154,11 +159,11 @@ def deploy() -> None:
         check_members(reader, members, kueue_version)
         workloads = check_workloads_fit(reader, members)
         reader.raise_if_failed()
-        settings = manager_settings(keys, members[0].settings)
+        settings = manager_settings(keys, (kueue_version, kueue_repository), runtime, members[0].settings)
         workloads = dataclasses.replace(workloads, namespace=FLEET_NAMESPACE)
 
         cluster = GkeCluster("fleet", settings, ray_operator=False)
-        manager = FleetManager("fleet", fleet, kueue_version, kueue_repository, [
+        manager = FleetManager("fleet", fleet, settings, [
             MemberHandle(member.cluster, member.reference.require_output(FLEET_KUBECONFIG_OUTPUT),
                          member.queue["capacity"]) for member in members], cluster.provider)
 

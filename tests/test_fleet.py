@@ -7,6 +7,7 @@ MultiKueue judges these objects in tests/test_fleet_controlplane.py.
 from __future__ import annotations
 
 import copy
+import json
 import functools
 
 import pytest
@@ -347,3 +348,20 @@ def test_offline_command_plans_the_fleet_from_its_members_plans(tmp_path, capsys
     assert offline_main([FLEET, "--out", str(tmp_path / "again"), "--stack-outputs",
                          f"{MEMBER_STACKS[1]}={member_dir / 'outputs.json'}"]) == 0
     assert f"answered by {member_dir / 'outputs.json'}" in capsys.readouterr().out
+
+
+def test_the_fleet_watch_runs_on_the_manager_with_the_members_secrets_only():
+    plan = cached_fleet_plan()
+    watch = manifests(plan, "Deployment")[fleet_objects.WATCH_NAME]
+    container = watch["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert json.loads(env["FLEET_MEMBERS"]) == {m: f"{m}-kubeconfig" for m in MEMBERS}
+    assert env["FLEET_ORIGIN"] == "tpu-fallback-fleet" and "python -m failover.fleet" in container["command"][-1]
+    role = manifests(plan, "Role")[f"tpu-fallback-{fleet_objects.WATCH_NAME}"]
+    assert role["metadata"]["namespace"] == "kueue-system"
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
+                              "resourceNames": [f"{m}-kubeconfig" for m in MEMBERS]}]
+    cluster_role = manifests(plan, "ClusterRole")[f"tpu-fallback-{fleet_objects.WATCH_NAME}"]
+    assert not any("secrets" in rule["resources"] for rule in cluster_role["rules"])
+    code = manifests(plan, "ConfigMap")[watch["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]]
+    assert "fleet.py" in code["data"]

@@ -1,0 +1,217 @@
+"""The fleet watch (plan C), on a fleet's manager cluster: where each fleet job really runs, said on its RayJob.
+
+Kueue 0.19.2's MultiKueue records where a job was admitted (`status.clusterName` of the manager's Workload) and
+cannot change that record once set. Measured (../shared/notes/multikueue.md): when the admitting member is cut off
+for `workerLostTimeout`, the manager re-dispatches, another member runs the job, and the record names that one;
+when the first member comes back, Kueue keeps the older admission there, deletes the fresh run, and keeps naming
+the member it deleted. The job then runs where the manager's record says it does not.
+
+Each pass, this watch lists the manager's Workloads and, in every member it can reach (through the kubeconfig
+Secrets MultiKueue uses), the copies and RayJobs that this manager made. Per job it writes what is true on the
+manager's RayJob (annotation `tpu-fallback/fleet`: where it runs, Kueue's record, the state) and an Event when
+that changes: `FleetRunning`, `FleetRecordStale` (runs elsewhere than Kueue's record), `FleetRunningTwice` (two
+members run it: a partition's overlap, each run checkpointing under its own run id), `FleetMemberLost`.
+It changes nothing Kueue owns.
+
+    python -m failover.fleet     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS, FLEET_SECRETS_NAMESPACE
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import json
+import logging
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import yaml
+from kubernetes import client, config
+from kubernetes.client.rest import ApiException
+
+from failover.decisions import MULTIKUEUE_ORIGIN_LABEL, format_time
+
+log = logging.getLogger("tpu-fallback.fleet")
+
+FLEET_ANNOTATION = "tpu-fallback/fleet"
+COMPONENT = "tpu-fallback-fleet-watch"
+KUEUE = ("kueue.x-k8s.io", "v1beta2")
+RAY = ("ray.io", "v1")
+REQUEST_TIMEOUT_SECONDS = 5  # a member that does not answer in this long counts as unreachable for this pass
+RUNNING, RECORD_STALE, RUNNING_TWICE, MEMBER_LOST = "Running", "RecordStale", "RunningTwice", "MemberLost"
+WARNINGS = frozenset({RECORD_STALE, RUNNING_TWICE, MEMBER_LOST})
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Where one job runs, as the members show it, against Kueue's record."""
+
+    state: str
+    runs_in: tuple[str, ...]  # members that have the job's RayJob
+    record: str | None  # the manager Workload's status.clusterName
+    unreachable: tuple[str, ...] = ()
+
+    def message(self) -> str:
+        where = " and ".join(self.runs_in)
+        if self.state == RUNNING:
+            return f"runs in {where}"
+        if self.state == RECORD_STALE:
+            return (f"runs in {where}; Kueue's record still names {self.record}: MultiKueue kept the older admission "
+                    f"in {where} when it came back and cannot change the record (Kueue 0.19.2)")
+        if self.state == RUNNING_TWICE:
+            return (f"runs in {where} at once (a member was cut off and the job was dispatched again); each run "
+                    "checkpoints under its own run id, and MultiKueue keeps one when the member is back")
+        return (f"{self.record}, where Kueue admitted it, does not answer; the manager dispatches again after "
+                "workerLostTimeout, and a run there may go on meanwhile")
+
+    def annotation(self, since: str) -> str:
+        return json.dumps({"state": self.state, "runsIn": list(self.runs_in), "kueueRecord": self.record,
+                           "unreachable": list(self.unreachable), "since": since}, sort_keys=True)
+
+
+def assess(record: str | None, running: Mapping[str, bool], unreachable: frozenset[str]) -> Finding | None:
+    """The finding for one job: `running` says, per reachable member, whether it has the job's RayJob. None when
+    nothing runs and nothing is recorded (the job is still being dispatched)."""
+    runs_in = tuple(sorted(member for member, has in running.items() if has))
+    lost = tuple(sorted(unreachable))
+    if len(runs_in) > 1:
+        return Finding(RUNNING_TWICE, runs_in, record, lost)
+    if runs_in and record is not None and runs_in != (record,):
+        return Finding(RECORD_STALE, runs_in, record, lost)
+    if record is not None and record in unreachable:
+        return Finding(MEMBER_LOST, runs_in, record, lost)
+    if runs_in:
+        return Finding(RUNNING, runs_in, record, lost)
+    return None
+
+
+def changed(previous: str | None, finding: Finding) -> bool:
+    """Whether the RayJob's annotation says something else (the time it was first seen aside)."""
+    try:
+        before = json.loads(previous) if previous else {}
+    except ValueError:
+        before = {}
+    return (before.get("state"), before.get("runsIn"), before.get("kueueRecord")) != (
+        finding.state, list(finding.runs_in), finding.record)
+
+
+def _owner_rayjob(workload: Mapping) -> str | None:
+    return next((o["name"] for o in workload["metadata"].get("ownerReferences") or [] if o.get("kind") == "RayJob"),
+                None)
+
+
+class FleetWatch:
+    """One pass with `reconcile()`; `members` gives a client per member name (None: unreachable)."""
+
+    def __init__(self, manager: client.ApiClient, members: Callable[[], Mapping[str, client.ApiClient | None]],
+                 origin: str, clock: Callable[[], datetime.datetime] | None = None):
+        self.custom = client.CustomObjectsApi(manager)
+        self.core = client.CoreV1Api(manager)
+        self.members, self.origin = members, origin
+        self.clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
+
+    def _member_rayjobs(self, api: client.ApiClient) -> set[tuple[str, str]]:
+        listed = client.CustomObjectsApi(api).list_cluster_custom_object(
+            *RAY, "rayjobs", label_selector=f"{MULTIKUEUE_ORIGIN_LABEL}={self.origin}",
+            _request_timeout=REQUEST_TIMEOUT_SECONDS)
+        return {(job["metadata"]["namespace"], job["metadata"]["name"]) for job in listed["items"]}
+
+    def reconcile(self) -> dict[tuple[str, str], Finding]:
+        """One pass over every fleet job: the findings by (namespace, RayJob)."""
+        reachable: dict[str, set[tuple[str, str]]] = {}
+        unreachable: set[str] = set()
+        for name, api in self.members().items():
+            try:
+                if api is None:
+                    raise ConnectionError("no client")
+                reachable[name] = self._member_rayjobs(api)
+            except Exception as error:  # noqa: BLE001 - any failure to answer is "unreachable" for this pass
+                log.warning("member %s unreachable: %s", name, str(error).splitlines()[0][:200])
+                unreachable.add(name)
+        findings = {}
+        for workload in self.custom.list_cluster_custom_object(*KUEUE, "workloads")["items"]:
+            job = _owner_rayjob(workload)
+            if job is None:
+                continue
+            key = (workload["metadata"]["namespace"], job)
+            record = (workload.get("status") or {}).get("clusterName")
+            finding = assess(record, {member: key in jobs for member, jobs in reachable.items()},
+                             frozenset(unreachable))
+            if finding is not None:
+                findings[key] = finding
+                self._publish(key, finding)
+        return findings
+
+    def _publish(self, key: tuple[str, str], finding: Finding) -> None:
+        namespace, name = key
+        try:
+            job = self.custom.get_namespaced_custom_object(*RAY, namespace, "rayjobs", name)
+        except ApiException as error:
+            if error.status == 404:
+                return
+            raise
+        previous = (job["metadata"].get("annotations") or {}).get(FLEET_ANNOTATION)
+        if not changed(previous, finding):
+            return
+        now = self.clock()
+        self.custom.patch_namespaced_custom_object(*RAY, namespace, "rayjobs", name, {"metadata": {
+            "annotations": {FLEET_ANNOTATION: finding.annotation(format_time(now))},
+            "resourceVersion": job["metadata"]["resourceVersion"]}})
+        log.info("%s/%s: %s", namespace, name, finding.message())
+        self.core.create_namespaced_event(namespace, client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{name}.{uuid.uuid4().hex[:12]}", namespace=namespace),
+            involved_object=client.V1ObjectReference(api_version="/".join(RAY), kind="RayJob", name=name,
+                                                     namespace=namespace, uid=job["metadata"]["uid"]),
+            reason=f"Fleet{finding.state}", message=finding.message(),
+            type="Warning" if finding.state in WARNINGS else "Normal", count=1, first_timestamp=now,
+            last_timestamp=now, source=client.V1EventSource(component=COMPONENT), reporting_component=COMPONENT,
+            reporting_instance=COMPONENT))
+
+
+def member_clients(core: client.CoreV1Api, secrets: Mapping[str, str],
+                   namespace: str) -> Callable[[], dict[str, client.ApiClient | None]]:
+    """A client per member from the kubeconfig Secrets MultiKueue reads (key `kubeconfig`), re-read each pass
+    so a rotated token is picked up; None for a member whose Secret cannot be read."""
+    built: dict[str, tuple[str, client.ApiClient]] = {}  # member -> (kubeconfig text, its client)
+
+    def load() -> dict[str, client.ApiClient | None]:
+        clients: dict[str, client.ApiClient | None] = {}
+        for member, secret in secrets.items():
+            try:
+                data = core.read_namespaced_secret(secret, namespace).data or {}
+                text = base64.b64decode(data["kubeconfig"]).decode()
+                if member not in built or built[member][0] != text:  # a client per kubeconfig, not per pass
+                    built[member] = (text, config.new_client_from_config_dict(yaml.safe_load(text)))
+                clients[member] = built[member][1]
+            except (ApiException, KeyError, ValueError, config.ConfigException) as error:
+                log.warning("member %s: no usable kubeconfig in %s/%s: %s", member, namespace, secret, error)
+                clients[member] = None
+        return clients
+    return load
+
+
+def main() -> int:
+    from failover.__main__ import api_client  # the same credentials rule as the failover controller
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    manager = api_client()
+    secrets = json.loads(os.environ["FLEET_MEMBERS"])  # {member: kubeconfig Secret name}
+    namespace = os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")
+    period = float(os.environ.get("FLEET_WATCH_SECONDS", "10"))
+    watch = FleetWatch(manager, member_clients(client.CoreV1Api(manager), secrets, namespace),
+                       os.environ["FLEET_ORIGIN"])
+    log.info("watching fleet jobs of origin %s over %s every %.0f s", watch.origin, ", ".join(secrets), period)
+    while True:
+        try:
+            watch.reconcile()
+        except Exception:  # noqa: BLE001 - the manager unreachable for a pass: try again next one
+            log.exception("fleet watch pass failed")
+        time.sleep(period)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

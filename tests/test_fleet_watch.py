@@ -1,0 +1,50 @@
+"""The fleet watch's findings (failover/fleet.py): where a fleet job runs against Kueue's record. Pure functions; the
+real partition and return are in tests/test_fleet_controlplane.py."""
+
+from __future__ import annotations
+
+import json
+
+from failover.fleet import (MEMBER_LOST, RECORD_STALE, RUNNING, RUNNING_TWICE, WARNINGS, Finding, assess, changed)
+
+
+def test_a_job_running_where_kueue_says_is_running():
+    finding = assess("w2", {"w1": False, "w2": True}, frozenset())
+    assert finding == Finding(RUNNING, ("w2",), "w2")
+    assert finding.message() == "runs in w2" and RUNNING not in WARNINGS
+
+
+def test_a_job_still_being_dispatched_says_nothing():
+    assert assess(None, {"w1": False, "w2": False}, frozenset()) is None
+
+
+def test_after_the_return_the_run_is_where_kueue_kept_it_not_where_its_record_says():
+    """Measured on Kueue 0.19.2: back from a partition, w2 keeps the job (older admission), the record says w1."""
+    finding = assess("w1", {"w1": False, "w2": True}, frozenset())
+    assert (finding.state, finding.runs_in, finding.record) == (RECORD_STALE, ("w2",), "w1")
+    assert finding.message().startswith("runs in w2; Kueue's record still names w1")
+    assert RECORD_STALE in WARNINGS
+
+
+def test_two_runs_at_once_are_said_whatever_the_record():
+    for record in ("w1", "w2", None):
+        finding = assess(record, {"w1": True, "w2": True}, frozenset())
+        assert (finding.state, finding.runs_in) == (RUNNING_TWICE, ("w1", "w2"))
+
+
+def test_a_lost_member_that_holds_the_record():
+    finding = assess("w2", {"w1": False}, frozenset({"w2"}))
+    assert (finding.state, finding.unreachable) == (MEMBER_LOST, ("w2",))
+    # Re-dispatched meanwhile and running in w1: the record (w1 once Kueue re-admits) decides; before that, stale.
+    assert assess("w2", {"w1": True}, frozenset({"w2"})).state == RECORD_STALE
+    assert assess("w1", {"w1": True}, frozenset({"w2"})).state == RUNNING
+
+
+def test_the_annotation_changes_only_when_the_finding_does():
+    finding = assess("w1", {"w1": False, "w2": True}, frozenset())
+    written = finding.annotation("2026-11-30T18:00:00Z")
+    assert json.loads(written) == {"state": RECORD_STALE, "runsIn": ["w2"], "kueueRecord": "w1", "unreachable": [],
+                                   "since": "2026-11-30T18:00:00Z"}
+    assert not changed(written, finding)
+    assert changed(written, assess("w2", {"w2": True}, frozenset()))
+    assert changed(None, finding) and changed("not json", finding)
