@@ -694,3 +694,19 @@ def test_the_entry_point_runs_the_status_tool(tmp_path, capsys):
 def test_only_named_jobs_are_listed(kubeconfig):
     code, out, _, _ = status(["--kubeconfig", kubeconfig, "-o", "json", "c-dws"])
     assert code == 0 and [j["name"] for j in json.loads(out)["jobs"]] == ["c-dws"]
+
+
+def test_a_fleet_job_shows_where_it_runs_and_kueues_record():
+    """On a fleet's manager (plan C): Kueue's status.clusterName, and the fleet watch's annotation when it differs."""
+    from failover.fleet import FLEET_ANNOTATION
+    from ops.status.jobs import fleet_of
+
+    rayjob = {"metadata": {"name": "fleet-v6e-1", "namespace": "tpu-fleet", "annotations": {}}}
+    workload = {"metadata": {"name": "w"}, "status": {"clusterName": "w1"}}
+    assert fleet_of(rayjob, {"metadata": {"name": "w"}, "status": {}}) is None  # not admitted anywhere yet
+    assert fleet_of(rayjob, workload).words() == "admitted in w1 (Kueue's record; the fleet watch has not seen it yet)"
+    rayjob["metadata"]["annotations"][FLEET_ANNOTATION] = json.dumps({
+        "state": "RecordStale", "runsIn": ["w2"], "kueueRecord": "w1", "since": "2026-11-30T18:00:00Z"})
+    placement = fleet_of(rayjob, workload)
+    assert (placement.record, placement.runs_in, placement.watch_state) == ("w1", ("w2",), "RecordStale")
+    assert placement.words() == "runs in w2; Kueue's record says w1 (it cannot change it: Kueue 0.19.2)"

@@ -9,11 +9,13 @@ whether it is back in the queue), Finished. The controller's annotations on the 
 from __future__ import annotations
 
 import datetime
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from failover import decisions
 from failover.decisions import (FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
+from failover.fleet import FLEET_ANNOTATION
 from infra.kueue import PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
                                 namespace_of, owned_by)
@@ -103,6 +105,43 @@ class JobView:
     move_in_progress: MoveView | None
     request: RequestView | None
     checks: tuple[tuple[str, str], ...]  # (admission check, state) from the Workload's status
+    fleet: FleetPlacement | None = None  # on a fleet's manager (plan C): where the job runs
+
+
+@dataclass(frozen=True)
+class FleetPlacement:
+    """A fleet job, as the manager shows it: Kueue's record of where it was admitted (status.clusterName) and, from
+    the fleet watch (failover/fleet.py, annotation tpu-fallback/fleet), where it really runs."""
+
+    record: str | None
+    runs_in: tuple[str, ...]
+    watch_state: str | None  # Running, RecordStale, RunningTwice, MemberLost; None before the watch saw it
+    since: datetime.datetime | None
+
+    def words(self) -> str:
+        if self.watch_state is None:
+            return f"admitted in {self.record} (Kueue's record; the fleet watch has not seen it yet)"
+        where = " and ".join(self.runs_in) or "nowhere reachable"
+        if self.watch_state == "RecordStale":
+            return f"runs in {where}; Kueue's record says {self.record} (it cannot change it: Kueue 0.19.2)"
+        if self.watch_state == "RunningTwice":
+            return f"runs in {where} at once (a partition's overlap; each run checkpoints apart)"
+        if self.watch_state == "MemberLost":
+            return f"{self.record} does not answer; the manager dispatches again after workerLostTimeout"
+        return f"runs in {where}"
+
+
+def fleet_of(rayjob: Mapping, workload: Mapping | None) -> FleetPlacement | None:
+    """None for a job that is not a fleet's, or not yet admitted anywhere."""
+    record = ((workload or {}).get("status") or {}).get("clusterName")
+    try:
+        watched = json.loads(annotations(rayjob).get(FLEET_ANNOTATION) or "{}")
+    except ValueError:
+        watched = {}
+    if not record and not watched:
+        return None
+    return FleetPlacement(record or watched.get("kueueRecord"), tuple(watched.get("runsIn") or ()),
+                          watched.get("state"), parse_time(watched.get("since")))
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,9 @@ def job_dict(job: JobView, now: datetime.datetime) -> dict:
             "name": request.name, "provisioningClassName": request.provisioning_class, "state": request.state,
             "words": request.words, "since": time_or_none(request.since), "message": request.message},
         "admissionChecks": dict(job.checks),
+        "fleet": None if job.fleet is None else {
+            "kueueRecord": job.fleet.record, "runsIn": list(job.fleet.runs_in), "state": job.fleet.watch_state,
+            "since": time_or_none(job.fleet.since), "words": job.fleet.words()},
     }
 
 
@@ -167,6 +170,8 @@ def why_lines(report: Report) -> list[str]:
         parts = []
         if job.detail:
             parts.append(f"why: {job.detail}")
+        if job.fleet:
+            parts.append(f"fleet: {job.fleet.words()}")
         if job.moves:
             parts.append("moves: " + ", ".join(move_words(m) for m in job.moves))
         if job.request and job.request.message:

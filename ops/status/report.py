@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from failover.decisions import QUEUE_LABEL
 from ops.status import jobs as job_states
 from ops.status.health import ControllerView, controller_view
-from ops.status.jobs import JobView, current_rung, job_state, moves_of, request_of, request_view, workload_of
+from ops.status.jobs import (JobView, current_rung, fleet_of, job_state, moves_of, request_of, request_view,
+                             workload_of)
 from ops.status.ladder import Ladder, RungView, build_ladder, local_queue_targets
 from ops.status.objects import key_of, labels, name_of, namespace_of
 
@@ -88,7 +89,7 @@ def job_view(rayjob: Mapping, snapshot: Snapshot, ladder: Ladder, targets: Mappi
     active = ((workload or {}).get("spec") or {}).get("active", True) is not False
     return JobView(namespace, name_of(rayjob), name_of(workload) or None, local_queue, cluster_queue, rung, active,
                    state.state, state.words, state.since, state.detail, moves, in_progress, request,
-                   job_states.check_states(workload))
+                   job_states.check_states(workload), fleet_of(rayjob, workload))
 
 
 def waits(job: JobView) -> bool:
