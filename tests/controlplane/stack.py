@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from infra import kueue as stack_kueue
 from infra.offline import Plan, Recorded
 from tests.controlplane.kube import Kube, condition, wait_for
 
@@ -43,8 +44,12 @@ class Step:
 
 
 def release_values(plan: Plan) -> dict:
-    """The values the stack's Kueue release passes to the chart: the tier renders the chart with exactly these."""
-    return plan.only(HELM_RELEASE).inputs.get("values") or {}
+    """The values the stack's Kueue release passes to the chart: the tier renders the chart with exactly these.
+    (A fleet's manager also installs KubeRay's chart; the tier's planes all have KubeRay's CRDs.)"""
+    kueue = [r for r in plan.of_type(HELM_RELEASE) if r.inputs.get("name") == stack_kueue.RELEASE_NAME]
+    if len(kueue) != 1:
+        raise KeyError(f"{len(kueue)} Kueue releases in the plan")
+    return kueue[0].inputs.get("values") or {}
 
 
 def _edges(resource: Recorded) -> set[str]:
@@ -80,21 +85,27 @@ class Deployed:
     steps: list[Step]
 
 
+Route = Callable[[Step], Kube]  # the cluster a step goes to (a fleet's plan spans several, by provider)
+
+
 def deploy(kube: Kube, plan: Plan, wait_timeout: float = 60.0,
-           after_create: Callable[[Step], None] | None = None) -> Deployed:
+           after_create: Callable[[Step], None] | None = None, route: Route | None = None,
+           edit: Callable[[Step], dict] | None = None) -> Deployed:
     """Create each object in order; `after_create` runs after each (the tests wait there for Kueue's
-    decision on a RayJob, so jobs are judged in submission order)."""
+    decision on a RayJob, so jobs are judged in submission order). `route` picks each step's cluster (default
+    `kube`); `edit` gives the manifest to create instead of the plan's (a secret the plan only marks)."""
     steps = creation_order(plan)
     deployed = Deployed(steps)
     for step in steps:
         if step.manifest is None:
             continue  # the tier already runs Kueue with what this release renders
-        kube.create(step.manifest)
+        target = route(step) if route else kube
+        target.create(edit(step) if edit else step.manifest)
         awaited = (step.manifest["metadata"].get("annotations") or {}).get(WAIT_FOR)
         if awaited:
             kind, _, wanted = awaited.partition("=")
             assert kind == "condition", f"{step.label}: unsupported {WAIT_FOR} {awaited!r}"
-            wait_for(lambda s=step, c=wanted: condition(kube.get(*s.ref()), c) == "True", wait_timeout,
+            wait_for(lambda s=step, c=wanted: condition(target.get(*s.ref()), c) == "True", wait_timeout,
                      f"{step.label} {awaited}")
         if after_create is not None:
             after_create(step)
@@ -114,7 +125,7 @@ class Destroyed:
 
 
 def destroy(kube: Kube, steps: list[Step], timeout: float = 60.0,
-            uninstall_release: Callable[[], None] | None = None) -> Destroyed:
+            uninstall_release: Callable[[], None] | None = None, route: Route | None = None) -> Destroyed:
     """Delete in reverse creation order, each awaited until gone (or recorded as stuck after `timeout`).
 
     The release's turn calls `uninstall_release` (ControlPlane.uninstall_kueue); without it the tier keeps
@@ -128,11 +139,12 @@ def destroy(kube: Kube, steps: list[Step], timeout: float = 60.0,
                 result.seconds[step.label] = round(time.monotonic() - started, 2)
             continue
         started = time.monotonic()
-        kube.delete(*step.ref(), propagation=deletion_policy(step.manifest))
+        target = route(step) if route else kube
+        target.delete(*step.ref(), propagation=deletion_policy(step.manifest))
         try:
-            wait_for(lambda s=step: kube.get(*s.ref()) is None, timeout, f"{step.label} gone", interval=0.05)
+            wait_for(lambda s=step: target.get(*s.ref()) is None, timeout, f"{step.label} gone", interval=0.05)
         except TimeoutError:
-            left = kube.get(*step.ref()) or {}
+            left = target.get(*step.ref()) or {}
             result.stuck[step.label] = {"finalizers": left.get("metadata", {}).get("finalizers"),
                                         "deletionTimestamp": left.get("metadata", {}).get("deletionTimestamp")}
         result.seconds[step.label] = round(time.monotonic() - started, 2)
