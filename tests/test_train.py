@@ -1,10 +1,14 @@
 """Tests of workloads/train.py: real Ray Train (JaxTrainer) and real JAX on the CPU.
 
 The Ray tests run 2 worker processes joined by jax.distributed (2 processes x 1 CPU device), like two
-TPU hosts. Three fit() calls in all (about 100 s on 2 idle cores): an uninterrupted run, a run with an
-injected worker death, and an extension of the first run. The model helpers are unit-tested in-process.
+TPU hosts. Four fit() calls in all (about 2 minutes on 2 cores): an uninterrupted run, a run with an
+injected worker death, an extension of the first run, and a second dispatch of the first run's job (another
+run id) that resumes from it. The model helpers and the choice of the resume source are unit-tested
+in-process.
 """
 
+import argparse
+import json
 import math
 import subprocess
 import sys
@@ -93,11 +97,66 @@ def test_synthetic_data_is_a_pure_function_of_seed_step_process():
     assert 0.88 < follows < 0.95
 
 
-def test_defaults_resolve_to_two_cpu_workers_and_a_checkpoint_dir_beside_the_run():
+def test_defaults_resolve_to_two_cpu_workers_and_a_checkpoint_dir_beside_the_run(monkeypatch):
+    monkeypatch.delenv("RAY_CLUSTER_NAME", raising=False)
     config = train.resolve_config(train.build_parser().parse_args(["--storage-path", "rel/dir"]))
     assert config["num_workers"] == 2 and not config["use_tpu"] and config["max_failures"] == 2
     assert config["storage_path"] == str(Path("rel/dir").resolve())
     assert config["checkpoint_dir"] == config["storage_path"] + "/tpu-fallback-train-orbax"
+    assert config["run_id"] == "local"
+    assert train.run_checkpoint_dir(config["checkpoint_dir"] + "/", "local") == (
+        config["checkpoint_dir"] + "/runs/local")
+
+
+def _resolve(*argv: str) -> dict:
+    parser = train.build_parser()
+    parser.exit_on_error = False  # an invalid value raises ArgumentError instead of exiting
+    return train.resolve_config(parser.parse_args(list(argv)))
+
+
+def test_run_id_defaults_to_the_ray_cluster_name_and_must_be_path_safe(monkeypatch):
+    # KubeRay sets RAY_CLUSTER_NAME, the RayCluster's name ("<rayjob>-<random suffix>"), on every Ray container.
+    monkeypatch.setenv("RAY_CLUSTER_NAME", "rayjob-tpu-v6e-4x4-1-x7k2p")
+    assert _resolve()["run_id"] == "rayjob-tpu-v6e-4x4-1-x7k2p"
+    assert _resolve("--run-id", "dispatch_b.2")["run_id"] == "dispatch_b.2"  # the flag wins
+    monkeypatch.setenv("RAY_CLUSTER_NAME", "")
+    assert _resolve()["run_id"] == "local"
+    for bad in ["a/b", "..", ".", "x y", "", "runs/../x"]:
+        with pytest.raises(argparse.ArgumentError, match="path-safe"):
+            _resolve("--run-id", bad)
+    monkeypatch.setenv("RAY_CLUSTER_NAME", "../escape")
+    with pytest.raises(ValueError, match="RAY_CLUSTER_NAME"):
+        _resolve()
+
+
+def test_resume_source_is_the_newest_finished_step_then_own_run_then_greatest_run_id():
+    choose = train.choose_resume_run
+    assert choose({}, "a") is None
+    assert choose({"a": None, "b": None}, "a") is None  # run dirs without a finished step
+    assert choose({"a": 10, "b": 20, "c": None}, "a") == "b"  # newest step, whoever wrote it
+    assert choose({"a": 30, "b": 20}, "b") == "a"
+    assert choose({"a": 20, "b": 20, "c": 20}, "b") == "b"  # tie: own run
+    assert choose({"a": 20, "c": 20, "b": 10}, "b") == "c"  # tie, own run older: greatest id
+    assert choose({"a": 20, "c": 20, "b": 10}, "z") == "c"  # own run has no directory yet
+    assert choose({"a": 0, "b": None}, "b") == "a"  # step 0 is a step
+
+
+def test_latest_steps_counts_only_finished_steps_of_valid_run_dirs(tmp_path):
+    """A concurrent writer's step in progress (orbax's tmp directory) is not a resume point."""
+    import jax.numpy as jnp
+    import orbax.checkpoint as ocp
+    root = tmp_path / "orbax"
+    assert train.latest_steps(str(root)) == {}  # no runs/ yet: a fresh job
+    mngr = train.checkpoint_manager(train.run_checkpoint_dir(str(root), "a"))
+    for step in (10, 20):
+        mngr.save(step, args=ocp.args.StandardSave({"w": jnp.arange(3.0) + step}))
+    mngr.wait_until_finished()
+    mngr.close()
+    (root / "runs" / "a" / "30.orbax-checkpoint-tmp-1234").mkdir()  # step 30 still being written
+    (root / "runs" / "b").mkdir()  # a run that has not finished a step
+    (root / "runs" / "b" / "40.orbax-checkpoint-tmp-99").mkdir()
+    (root / "runs" / "stray.txt").write_text("not a run")  # a file, not a run directory
+    assert train.latest_steps(str(root)) == {"a": 20, "b": None}
 
 
 @pytest.mark.parametrize("accelerator_type, topology, hosts", [
@@ -107,12 +166,15 @@ def test_defaults_resolve_to_two_cpu_workers_and_a_checkpoint_dir_beside_the_run
 ])
 def test_tpu_trainer_config_is_accepted_by_ray(accelerator_type, topology, hosts):
     argv = ["--use-tpu", "--topology", topology, "--accelerator-type", accelerator_type, "--num-workers",
-            str(hosts), "--chips-per-host", "4", "--storage-path", "gs://bucket/ray", "--run-name", "r1"]
+            str(hosts), "--chips-per-host", "4", "--storage-path", "gs://bucket/ray", "--run-name", "r1",
+            "--run-id", "r1-x7k2p"]
     trainer = train.make_trainer(train.resolve_config(train.build_parser().parse_args(argv)))
     scaling, run = trainer.scaling_config, trainer.run_config
     assert (scaling.use_tpu, scaling.num_workers, scaling.topology) == (True, hosts, topology)
     assert scaling.resources_per_worker == {"TPU": 4} and scaling.accelerator_type == accelerator_type
-    assert (run.name, run.storage_path, run.failure_config.max_failures) == ("r1", "gs://bucket/ray", 2)
+    # One Ray Train run directory per writer: gs://bucket/ray/r1/r1-x7k2p.
+    assert (run.name, run.storage_path) == ("r1/r1-x7k2p", "gs://bucket/ray")
+    assert run.failure_config.max_failures == 2
     assert "JAX_PLATFORMS" not in run.worker_runtime_env.get("env_vars", {})  # JaxTrainer sets "tpu"
 
     with pytest.raises(ValueError, match="multiple of"):  # Ray checks hosts per slice
@@ -139,9 +201,15 @@ def _argv(root: Path, run: str, steps: int, *extra: str) -> list:
             "--num-workers", "2", *extra]
 
 
-def _final_state(root: Path, run: str, step: int) -> dict:
+def _run_dir(root: Path, run: str, run_id: str | None = None) -> Path:
+    """Where a run of job ``run`` writes its orbax steps (default run id: the driver's, "local" here)."""
+    run_id = run_id or train.resolve_config(train.build_parser().parse_args([]))["run_id"]
+    return Path(train.run_checkpoint_dir(str(root / f"{run}-orbax"), run_id))
+
+
+def _final_state(root: Path, run: str, step: int, run_id: str | None = None) -> dict:
     cfg = train.model_config(train.resolve_config(train.build_parser().parse_args([])))
-    return train.load_checkpoint(str(root / f"{run}-orbax"), cfg, step=step)
+    return train.load_checkpoint(str(_run_dir(root, run, run_id)), cfg, step=step)
 
 
 @pytest.fixture(scope="module")
@@ -191,3 +259,48 @@ def test_second_fit_with_same_run_name_resumes_instead_of_starting_over(baseline
     assert metrics["step"] == STEPS + 10
     # The first loss of the second fit is that of trained parameters, not of a fresh init (~log V).
     assert metrics["first_loss"] < 0.5 * LOG_V, metrics
+
+
+def _files(directory: Path) -> dict:
+    """{relative path: (size, mtime in ns)} of every file under ``directory``."""
+    return {str(f.relative_to(directory)): (f.stat().st_size, f.stat().st_mtime_ns)
+            for f in directory.rglob("*") if f.is_file()}
+
+
+def _steps(run_dir: Path) -> list:
+    return sorted(int(p.name) for p in run_dir.iterdir() if p.name.isdigit())
+
+
+def test_a_second_dispatch_of_the_job_resumes_from_the_first_and_writes_only_its_own_files(baseline):
+    """MultiKueue may run one job in two clusters with the same flags; only the run id (the RayCluster's
+    name) differs. The baseline's run (the default run id) is dispatch A, finished; dispatch B starts with
+    run id "dispatch-b", takes A's newest step and trains on. One after the other, not at once: a fit takes
+    both CPUs. Neither run writes into the other's directories."""
+    root, job, a_id = baseline["root"], "base", _run_dir(baseline["root"], "base").name
+    a_orbax, b_orbax = _run_dir(root, job, a_id), _run_dir(root, job, "dispatch-b")
+    a_ray, b_ray = root / "ray" / job / a_id, root / "ray" / job / "dispatch-b"
+    a_newest = _steps(a_orbax)[-1]  # STEPS, or STEPS + 10 after test_second_fit
+    a_files, a_ray_files = _files(a_orbax), _files(a_ray)
+    assert a_newest >= STEPS and a_files and a_ray_files and not b_orbax.exists()
+
+    b = train.main(_argv(root, job, a_newest + CKPT_EVERY, "--run-id", "dispatch-b"))
+    assert (b.metrics["start_step"], b.metrics["resumed_from"]) == (a_newest, a_id)
+    assert b.metrics["step"] == a_newest + CKPT_EVERY
+    # B wrote, changed and deleted nothing of A's (orbax steps, Ray Train run) and saved into its own only.
+    assert _files(a_orbax) == a_files and _files(a_ray) == a_ray_files
+    assert _steps(b_orbax) == [a_newest + CKPT_EVERY]
+    assert sorted(p.name for p in (root / f"{job}-orbax").iterdir()) == ["runs"]  # no step at the root
+    assert sorted(p.name for p in a_orbax.parent.iterdir()) == sorted([a_id, "dispatch-b"])
+    assert sorted(p.name for p in (root / "ray" / job).iterdir()) == sorted([a_id, "dispatch-b"])
+    assert Path(b.path) == b_ray
+    markers = [json.loads((Path(ckpt.path) / "meta.json").read_text()) for ckpt, _ in b.best_checkpoints]
+    assert markers and {m["orbax_dir"] for m in markers} == {str(b_orbax)}  # Ray's marker names B's steps
+
+    # B started from A's newest parameters: its first loss is theirs on the batch of step a_newest (both
+    # processes' slices, in process order). A fresh start would show ~log V, an older step another value.
+    config = train.resolve_config(train.build_parser().parse_args([]))
+    cfg, local_batch = train.model_config(config), config["batch_size"] // 2
+    params = train.load_checkpoint(str(a_orbax), cfg, step=a_newest)["params"]
+    batch = np.concatenate([train.synthetic_batch(config["seed"], a_newest, proc, local_batch, cfg.seq_len,
+                                                  cfg.vocab) for proc in (0, 1)])
+    assert b.metrics["first_loss"] == pytest.approx(float(train.loss_fn(params, batch, cfg)), rel=1e-5, abs=0)

@@ -126,6 +126,8 @@ def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
     assert args.storage_path == f"{bucket}/ray"
     assert args.checkpoint_dir == f"{bucket}/rayjob-tpu-v6e-dws-1/orbax"
     assert args.run_name == "rayjob-tpu-v6e-dws-1"  # fixed: a retry resumes
+    # No fixed --run-id: each RayCluster (dispatch, retry) writes under its own name, from RAY_CLUSTER_NAME.
+    assert args.run_id is None
     assert args.steps == 500 and args.dtype == "bfloat16" and args.d_model == 1024  # the configured flags
 
 

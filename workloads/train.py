@@ -22,13 +22,26 @@ optimizer state are replicated, the batch is sharded on ``"data"``. Every host g
 slice of the global batch, which is a pure function of (seed, step, process index): a resumed run sees
 exactly the batches an uninterrupted run would have seen.
 
-Fault tolerance: the orbax ``CheckpointManager`` under ``--checkpoint-dir`` (shared by all hosts) holds
-the model state and is the source of truth; every process saves collectively. Rank 0 also reports a tiny
-Ray checkpoint (``meta.json`` with the step) so that Ray's bookkeeping and ``Result`` stay consistent.
-A restarted worker group (``FailureConfig(max_failures)``) and a new ``fit()`` with the same
-``--run-name``/``--storage-path`` both continue from the newest orbax step. (The Ray marker can lag behind:
-a report that the controller has not collected when a worker dies is dropped, so a restart may see an
-older Ray checkpoint, or none, while orbax has the step. Orbax decides where training resumes.)
+Fault tolerance: orbax checkpoints under ``--checkpoint-dir`` (shared by all hosts) hold the model state
+and are the source of truth; every process saves collectively. Rank 0 also reports a tiny Ray checkpoint
+(``meta.json`` with the step) so that Ray's bookkeeping and ``Result`` stay consistent.
+
+One job can run twice at once: MultiKueue re-dispatches it to another cluster when the first one is cut
+off, and both runs go on until the partition heals, with the same flags. So every run has a writer
+identity, ``--run-id`` (on KubeRay: the RayCluster's name, new for every dispatch and every RayJob retry),
+and writes only its own files::
+
+    <checkpoint-dir>/runs/<run-id>/<step>/...   orbax steps of this run (a CheckpointManager of its own)
+    <storage-path>/<run-name>/<run-id>/         its Ray Train run (RunConfig name "<run-name>/<run-id>")
+
+At start, rank 0 looks at every ``runs/*`` directory, takes the newest *finished* orbax step of any run
+(orbax lists only finalized steps; a concurrent writer's tmp directories do not count; ties go to this
+run, then to the greatest run id) and broadcasts the choice, so all processes restore the same step even
+while another run is writing. Training then saves into this run's directory only. So a restarted worker
+group (``FailureConfig(max_failures)``), a new ``fit()`` with the same flags and a new dispatch all
+continue from the newest step that any run finished. (The Ray marker can lag behind: a report that the
+controller has not collected when a worker dies is dropped, so a restart may see an older Ray checkpoint,
+or none, while orbax has the step. Orbax decides where training resumes.)
 
 Metrics, reported through ``ray.train.report`` every ``--report-every`` steps and at every checkpoint:
 loss, global tokens/s, step time, model TFLOP/s per device and, given ``--peak-tflops-per-device``, MFU.
@@ -42,6 +55,7 @@ import json
 import logging
 import math
 import os
+import re
 import socket
 import sys
 import tempfile
@@ -288,21 +302,68 @@ def shard_batch(local_tokens: np.ndarray, mesh):
 # --------------------------------------------------------------------------------------------------
 
 
-def checkpoint_manager(directory: str):
+RUNS_DIR = "runs"  # <checkpoint-dir>/runs/<run-id>/: one orbax directory per writer
+_RUN_ID = re.compile(r"[A-Za-z0-9_.-]+")
+
+
+def valid_run_id(value: str) -> str:
+    """A run id names a directory: letters, digits, "-", "_", "." only, and not "." or ".."."""
+    if not _RUN_ID.fullmatch(value) or value in (".", ".."):
+        raise argparse.ArgumentTypeError(
+            f"run id {value!r} is not a path-safe name (letters, digits, '-', '_', '.')")
+    return value
+
+
+def run_checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
+    """The orbax directory that run ``run_id`` writes (and only it)."""
+    return f"{checkpoint_dir.rstrip('/')}/{RUNS_DIR}/{run_id}"
+
+
+def checkpoint_manager(directory: str, read_only: bool = False):
     import orbax.checkpoint as ocp
+    if read_only:  # another run's directory (or an offline reader): never create, save or delete there
+        return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
     # max_to_keep=3 bounds storage; save() is only called on checkpoint steps, so no interval policy.
     return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=3, create=True))
 
 
+def choose_resume_run(latest_steps: dict, own_run_id: str) -> str | None:
+    """The run to resume from, given {run_id: newest finished step or None}: the newest step wins; on a tie
+    this run's own, then the greatest run id. Deterministic, so any process would choose the same."""
+    finished = {run: step for run, step in latest_steps.items() if step is not None}
+    if not finished:
+        return None
+    return max(finished, key=lambda run: (finished[run], run == own_run_id, run))
+
+
+def latest_steps(checkpoint_dir: str) -> dict:
+    """{run_id: newest finished orbax step or None} for every run directory under ``checkpoint_dir``.
+
+    Safe to call from one process of many: it only lists. (A CheckpointManager, even read-only, waits in
+    its constructor for every process: orbax 0.12.8 CheckpointManager._maybe_save_root_metadata.)
+    """
+    import orbax.checkpoint as ocp
+    from etils import epath  # orbax's own path layer; handles local paths and gs://
+    runs = epath.Path(checkpoint_dir) / RUNS_DIR
+    if not runs.exists():
+        return {}
+    # The listing CheckpointManager does, with orbax's finalization test (renamed tmp dir; commit_success.txt
+    # on gs://): a step that a concurrent writer has not finished is not a resume point.
+    name_format = ocp.path.step.standard_name_format()
+    return {run.name: max((m.step for m in name_format.find_all(run)), default=None)
+            for run in runs.iterdir() if run.is_dir() and _RUN_ID.fullmatch(run.name)}
+
+
 def load_checkpoint(directory: str, cfg: ModelConfig, step: int | None = None, lr: float = 1e-2,
                     warmup_steps: int = 10, seed: int = 0) -> dict:
-    """Read one orbax step (default: the newest) into host numpy arrays, in a single local process.
+    """Read one orbax step (default: the newest) of one run's directory (``run_checkpoint_dir``) into host
+    numpy arrays, in a single local process.
 
     The optimizer arguments only shape the restore target; they must match the run's for opt_state.
     """
     import jax
     import orbax.checkpoint as ocp
-    mngr = checkpoint_manager(directory)
+    mngr = checkpoint_manager(directory, read_only=True)
     step = mngr.latest_step() if step is None else step
     target = create_state(cfg, make_optimizer(lr, warmup_steps), seed, make_mesh(jax.local_devices()[:1]))
     state = mngr.restore(step, args=ocp.args.StandardRestore(target))
@@ -313,8 +374,8 @@ def load_checkpoint(directory: str, cfg: ModelConfig, step: int | None = None, l
 def _fail_once(checkpoint_dir: str, step: int) -> None:
     """Failure injection: kill this worker process the first time any attempt reaches ``step``.
 
-    The marker file lives next to the checkpoints (shared storage), so the restarted worker group and
-    later fit() calls find it and go on.
+    The marker file lives at the checkpoint root (shared storage, above the run directories), so the
+    restarted worker group and later fit() calls find it and go on.
     """
     from etils import epath  # orbax's own path layer; handles local paths and gs://
     marker = epath.Path(checkpoint_dir) / f"injected-failure-at-step-{step}"
@@ -365,6 +426,7 @@ def train_loop_per_worker(config: dict) -> None:
     import jax
     import orbax.checkpoint as ocp
     import ray.train
+    from ray.train.collective import broadcast_from_rank_zero
 
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO through absl
     ctx = ray.train.get_context()
@@ -383,19 +445,36 @@ def train_loop_per_worker(config: dict) -> None:
     state = create_state(cfg, optimizer, config["seed"], mesh)
     train_step = make_train_step(cfg, optimizer, mesh)
 
-    mngr = checkpoint_manager(config["checkpoint_dir"])
+    run_id, root = config["run_id"], config["checkpoint_dir"]
+    own_dir = run_checkpoint_dir(root, run_id)
+    mngr = checkpoint_manager(own_dir)  # collective (creates the directory): every process
+    # Rank 0 chooses and broadcasts: another run may finish a step between two processes' listings.
+    source = None
+    if rank == 0:
+        steps = latest_steps(root)
+        chosen = choose_resume_run(steps, run_id)
+        source = None if chosen is None else (chosen, steps[chosen])
+    source = broadcast_from_rank_zero(source)
     start = 0
-    if mngr.latest_step() is not None:  # every process sees the same shared directory
-        state = mngr.restore(mngr.latest_step(), args=ocp.args.StandardRestore(state))
+    if source is not None:
+        source_run, source_step = source
+        src = mngr if source_run == run_id else checkpoint_manager(run_checkpoint_dir(root, source_run),
+                                                                   read_only=True)
+        state = src.restore(source_step, args=ocp.args.StandardRestore(state))
+        if src is not mngr:
+            src.close()
         start = int(state["step"])
     ray_ckpt = ray.train.get_checkpoint()
     if rank == 0:
-        _log(f"[train] {n_proc} processes, {n_dev} {jax.devices()[0].platform} devices; start at step "
-             f"{start} (Ray checkpoint: {ray_ckpt.path if ray_ckpt else None})")
+        origin = f"run {source[0]!r}" if source else "nothing (no finished step under runs/)"
+        _log(f"[train] run {run_id!r}: {n_proc} processes, {n_dev} {jax.devices()[0].platform} devices; "
+             f"start at step {start}, resumed from {origin} (Ray checkpoint: "
+             f"{ray_ckpt.path if ray_ckpt else None})")
 
     total, every = config["steps"], config["checkpoint_every"]
     step_flops = flops_per_token(cfg) * config["batch_size"] * cfg.seq_len
-    common = {"start_step": start, "processes": n_proc, "devices": n_dev}
+    common = {"start_step": start, "processes": n_proc, "devices": n_dev,
+              "resumed_from": source[0] if source else ""}
     first_loss, t0, timed_steps, loss = None, 0.0, 0, None
     for step in range(start, total):  # state["step"] == step here
         local = synthetic_batch(config["seed"], step, proc, local_batch, cfg.seq_len, cfg.vocab)
@@ -407,7 +486,7 @@ def train_loop_per_worker(config: dict) -> None:
         else:
             timed_steps += 1
         if config["fail_at_step"] == done and rank == world - 1:
-            _fail_once(config["checkpoint_dir"], done)
+            _fail_once(root, done)
 
         is_ckpt = done % every == 0 or done == total
         if not (is_ckpt or done % config["report_every"] == 0):
@@ -426,14 +505,14 @@ def train_loop_per_worker(config: dict) -> None:
         if is_ckpt:
             mngr.save(done, args=ocp.args.StandardSave(state))  # collective: every process calls it
             mngr.wait_until_finished()  # the Ray marker must not point at a step orbax has not finished
-        _report(metrics, done if (is_ckpt and rank == 0) else None, config["checkpoint_dir"])
+        _report(metrics, done if (is_ckpt and rank == 0) else None, own_dir)
         t0, timed_steps = time.perf_counter(), 0
 
     if start >= total:  # nothing left to do; still report once (a barrier like any other report)
         if rank == 0:
             _log(f"[train] already at step {start} of {total}: nothing to train (raise --steps to go on, "
-                 f"or use a new --run-name to start over)")
-        _report({"step": start, **common}, None, config["checkpoint_dir"])
+                 f"or use a new --run-name or --checkpoint-dir to start over)")
+        _report({"step": start, **common}, None, own_dir)
     mngr.wait_until_finished()
     mngr.close()
 
@@ -474,14 +553,18 @@ def build_parser() -> argparse.ArgumentParser:
     a("--storage-path", default=os.path.join(tempfile.gettempdir(), "tpu-fallback-train"),
       help="Ray Train storage (local dir or gs://...), shared by all nodes")
     a("--run-name", default="tpu-fallback-train",
-      help="fixed Ray Train run name: a new fit() with the same name resumes")
+      help="the job's name: its Ray Train runs are <storage-path>/<run-name>/<run-id>")
+    a("--run-id", type=valid_run_id, default=None,
+      help="this run's writer identity: it writes orbax steps under <checkpoint-dir>/runs/<run-id> only "
+           "(default: $RAY_CLUSTER_NAME, else 'local')")
     a("--checkpoint-dir", default=None,
-      help="orbax directory shared by all hosts (default: <storage-path>/<run-name>-orbax)")
+      help="the job's orbax root, shared by all hosts and runs; every run resumes from the newest finished "
+           "step under it (default: <storage-path>/<run-name>-orbax)")
     a("--checkpoint-every", type=int, default=10)
     a("--report-every", type=int, default=10)
     a("--max-failures", type=int, default=2, help="worker-group restarts allowed (-1: unlimited)")
     a("--fail-at-step", type=int, default=None,
-      help="testing: the last rank exits after this step, once (marker file in --checkpoint-dir)")
+      help="testing: the last rank exits after this step, once (marker in --checkpoint-dir, for all runs)")
     a("--use-tpu", action="store_true")
     a("--topology", default=None, help='TPU slice topology, e.g. "4x4"')
     a("--accelerator-type", default=None, help='Ray TPU type: "TPU-V6E", "TPU-V5LITEPOD", "TPU-V5P"')
@@ -503,6 +586,16 @@ def resolve_config(args: argparse.Namespace) -> dict:
         config["checkpoint_dir"] = f"{config['storage_path'].rstrip('/')}/{config['run_name']}-orbax"
     elif not _is_uri(config["checkpoint_dir"]):
         config["checkpoint_dir"] = os.path.abspath(config["checkpoint_dir"])  # orbax wants absolute paths
+    if config["run_id"] is None:
+        # Read here, in the driver, once: the workers get this config, so every process agrees.
+        # KubeRay sets RAY_CLUSTER_NAME on every Ray container from the pod label ray.io/cluster; the
+        # RayCluster is "<rayjob>-<random suffix>", new per RayJob object (so per MultiKueue dispatch) and
+        # per retry. Ref: github.com/ray-project/kuberay ray-operator@v1.6.2
+        # controllers/ray/common/pod.go setContainerEnvVars (L842-850)
+        try:
+            config["run_id"] = valid_run_id(os.environ.get("RAY_CLUSTER_NAME") or "local")
+        except argparse.ArgumentTypeError as err:
+            raise ValueError(f"RAY_CLUSTER_NAME: {err}; pass --run-id") from None
     return config
 
 
@@ -534,7 +627,9 @@ def make_trainer(config: dict):
         train_loop_per_worker,
         train_loop_config=config,
         scaling_config=scaling,
-        run_config=RunConfig(name=config["run_name"], storage_path=config["storage_path"],
+        # A Ray Train run directory per writer too: two runs of one job never share a run's files.
+        run_config=RunConfig(name=f"{config['run_name']}/{config['run_id']}",
+                             storage_path=config["storage_path"],
                              failure_config=FailureConfig(max_failures=config["max_failures"]),
                              worker_runtime_env=worker_env),
     )
