@@ -327,6 +327,7 @@ BAD_WORKLOADS = [
     ("namespace-invalid", {"namespace": "Team_A"}, "workloads.namespace"),
     ("prefix-too-long", {"namePrefix": "x" * 40}, "workloads.namePrefix"),
     ("derived-flag-overridden", {"trainingArgs": ["--topology", "2x2"]}, "workloads.trainingArgs"),
+    ("run-id-fixed", {"trainingArgs": ["--run-id", "shared"]}, "workloads.trainingArgs"),
     ("training-args-not-strings", {"trainingArgs": ["--steps", 10]}, "workloads.trainingArgs"),
     ("training-flag-unknown", {"trainingArgs": ["--stepz", "10"]}, "workloads.trainingArgs"),
     ("training-flag-bad-value", {"trainingArgs": ["--steps", "ten"]}, "workloads.trainingArgs"),

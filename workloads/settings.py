@@ -32,7 +32,8 @@ WORKLOAD_DEFAULTS: Mapping[str, Any] = {
 
 # Flags the workloads module derives from the platform; a user value would contradict the slice.
 DERIVED_FLAGS = ("--use-tpu", "--topology", "--accelerator-type", "--num-workers", "--chips-per-host",
-                 "--peak-tflops-per-device", "--storage-path", "--checkpoint-dir", "--run-name")
+                 "--peak-tflops-per-device", "--storage-path", "--checkpoint-dir", "--run-name",
+                 "--run-id")  # each run's own (RAY_CLUSTER_NAME): two runs of a job never share checkpoint files
 MAX_RUN_DURATION = 7 * 24 * 3600  # DWS nodes run for up to seven days
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CPU = re.compile(r"^([0-9]+)(m)?$")
