@@ -43,7 +43,13 @@ KUEUE = ("kueue.x-k8s.io", "v1beta2")
 RAY = ("ray.io", "v1")
 REQUEST_TIMEOUT_SECONDS = 5  # a member that does not answer in this long counts as unreachable for this pass
 RUNNING, RECORD_STALE, RUNNING_TWICE, MEMBER_LOST = "Running", "RecordStale", "RunningTwice", "MemberLost"
-WARNINGS = frozenset({RECORD_STALE, RUNNING_TWICE, MEMBER_LOST})
+MEMBER_CANNOT_ADMIT = "MemberCannotAdmit"
+WAITING = "Waiting"  # runs nowhere, no member refuses it: published only over an earlier finding
+WARNINGS = frozenset({RECORD_STALE, RUNNING_TWICE, MEMBER_LOST, MEMBER_CANNOT_ADMIT})
+EVICTION_UNBLOCKED = "FleetEvictionUnblocked"
+INADMISSIBLE = "Inadmissible"  # Kueue's QuotaReserved=False reason for a Workload its queues cannot take
+# KubeRay's "not running" states: Kueue's RayJob.IsActive() is false only in these (rayjob_controller.go L107-110).
+INACTIVE = frozenset({"Suspended", "New"})
 
 
 @dataclass(frozen=True)
@@ -54,14 +60,21 @@ class Finding:
     runs_in: tuple[str, ...]  # members that have the job's RayJob
     record: str | None  # the manager Workload's status.clusterName
     unreachable: tuple[str, ...] = ()
+    blocked: tuple[tuple[str, str], ...] = ()  # (member, Kueue's reason there) where its copy is inadmissible
 
     def message(self) -> str:
         where = " and ".join(self.runs_in)
         if self.state == RUNNING:
             return f"runs in {where}"
         if self.state == RECORD_STALE:
-            return (f"runs in {where}; Kueue's record still names {self.record}: MultiKueue kept the older admission "
-                    f"in {where} when it came back and cannot change the record (Kueue 0.19.2)")
+            recorded = f"still names {self.record}" if self.record else "names no member"
+            return (f"runs in {where}; Kueue's record {recorded}: MultiKueue kept the older admission in {where} "
+                    "when it came back and cannot record it (Kueue 0.19.2)")
+        if self.state == WAITING:
+            return "runs nowhere now: every member's copy waits for a slice"
+        if self.state == MEMBER_CANNOT_ADMIT:
+            return "; ".join(f"{member} cannot admit it: {why} (run `pulumi up` on its stack)"
+                             for member, why in self.blocked) + "; the other members still may"
         if self.state == RUNNING_TWICE:
             return (f"runs in {where} at once (a member was cut off and the job was dispatched again); each run "
                     "checkpoints under its own run id, and MultiKueue keeps one when the member is back")
@@ -70,23 +83,40 @@ class Finding:
 
     def annotation(self, since: str) -> str:
         return json.dumps({"state": self.state, "runsIn": list(self.runs_in), "kueueRecord": self.record,
-                           "unreachable": list(self.unreachable), "since": since}, sort_keys=True)
+                           "unreachable": list(self.unreachable), "blocked": dict(self.blocked), "since": since},
+                          sort_keys=True)
 
 
-def assess(record: str | None, running: Mapping[str, bool], unreachable: frozenset[str]) -> Finding | None:
-    """The finding for one job: `running` says, per reachable member, whether it has the job's RayJob. None when
-    nothing runs and nothing is recorded (the job is still being dispatched)."""
+def assess(record: str | None, running: Mapping[str, bool], unreachable: frozenset[str],
+           blocked: Mapping[str, str] | None = None) -> Finding | None:
+    """The finding for one job: `running` says, per reachable member, whether it has the job's RayJob; `blocked`,
+    the members whose copy Kueue finds inadmissible, and why."""
     runs_in = tuple(sorted(member for member, has in running.items() if has))
     lost = tuple(sorted(unreachable))
+    if not runs_in and blocked:
+        return Finding(MEMBER_CANNOT_ADMIT, (), record, lost, tuple(sorted(blocked.items())))
     if len(runs_in) > 1:
         return Finding(RUNNING_TWICE, runs_in, record, lost)
-    if runs_in and record is not None and runs_in != (record,):
+    if runs_in and runs_in != (record,):
+        # Elsewhere than recorded, or with no record at all: measured both after a member's return (README "Plan C").
         return Finding(RECORD_STALE, runs_in, record, lost)
     if record is not None and record in unreachable:
         return Finding(MEMBER_LOST, runs_in, record, lost)
     if runs_in:
         return Finding(RUNNING, runs_in, record, lost)
-    return None
+    return Finding(WAITING, (), record, lost)
+
+
+def eviction_stuck(workload: Mapping, rayjob: Mapping) -> bool:
+    """Kueue evicted the manager's Workload and suspended its RayJob, and now waits for the job to stop
+    (RayJob.IsActive() false), which the manager's RayJob can never show: its status is a copy of the member's
+    (MultiKueue's copyJobStatus), and the manager's KubeRay leaves a job managed by MultiKueue alone. Measured:
+    after "Admitting remote lost", the Workload stayed Evicted with its quota reserved and no member recorded,
+    while a copy ran in the other member."""
+    conditions = {c["type"]: c.get("status") for c in (workload.get("status") or {}).get("conditions") or []}
+    deployment = (rayjob.get("status") or {}).get("jobDeploymentStatus") or "New"
+    return (conditions.get("Evicted") == "True" and conditions.get("QuotaReserved") == "True"
+            and bool((rayjob.get("spec") or {}).get("suspend")) and deployment not in INACTIVE)
 
 
 def changed(previous: str | None, finding: Finding) -> bool:
@@ -95,8 +125,8 @@ def changed(previous: str | None, finding: Finding) -> bool:
         before = json.loads(previous) if previous else {}
     except ValueError:
         before = {}
-    return (before.get("state"), before.get("runsIn"), before.get("kueueRecord")) != (
-        finding.state, list(finding.runs_in), finding.record)
+    return (before.get("state"), before.get("runsIn"), before.get("kueueRecord"), before.get("blocked") or {}) != (
+        finding.state, list(finding.runs_in), finding.record, dict(finding.blocked))
 
 
 def _owner_rayjob(workload: Mapping) -> str | None:
@@ -113,38 +143,85 @@ class FleetWatch:
         self.core = client.CoreV1Api(manager)
         self.members, self.origin = members, origin
         self.clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
+        # A warning is published only when the previous pass found the same: Kueue records a dispatch and creates
+        # the RayJob in one reconcile, and a pass between the two must not cry RecordStale.
+        self.seen: dict[tuple[str, str], Finding] = {}
 
-    def _member_rayjobs(self, api: client.ApiClient) -> set[tuple[str, str]]:
-        listed = client.CustomObjectsApi(api).list_cluster_custom_object(
-            *RAY, "rayjobs", label_selector=f"{MULTIKUEUE_ORIGIN_LABEL}={self.origin}",
-            _request_timeout=REQUEST_TIMEOUT_SECONDS)
-        return {(job["metadata"]["namespace"], job["metadata"]["name"]) for job in listed["items"]}
+    def _member_state(self, api: client.ApiClient) -> tuple[set[tuple[str, str]], dict[tuple[str, str], str]]:
+        """This manager's RayJobs in a member, and its Workload copies there that Kueue finds inadmissible (a
+        missing fleet LocalQueue, say), with Kueue's message; copies share the manager Workload's name."""
+        custom, selector = client.CustomObjectsApi(api), f"{MULTIKUEUE_ORIGIN_LABEL}={self.origin}"
+        jobs = custom.list_cluster_custom_object(*RAY, "rayjobs", label_selector=selector,
+                                                 _request_timeout=REQUEST_TIMEOUT_SECONDS)["items"]
+        copies = custom.list_cluster_custom_object(*KUEUE, "workloads", label_selector=selector,
+                                                   _request_timeout=REQUEST_TIMEOUT_SECONDS)["items"]
+        inadmissible = {}
+        for copy in copies:
+            reserved = next((c for c in (copy.get("status") or {}).get("conditions") or []
+                             if c["type"] == "QuotaReserved"), {})
+            if reserved.get("status") == "False" and reserved.get("reason") == INADMISSIBLE:
+                inadmissible[(copy["metadata"]["namespace"], copy["metadata"]["name"])] = reserved.get("message", "")
+        return {(job["metadata"]["namespace"], job["metadata"]["name"]) for job in jobs}, inadmissible
 
-    def reconcile(self) -> dict[tuple[str, str], Finding]:
+    def reconcile(self) -> dict[tuple[str, str], Finding]:  # noqa: C901 - one pass, read top to bottom
         """One pass over every fleet job: the findings by (namespace, RayJob)."""
         reachable: dict[str, set[tuple[str, str]]] = {}
+        refused: dict[str, dict[tuple[str, str], str]] = {}
         unreachable: set[str] = set()
         for name, api in self.members().items():
             try:
                 if api is None:
                     raise ConnectionError("no client")
-                reachable[name] = self._member_rayjobs(api)
+                reachable[name], refused[name] = self._member_state(api)
             except Exception as error:  # noqa: BLE001 - any failure to answer is "unreachable" for this pass
                 log.warning("member %s unreachable: %s", name, str(error).splitlines()[0][:200])
                 unreachable.add(name)
         findings = {}
+        rayjobs = {(j["metadata"]["namespace"], j["metadata"]["name"]): j
+                   for j in self.custom.list_cluster_custom_object(*RAY, "rayjobs")["items"]}
         for workload in self.custom.list_cluster_custom_object(*KUEUE, "workloads")["items"]:
             job = _owner_rayjob(workload)
             if job is None:
                 continue
             key = (workload["metadata"]["namespace"], job)
+            if key in rayjobs and eviction_stuck(workload, rayjobs[key]):
+                self._unblock_eviction(rayjobs[key], sorted(unreachable))
             record = (workload.get("status") or {}).get("clusterName")
+            copy = (workload["metadata"]["namespace"], workload["metadata"]["name"])
             finding = assess(record, {member: key in jobs for member, jobs in reachable.items()},
-                             frozenset(unreachable))
-            if finding is not None:
-                findings[key] = finding
+                             frozenset(unreachable),
+                             {member: why[copy] for member, why in refused.items() if copy in why})
+            findings[key] = finding
+            noted = FLEET_ANNOTATION in (rayjobs.get(key, {}).get("metadata", {}).get("annotations") or {})
+            if finding.state == WAITING and not noted:
+                continue  # a job waiting for its first slice: nothing to say yet
+            if finding.state not in WARNINGS or self.seen.get(key) == finding:
                 self._publish(key, finding)
+        self.seen = findings
         return findings
+
+    def _unblock_eviction(self, rayjob: Mapping, unreachable: list[str]) -> None:
+        """Say on the manager's RayJob what KubeRay would say of a suspended job it managed: Suspended. Kueue then
+        finishes the eviction, and dispatches the job again."""
+        meta = rayjob["metadata"]
+        self.custom.patch_namespaced_custom_object_status(*RAY, meta["namespace"], "rayjobs", meta["name"], {
+            "status": {"jobDeploymentStatus": "Suspended"}, "metadata": {"resourceVersion": meta["resourceVersion"]}})
+        lost = f"; a run may go on in {', '.join(unreachable)}, which does not answer" if unreachable else ""
+        message = ("Kueue evicted the job and waits for it to stop, which the manager's copy of its status never "
+                   "shows (MultiKueue jobs are left alone by the manager's KubeRay): marked Suspended, so Kueue "
+                   f"dispatches it again{lost}")
+        log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
+        self._event(rayjob, EVICTION_UNBLOCKED, message, "Warning")
+
+    def _event(self, rayjob: Mapping, reason: str, message: str, kind: str) -> None:
+        meta, now = rayjob["metadata"], self.clock()
+        self.core.create_namespaced_event(meta["namespace"], client.CoreV1Event(
+            metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]),
+            involved_object=client.V1ObjectReference(api_version="/".join(RAY), kind="RayJob", name=meta["name"],
+                                                     namespace=meta["namespace"], uid=meta["uid"]),
+            reason=reason, message=message, type=kind, count=1, first_timestamp=now, last_timestamp=now,
+            source=client.V1EventSource(component=COMPONENT), reporting_component=COMPONENT,
+            reporting_instance=COMPONENT))
 
     def _publish(self, key: tuple[str, str], finding: Finding) -> None:
         namespace, name = key
@@ -157,19 +234,12 @@ class FleetWatch:
         previous = (job["metadata"].get("annotations") or {}).get(FLEET_ANNOTATION)
         if not changed(previous, finding):
             return
-        now = self.clock()
         self.custom.patch_namespaced_custom_object(*RAY, namespace, "rayjobs", name, {"metadata": {
-            "annotations": {FLEET_ANNOTATION: finding.annotation(format_time(now))},
+            "annotations": {FLEET_ANNOTATION: finding.annotation(format_time(self.clock()))},
             "resourceVersion": job["metadata"]["resourceVersion"]}})
         log.info("%s/%s: %s", namespace, name, finding.message())
-        self.core.create_namespaced_event(namespace, client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{name}.{uuid.uuid4().hex[:12]}", namespace=namespace),
-            involved_object=client.V1ObjectReference(api_version="/".join(RAY), kind="RayJob", name=name,
-                                                     namespace=namespace, uid=job["metadata"]["uid"]),
-            reason=f"Fleet{finding.state}", message=finding.message(),
-            type="Warning" if finding.state in WARNINGS else "Normal", count=1, first_timestamp=now,
-            last_timestamp=now, source=client.V1EventSource(component=COMPONENT), reporting_component=COMPONENT,
-            reporting_instance=COMPONENT))
+        self._event(job, f"Fleet{finding.state}", finding.message(),
+                    "Warning" if finding.state in WARNINGS else "Normal")
 
 
 def member_clients(core: client.CoreV1Api, secrets: Mapping[str, str],
@@ -185,7 +255,10 @@ def member_clients(core: client.CoreV1Api, secrets: Mapping[str, str],
                 data = core.read_namespaced_secret(secret, namespace).data or {}
                 text = base64.b64decode(data["kubeconfig"]).decode()
                 if member not in built or built[member][0] != text:  # a client per kubeconfig, not per pass
-                    built[member] = (text, config.new_client_from_config_dict(yaml.safe_load(text)))
+                    configuration = client.Configuration()
+                    config.load_kube_config_from_dict(yaml.safe_load(text), client_configuration=configuration)
+                    configuration.retries = 0  # a member that does not answer is unreachable for this pass
+                    built[member] = (text, client.ApiClient(configuration))
                 clients[member] = built[member][1]
             except (ApiException, KeyError, ValueError, config.ConfigException) as error:
                 log.warning("member %s: no usable kubeconfig in %s/%s: %s", member, namespace, secret, error)

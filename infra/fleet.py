@@ -51,7 +51,9 @@ WATCH_NAME = "fleet-watch"
 WATCH_SECONDS = 10
 WATCH_RULES = (
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
-    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "patch"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "patch"]},
+    # Only to finish an eviction Kueue cannot finish on a manager (failover/fleet.py eviction_stuck).
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
 _STACK_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]*"

@@ -709,4 +709,4 @@ def test_a_fleet_job_shows_where_it_runs_and_kueues_record():
         "state": "RecordStale", "runsIn": ["w2"], "kueueRecord": "w1", "since": "2026-11-30T18:00:00Z"})
     placement = fleet_of(rayjob, workload)
     assert (placement.record, placement.runs_in, placement.watch_state) == ("w1", ("w2",), "RecordStale")
-    assert placement.words() == "runs in w2; Kueue's record says w1 (it cannot change it: Kueue 0.19.2)"
+    assert placement.words() == "runs in w2; Kueue's record says w1 (it cannot record it: Kueue 0.19.2)"

@@ -115,17 +115,23 @@ class FleetPlacement:
 
     record: str | None
     runs_in: tuple[str, ...]
-    watch_state: str | None  # Running, RecordStale, RunningTwice, MemberLost; None before the watch saw it
+    watch_state: str | None  # Running, RecordStale, RunningTwice, MemberLost, MemberCannotAdmit; None: not seen yet
     since: datetime.datetime | None
+    blocked: tuple[tuple[str, str], ...] = ()  # (member, Kueue's reason) where it cannot be admitted
 
     def words(self) -> str:
         if self.watch_state is None:
             return f"admitted in {self.record} (Kueue's record; the fleet watch has not seen it yet)"
         where = " and ".join(self.runs_in) or "nowhere reachable"
         if self.watch_state == "RecordStale":
-            return f"runs in {where}; Kueue's record says {self.record} (it cannot change it: Kueue 0.19.2)"
+            recorded = f"says {self.record}" if self.record else "names no member"
+            return f"runs in {where}; Kueue's record {recorded} (it cannot record it: Kueue 0.19.2)"
         if self.watch_state == "RunningTwice":
             return f"runs in {where} at once (a partition's overlap; each run checkpoints apart)"
+        if self.watch_state == "Waiting":
+            return "runs nowhere now: waits for a slice in every member"
+        if self.watch_state == "MemberCannotAdmit":
+            return "; ".join(f"{member} cannot admit it: {why}" for member, why in self.blocked)
         if self.watch_state == "MemberLost":
             return f"{self.record} does not answer; the manager dispatches again after workerLostTimeout"
         return f"runs in {where}"
@@ -141,7 +147,8 @@ def fleet_of(rayjob: Mapping, workload: Mapping | None) -> FleetPlacement | None
     if not record and not watched:
         return None
     return FleetPlacement(record or watched.get("kueueRecord"), tuple(watched.get("runsIn") or ()),
-                          watched.get("state"), parse_time(watched.get("since")))
+                          watched.get("state"), parse_time(watched.get("since")),
+                          tuple(sorted((watched.get("blocked") or {}).items())))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,405 @@
+"""Plan C on three real control planes: a fleet's manager and two members, each etcd + kube-apiserver 1.36 +
+kube-controller-manager + Kueue 0.19.2, configured and populated from the stacks' own plans.
+
+The members are the shipped member stacks (fallback timings shortened); the fleet is the shipped fleet stack, its
+StackReferences answered by the members' plans, `workerLostTimeout` shortened, and each member's kubeconfig Secret
+holding what the member's own objects give the manager: its ServiceAccount's token, inline CA data. GKE's autoscaler
+is played by marking a member's ProvisioningRequest Provisioned; there is no kubelet, so no pod ever becomes ready.
+Ref: ../shared/notes/multikueue.md
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from failover import fleet as fleet_watch
+from infra import failover as stack_failover
+from infra import fleet as stack_fleet
+from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_TOKEN_SECRET
+from infra.kueue import KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE
+from infra.offline import OfflineEngine, Plan, StackOutputs
+from ops.status.report import build_report
+from ops.status.snapshot import ClusterReader
+from tests.conftest import REPO, config_with, plan_for
+from tests.controlplane import jobs
+from tests.controlplane.fleet_tier import FleetTier
+from tests.controlplane.kube import Kube, condition, wait_for
+from tests.controlplane.processes import Process
+from tests.controlplane.stack import Step, creation_order as deploy_steps, deploy, destroy, release_values
+
+pytestmark = pytest.mark.controlplane
+
+W1, W2 = MEMBERS = ("member-us-east5-a", "member-asia-northeast1-b")
+MEMBER_STACKS = {member: f"my-org/tpu-fallback/{member}" for member in MEMBERS}
+PODS_READY_TIMEOUT_SECONDS = 30  # the members' waitForPodsReady (the shortest allowed)
+WORKER_LOST_SECONDS = 10  # the manager's workerLostTimeout (the shortest allowed)
+REACTION = 60  # generous: three control planes share two cores with the rest of the suite
+WORKLOAD = (KUEUE_API_VERSION, "Workload")
+
+
+def member_plan(member: str) -> Plan:
+    return plan_for(member, {"fallback": {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
+                                          "stockoutGracePeriod": "4s"}})
+
+
+def fleet_plan(members: dict[str, Plan]) -> Plan:
+    references = {MEMBER_STACKS[m]: StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
+                  for m, plan in members.items()}
+    config = config_with({"fleet": {"members": list(MEMBER_STACKS.values()), "dispatcher": "AllAtOnce",
+                                    "workerLostTimeout": f"{WORKER_LOST_SECONDS}s", "checkpointLocation": "US"}},
+                         "fleet")
+    return OfflineEngine("fleet", False, references).run(config)
+
+
+class Fleet:
+    """The three planes with the stacks applied; helpers to read and play what happens to a job."""
+
+    def __init__(self, tier: FleetTier, manager_plan: Plan, members: dict[str, Plan]):
+        self.tier, self.manager_plan, self.member_plans = tier, manager_plan, members
+        self.manager: Kube = tier.manager.kube
+        self.kubes: dict[str, Kube] = {m: tier.members[m].kube for m in MEMBERS}
+        self.template = next(m for m in manager_plan.kubernetes_manifests() if m["kind"] == "RayJob")
+        self.steps: list[Step] = []
+        self.watch: Process | None = None
+
+    # ---- apply, as `pulumi up` on the members, then on the fleet ----------------------------------------------------
+    def route(self, step: Step) -> Kube:
+        """A step of the fleet's plan goes to the cluster of its provider: a member's (`<member>-k8s`) or the
+        manager's."""
+        provider = step.resource.provider_urn.rsplit("::", 1)[-1]
+        return self.kubes.get(provider.removesuffix("-k8s"), self.manager)
+
+    def with_member_kubeconfig(self, kubeconfigs: dict[str, str]):
+        def edit(step: Step) -> dict:
+            meta = step.manifest["metadata"]
+            for member, text in kubeconfigs.items():
+                if step.manifest["kind"] == "Secret" and meta["name"] == stack_fleet.kubeconfig_secret_name(member):
+                    assert step.manifest["stringData"] == "[secret]"  # what the plan holds: no credentials
+                    return {**step.manifest, "stringData": {"kubeconfig": text}}
+            return step.manifest
+        return edit
+
+    def apply(self) -> None:
+        for member, plan in self.member_plans.items():
+            deploy(self.kubes[member], plan)
+        kubeconfigs = {m: self.tier.connect(m, (KUEUE_NAMESPACE, MANAGER_TOKEN_SECRET)) for m in MEMBERS}
+        # Without the plan's job: each scenario submits its own. (The RayJob's turn is the plan's last step.)
+        plan = Plan([r for r in self.manager_plan.resources if r.type != "kubernetes:ray.io/v1:RayJob"],
+                    self.manager_plan.outputs, self.manager_plan.secret_outputs)
+        self.steps = deploy(self.manager, plan, wait_timeout=REACTION, route=self.route,
+                            edit=self.with_member_kubeconfig(kubeconfigs)).steps
+
+    # ---- the fleet watch, as deployed, with its own ServiceAccount's rights -----------------------------------
+    def start_watch(self) -> None:
+        deployment = next(m for m in self.manager_plan.kubernetes_manifests()
+                          if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_fleet.WATCH_NAME)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FLEET_")}
+        kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_fleet.WATCH_NAME)
+        self.watch = self.tier.manager.supervisor.start("fleet-watch", [sys.executable, "-m", "failover.fleet"], env={
+            **os.environ, **env, "FLEET_WATCH_SECONDS": "1", "KUBECONFIG": str(kubeconfig)}, cwd=REPO)
+
+    # ---- a job -----------------------------------------------------------------------------------------------
+    def submit(self, name: str) -> str:
+        """Create a copy of the fleet plan's RayJob on the manager; its manager Workload's name."""
+        job = {**self.template, "metadata": {**self.template["metadata"], "name": name}}
+        self.manager.create(job)
+        workload = wait_for(lambda: jobs.workload_of(self.manager, FLEET_NAMESPACE, name), REACTION,
+                            f"manager Workload of {name}")
+        return workload["metadata"]["name"]
+
+    def copy_in(self, member: str, workload: str) -> dict | None:
+        return self.kubes[member].get(*WORKLOAD, workload, FLEET_NAMESPACE)
+
+    def requests_in(self, member: str, workload: str) -> list[dict]:
+        found = self.copy_in(member, workload)
+        return jobs.provisioning_requests(self.kubes[member], FLEET_NAMESPACE, found) if found else []
+
+    def all_requests(self, member: str) -> list[dict]:
+        return self.kubes[member].list(*jobs.PROVISIONING_REQUEST, namespace=FLEET_NAMESPACE)
+
+    def rayjob_in(self, member: str, name: str) -> dict | None:
+        return self.kubes[member].get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
+
+    def running_in(self, name: str) -> list[str]:
+        return [m for m in MEMBERS if self.rayjob_in(m, name) is not None]
+
+    def wait_requests_everywhere(self, workload: str) -> dict[str, dict]:
+        return {m: wait_for(lambda m=m: (self.requests_in(m, workload) or [None])[0], REACTION,
+                            f"{workload}'s ProvisioningRequest in {m}") for m in MEMBERS}
+
+    def provision(self, member: str, request: dict) -> None:
+        jobs.mark_provisioned(self.kubes[member], request, f"resize-{member}")
+
+    def play_running(self, member: str, name: str) -> None:
+        """What the member's KubeRay reports once the slice's pods run: the RayCluster ready (Kueue's PodsReady for
+        a RayJob: rayjob_controller.go PodsReady), the job running. Without it the member's podsReadyTimeout
+        would evict the run, which a real, running job does not see."""
+        self.kubes[member].patch(*jobs.RAYJOB, name, {"status": {
+            "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": f"{name}-{member[-6:]}",
+            "rayClusterStatus": {"state": "ready"}}}, namespace=FLEET_NAMESPACE, subresource="status")
+
+    def manager_workload(self, workload: str) -> dict:
+        return self.manager.get(*WORKLOAD, workload, FLEET_NAMESPACE)
+
+    def finish(self, name: str) -> None:
+        """Delete the job on the manager; MultiKueue removes what it made in the members."""
+        self.manager.delete(*jobs.RAYJOB, name, FLEET_NAMESPACE, propagation="Background")
+        wait_for(lambda: not self.running_in(name) and jobs.workload_of(self.manager, FLEET_NAMESPACE, name) is None,
+                 REACTION, f"{name} gone everywhere")
+
+
+@pytest.fixture(scope="module")
+def fleet(request) -> Iterator[Fleet]:
+    members = {m: member_plan(m) for m in MEMBERS}
+    manager_plan = fleet_plan(members)
+    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
+    failed = True
+    try:
+        tier.start()
+        state = Fleet(tier, manager_plan, members)
+        state.apply()
+        state.start_watch()
+        yield state
+        failed = request.session.testsfailed > 0
+    finally:
+        tier.stop(keep_workdir=failed)
+        if failed:
+            print(f"\nfleet tier logs kept in {tier.workdir}")
+
+
+def test_the_fleet_connects_to_every_member_with_the_members_own_token(fleet):
+    for member in MEMBERS:
+        cluster = fleet.manager.get(KUEUE_API_VERSION, "MultiKueueCluster", member)
+        assert condition(cluster, "Active") == "True", cluster.get("status")
+    check = fleet.manager.get(KUEUE_API_VERSION, "AdmissionCheck", stack_fleet.ADMISSION_CHECK)
+    assert condition(check, "Active") == "True"
+    assert condition(fleet.manager.get(KUEUE_API_VERSION, "ClusterQueue", stack_fleet.CLUSTER_QUEUE), "Active") == "True"
+    assert fleet.tier.manager_configuration_passed()
+
+
+def test_the_first_region_that_provisions_wins_and_the_others_ask_no_more(fleet):
+    """Region 1 never provisions, region 2 after a delay: the RayJob is created in region 2 only, the manager's
+    RayJob mirrors region 2's status, and region 1's copy and request are gone."""
+    job = "fleet-first-wins"
+    workload = fleet.submit(job)
+    assert fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)["spec"]["managedBy"] == "kueue.x-k8s.io/multikueue"
+    requests = fleet.wait_requests_everywhere(workload)  # every region asks DWS at once
+    time.sleep(2)  # region 2's slice comes after a while; region 1's never does
+    fleet.provision(W2, requests[W2])
+    wait_for(lambda: fleet.rayjob_in(W2, job), REACTION, f"{job} created in {W2}")
+    wait_for(lambda: fleet.copy_in(W1, workload) is None and not fleet.all_requests(W1), REACTION,
+             f"{W1}'s copy and request gone")
+    assert fleet.running_in(job) == [W2]
+    # Created suspended; region 2's Kueue starts it (its Workload is the manager's copy, already admitted).
+    remote = wait_for(lambda: (r := fleet.rayjob_in(W2, job)) and not jobs.suspended(r) and r, REACTION,
+                      f"{job} started in {W2}")
+    assert remote["metadata"]["labels"][fleet_watch.MULTIKUEUE_ORIGIN_LABEL] == "tpu-fallback-fleet"
+    assert not remote["spec"].get("managedBy")
+    assert fleet.manager_workload(workload)["status"]["clusterName"] == W2
+    # KubeRay in region 2 reports; the manager's RayJob says the same.
+    status = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": f"{job}-abcde"}
+    fleet.kubes[W2].patch(*jobs.RAYJOB, job, {"status": status}, namespace=FLEET_NAMESPACE, subresource="status")
+    mirrored = wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE).get("status") or {}).get(
+        "jobDeploymentStatus") == "Running" and fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE), REACTION,
+                        "the manager's RayJob mirrors region 2's")
+    assert {k: mirrored["status"].get(k) for k in status} == status
+    # The fleet watch says it too.
+    annotation = wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get(
+        "annotations") or {}).get(fleet_watch.FLEET_ANNOTATION), REACTION, "the fleet watch's annotation")
+    assert '"runsIn": ["member-asia-northeast1-b"]' in annotation and '"state": "Running"' in annotation
+    fleet.finish(job)
+
+
+def test_when_both_regions_provision_exactly_one_wins(fleet):
+    job = "fleet-both-provision"
+    workload = fleet.submit(job)
+    requests = fleet.wait_requests_everywhere(workload)
+    for member in MEMBERS:  # both slices come at once
+        fleet.provision(member, requests[member])
+    winner = wait_for(lambda: (fleet.running_in(job) or [None])[0], REACTION, f"{job} created in a member")
+    loser = next(m for m in MEMBERS if m != winner)
+    wait_for(lambda: fleet.copy_in(loser, workload) is None and not fleet.all_requests(loser), REACTION,
+             f"the loser {loser}'s copy and request gone")
+    time.sleep(3)  # and it stays so: no second RayJob appears late
+    assert fleet.running_in(job) == [winner]
+    assert fleet.manager_workload(workload)["status"]["clusterName"] == winner
+    fleet.finish(job)
+
+
+def member_controller(fleet: Fleet, member: str) -> Process:
+    """The member's failover controller as its plan deploys it, with its own ServiceAccount's rights, but with the
+    fleet's LocalQueue as its chain's first queue: then only the multikueue-origin label keeps it from moving the
+    manager's copies (a copy evicted for PodsReadyTimeout would be moved to the next rung), so the test can fail."""
+    plane = fleet.tier.members[member]
+    deployment = next(m for m in fleet.member_plans[member].kubernetes_manifests()
+                      if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_failover.NAME)
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FAILOVER_")}
+    chain = json.loads(env["FAILOVER_CHAIN"])
+    chain[0]["localQueue"] = FLEET_LOCAL_QUEUE
+    env["FAILOVER_CHAIN"] = json.dumps(chain)
+    kubeconfig = plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
+    return plane.supervisor.start("failover", [sys.executable, "-m", "failover"], cwd=REPO, env={
+        **os.environ, **env, "FAILOVER_RESYNC_SECONDS": "1", "FAILOVER_HEALTH_PORT": "0",
+        "FAILOVER_METRICS_PORT": "0", "KUBECONFIG": str(kubeconfig)})
+
+
+def test_an_eviction_in_the_winner_dispatches_again_and_the_members_controller_keeps_out(fleet):
+    """The winner's pods never get ready: its Kueue evicts after podsReadyTimeout, and the manager asks every
+    region again, the evicting one included. The member's failover controller, which would move a local job
+    down the ladder on that eviction, leaves the manager's copy alone (a spec change would make the manager
+    delete and recreate it)."""
+    controllers = [member_controller(fleet, member) for member in MEMBERS]
+    try:
+        job = "fleet-evicted"
+        workload = fleet.submit(job)
+        first = fleet.wait_requests_everywhere(workload)
+        copies = {m: fleet.copy_in(m, workload)["metadata"]["uid"] for m in MEMBERS}
+        fleet.provision(W2, first[W2])
+        wait_for(lambda: fleet.rayjob_in(W2, job), REACTION, f"{job} created in {W2}")
+        admitted = time.monotonic()
+        # The eviction after PODS_READY_TIMEOUT_SECONDS, then a fresh copy and request in both members.
+        again = {m: wait_for(lambda m=m: next((r for r in fleet.requests_in(m, workload)
+                                               if r["metadata"]["uid"] != first[m]["metadata"]["uid"]), None),
+                             PODS_READY_TIMEOUT_SECONDS + REACTION, f"a new request in {m}") for m in MEMBERS}
+        assert time.monotonic() - admitted >= PODS_READY_TIMEOUT_SECONDS - 1
+        assert fleet.rayjob_in(W2, job) is None  # the evicted run is gone
+        manager = fleet.manager_workload(workload)
+        assert not (manager.get("status") or {}).get("clusterName")
+        for member in MEMBERS:
+            copy = fleet.copy_in(member, workload)
+            assert copy["spec"]["queueName"] == FLEET_LOCAL_QUEUE, member  # not moved down the member's ladder
+            assert fleet_watch.MULTIKUEUE_ORIGIN_LABEL in copy["metadata"]["labels"]
+            ours = [key for key in copy["metadata"].get("annotations") or {} if key.startswith("tpu-fallback/")]
+            assert ours == [], member  # not even a recorded flavor
+            assert copy["metadata"]["uid"] != copies[member], member  # a new copy, asking DWS again
+        assert all(c.alive() for c in controllers)  # they ran the whole time
+    finally:
+        for controller in controllers:
+            controller.popen.terminate()
+    fleet.finish(job)
+
+
+def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visible(fleet):
+    """Region 2 wins, then its API server freezes (a partition: its pods would go on running). After
+    workerLostTimeout the manager dispatches again and region 1 runs the job too. When region 2 is back, Kueue
+    0.19.2 keeps the older admission (region 2), deletes region 1's fresh run, and cannot correct its record
+    (clusterName is immutable): the fleet watch says on the manager's RayJob, and in an Event, where it runs."""
+    job = "fleet-partitioned"
+    workload = fleet.submit(job)
+    first = fleet.wait_requests_everywhere(workload)
+    fleet.provision(W2, first[W2])
+    original = wait_for(lambda: fleet.rayjob_in(W2, job), REACTION, f"{job} created in {W2}")["metadata"]["uid"]
+    fleet.play_running(W2, job)
+    wait_for(lambda: condition(fleet.copy_in(W2, workload), "PodsReady") == "True", REACTION, "PodsReady in W2")
+    wait_for(lambda: '"state": "Running"' in (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get(
+        "annotations") or {}).get(fleet_watch.FLEET_ANNOTATION, ""), REACTION, "the watch saw it run in region 2")
+    region2 = fleet.tier.members[W2]
+    region2.freeze()
+    frozen = time.monotonic()
+    try:
+        # Kueue notices the lost member only through client timeouts (measured: about a minute), then waits
+        # workerLostTimeout, then dispatches again to the members it can reach.
+        request = wait_for(lambda: (fleet.requests_in(W1, workload) or [None])[0], 180 + WORKER_LOST_SECONDS,
+                           f"a new request in {W1}")
+        assert time.monotonic() - frozen >= WORKER_LOST_SECONDS
+        fleet.provision(W1, request)
+        second = wait_for(lambda: fleet.rayjob_in(W1, job), REACTION, f"{job} created in {W1}")["metadata"]["uid"]
+        fleet.play_running(W1, job)
+        # Now two runs of one job exist: region 2's goes on behind the partition. They never share checkpoint
+        # files: each RayJob object gets its own RayCluster, whose name is the run id train.py writes under
+        # (RAY_CLUSTER_NAME; tests/test_train.py runs the script twice on one checkpoint directory).
+        assert second != original
+        during = (fleet.manager_workload(workload).get("status") or {}).get("clusterName")
+    finally:
+        region2.thaw()
+    # Back: Kueue keeps region 2's older admission and deletes region 1's run; exactly one run goes on.
+    timeline = []
+
+    def settled() -> bool:
+        now = (tuple(fleet.running_in(job)), (fleet.manager_workload(workload).get("status") or {}).get("clusterName"))
+        if not timeline or timeline[-1][1:] != now:
+            timeline.append((round(time.monotonic() - frozen, 1), *now))
+        return len(now[0]) == 1 and timeline[-1][0] <= time.monotonic() - frozen - 3  # one runner, for 3 s
+    try:
+        wait_for(settled, REACTION, "one run left, for 3 s")
+    except TimeoutError as error:
+        raise AssertionError(f"after the return (s since the freeze, running, Kueue's record): {timeline}") from error
+    print(f"\nKueue's record during the partition: {during}; after the return (s since the freeze, running, record): "
+          f"{timeline}")
+    assert fleet.running_in(job) == [W2]
+    assert fleet.rayjob_in(W2, job)["metadata"]["uid"] == original  # the run that went on is the original one
+    # Kueue's record does not follow (measured: it cannot set clusterName to the member it kept); the watch says
+    # what is true, on the RayJob and in one Warning Event, and `ops status` shows it.
+    record = (fleet.manager_workload(workload).get("status") or {}).get("clusterName")
+    assert record != W2
+    annotation = wait_for(lambda: '"state": "RecordStale"' in (a := (fleet.manager.get(
+        *jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get("annotations") or {}).get(
+        fleet_watch.FLEET_ANNOTATION, "")) and a, REACTION, "the watch's RecordStale")
+    assert json.loads(annotation) | {"since": None} == {"state": "RecordStale", "runsIn": [W2], "kueueRecord": record,
+                                                        "unreachable": [], "blocked": {}, "since": None}
+    events = [e for e in fleet.manager.list("v1", "Event", namespace=FLEET_NAMESPACE)
+              if e["involvedObject"]["name"] == job and e["source"].get("component") == fleet_watch.COMPONENT]
+    stale = [e for e in events if e["reason"] == "FleetRecordStale"]
+    assert len(stale) == 1 and stale[0]["type"] == "Warning"
+    assert stale[0]["message"].startswith(f"runs in {W2}; Kueue's record ")
+    # Without the watch, Kueue's eviction after "Admitting remote lost" never finished (the manager's RayJob kept
+    # region 2's last status, Running) and both runs went on after the return (measured): the watch finished it.
+    assert [e["type"] for e in events if e["reason"] == fleet_watch.EVICTION_UNBLOCKED] == ["Warning"]
+    report = build_report(ClusterReader(fleet.manager.api_client).read(FLEET_NAMESPACE, "manager"))
+    (view,) = [j for j in report.jobs if j.name == job]
+    assert view.fleet.words().startswith(f"runs in {W2}; Kueue's record ")
+    fleet.finish(job)
+
+
+def annotation_of(fleet: Fleet, job: str) -> dict:
+    text = (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get("annotations") or {}).get(
+        fleet_watch.FLEET_ANNOTATION)
+    return json.loads(text) if text else {}
+
+
+def test_a_member_without_the_fleet_queue_is_named_with_kueues_reason(fleet):
+    """Region 1's fleet LocalQueue is gone: its copy of every fleet job is inadmissible there, which the manager's
+    Kueue does not show; the watch says it on the job, and `ops status` shows it."""
+    queue = next(m for m in fleet.member_plans[W1].kubernetes_manifests()
+                 if m["kind"] == "LocalQueue" and m["metadata"]["name"] == FLEET_LOCAL_QUEUE)
+    fleet.kubes[W1].delete(KUEUE_API_VERSION, "LocalQueue", FLEET_LOCAL_QUEUE, FLEET_NAMESPACE)
+    job = "fleet-no-queue"
+    fleet.submit(job)
+    seen = wait_for(lambda: (a := annotation_of(fleet, job)).get("state") == "MemberCannotAdmit" and a, REACTION,
+                    "the watch's MemberCannotAdmit")
+    assert seen["blocked"] == {W1: f"LocalQueue {FLEET_LOCAL_QUEUE} doesn't exist"}  # Kueue's own words
+    report = build_report(ClusterReader(fleet.manager.api_client).read(FLEET_NAMESPACE, "manager"))
+    (view,) = [j for j in report.jobs if j.name == job]
+    assert view.fleet.words() == f"{W1} cannot admit it: LocalQueue {FLEET_LOCAL_QUEUE} doesn't exist"
+    # Put back (`pulumi up` on region 1's stack): the copy is admissible again, and the warning goes.
+    fleet.kubes[W1].create(queue)
+    wait_for(lambda: annotation_of(fleet, job).get("state") == "Waiting", REACTION, "the watch's Waiting")
+    fleet.finish(job)
+
+
+def test_destroy_the_fleet_then_the_members_with_nothing_stuck(fleet):
+    """`pulumi destroy` on the fleet stack first (its objects in the members included), then on each member."""
+    assert not fleet.manager.list(*jobs.RAYJOB, namespace=FLEET_NAMESPACE)  # every scenario finished its job
+    fleet.watch.popen.terminate()
+    left = destroy(fleet.manager, fleet.steps, timeout=REACTION, route=fleet.route)
+    assert left.stuck == {}, left.stuck
+    assert fleet.manager.get(KUEUE_API_VERSION, "MultiKueueCluster", W1) is None
+    for member in MEMBERS:
+        assert fleet.kubes[member].get("v1", "ServiceAccount", "ray-training", FLEET_NAMESPACE) is None
+    # The members' stacks are independent: destroyed at once, as two `pulumi destroy` would (a client each).
+    with ThreadPoolExecutor(len(MEMBERS)) as pool:
+        results = dict(zip(MEMBERS, pool.map(lambda m: destroy(fleet.tier.members[m].client(),
+                                                               deploy_steps(fleet.member_plans[m]), REACTION),
+                                             MEMBERS)))
+    for member, left in results.items():
+        assert left.stuck == {}, (member, left.stuck)
+        assert fleet.kubes[member].get("v1", "Namespace", FLEET_NAMESPACE) is None
