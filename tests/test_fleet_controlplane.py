@@ -18,153 +18,36 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
+import yaml
 
 from failover import fleet as fleet_watch
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_TOKEN_SECRET
 from infra.kueue import KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE
-from infra.offline import OfflineEngine, Plan, StackOutputs
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
-from tests.conftest import REPO, config_with, plan_for
+from tests.conftest import REPO
 from tests.controlplane import jobs
-from tests.controlplane.fleet_tier import FleetTier
-from tests.controlplane.kube import Kube, condition, wait_for
+from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS,
+                                           FleetStacks, FleetTier, fleet_plan, loaded_configuration, member_plan)
+from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.processes import Process
-from tests.controlplane.stack import Step, creation_order as deploy_steps, deploy, destroy, release_values
+from tests.controlplane.stack import creation_order as deploy_steps, destroy, release_values
 
 pytestmark = pytest.mark.controlplane
 
-W1, W2 = MEMBERS = ("member-us-east5-a", "member-asia-northeast1-b")
-MEMBER_STACKS = {member: f"my-org/tpu-fallback/{member}" for member in MEMBERS}
-PODS_READY_TIMEOUT_SECONDS = 30  # the members' waitForPodsReady (the shortest allowed)
-WORKER_LOST_SECONDS = 10  # the manager's workerLostTimeout (the shortest allowed)
-REACTION = 60  # generous: three control planes share two cores with the rest of the suite
-WORKLOAD = (KUEUE_API_VERSION, "Workload")
-
-
-def member_plan(member: str) -> Plan:
-    return plan_for(member, {"fallback": {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
-                                          "stockoutGracePeriod": "4s"}})
-
-
-def fleet_plan(members: dict[str, Plan]) -> Plan:
-    references = {MEMBER_STACKS[m]: StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
-                  for m, plan in members.items()}
-    config = config_with({"fleet": {"members": list(MEMBER_STACKS.values()), "dispatcher": "AllAtOnce",
-                                    "workerLostTimeout": f"{WORKER_LOST_SECONDS}s", "checkpointLocation": "US"}},
-                         "fleet")
-    return OfflineEngine("fleet", False, references).run(config)
-
-
-class Fleet:
-    """The three planes with the stacks applied; helpers to read and play what happens to a job."""
-
-    def __init__(self, tier: FleetTier, manager_plan: Plan, members: dict[str, Plan]):
-        self.tier, self.manager_plan, self.member_plans = tier, manager_plan, members
-        self.manager: Kube = tier.manager.kube
-        self.kubes: dict[str, Kube] = {m: tier.members[m].kube for m in MEMBERS}
-        self.template = next(m for m in manager_plan.kubernetes_manifests() if m["kind"] == "RayJob")
-        self.steps: list[Step] = []
-        self.watch: Process | None = None
-
-    # ---- apply, as `pulumi up` on the members, then on the fleet ----------------------------------------------------
-    def route(self, step: Step) -> Kube:
-        """A step of the fleet's plan goes to the cluster of its provider: a member's (`<member>-k8s`) or the
-        manager's."""
-        provider = step.resource.provider_urn.rsplit("::", 1)[-1]
-        return self.kubes.get(provider.removesuffix("-k8s"), self.manager)
-
-    def with_member_kubeconfig(self, kubeconfigs: dict[str, str]):
-        def edit(step: Step) -> dict:
-            meta = step.manifest["metadata"]
-            for member, text in kubeconfigs.items():
-                if step.manifest["kind"] == "Secret" and meta["name"] == stack_fleet.kubeconfig_secret_name(member):
-                    assert step.manifest["stringData"] == "[secret]"  # what the plan holds: no credentials
-                    return {**step.manifest, "stringData": {"kubeconfig": text}}
-            return step.manifest
-        return edit
-
-    def apply(self) -> None:
-        for member, plan in self.member_plans.items():
-            deploy(self.kubes[member], plan)
-        kubeconfigs = {m: self.tier.connect(m, (KUEUE_NAMESPACE, MANAGER_TOKEN_SECRET)) for m in MEMBERS}
-        # Without the plan's job: each scenario submits its own. (The RayJob's turn is the plan's last step.)
-        plan = Plan([r for r in self.manager_plan.resources if r.type != "kubernetes:ray.io/v1:RayJob"],
-                    self.manager_plan.outputs, self.manager_plan.secret_outputs)
-        self.steps = deploy(self.manager, plan, wait_timeout=REACTION, route=self.route,
-                            edit=self.with_member_kubeconfig(kubeconfigs)).steps
-
-    # ---- the fleet watch, as deployed, with its own ServiceAccount's rights -----------------------------------
-    def start_watch(self) -> None:
-        deployment = next(m for m in self.manager_plan.kubernetes_manifests()
-                          if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_fleet.WATCH_NAME)
-        (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FLEET_")}
-        kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_fleet.WATCH_NAME)
-        self.watch = self.tier.manager.supervisor.start("fleet-watch", [sys.executable, "-m", "failover.fleet"], env={
-            **os.environ, **env, "FLEET_WATCH_SECONDS": "1", "KUBECONFIG": str(kubeconfig)}, cwd=REPO)
-
-    # ---- a job -----------------------------------------------------------------------------------------------
-    def submit(self, name: str) -> str:
-        """Create a copy of the fleet plan's RayJob on the manager; its manager Workload's name."""
-        job = {**self.template, "metadata": {**self.template["metadata"], "name": name}}
-        self.manager.create(job)
-        workload = wait_for(lambda: jobs.workload_of(self.manager, FLEET_NAMESPACE, name), REACTION,
-                            f"manager Workload of {name}")
-        return workload["metadata"]["name"]
-
-    def copy_in(self, member: str, workload: str) -> dict | None:
-        return self.kubes[member].get(*WORKLOAD, workload, FLEET_NAMESPACE)
-
-    def requests_in(self, member: str, workload: str) -> list[dict]:
-        found = self.copy_in(member, workload)
-        return jobs.provisioning_requests(self.kubes[member], FLEET_NAMESPACE, found) if found else []
-
-    def all_requests(self, member: str) -> list[dict]:
-        return self.kubes[member].list(*jobs.PROVISIONING_REQUEST, namespace=FLEET_NAMESPACE)
-
-    def rayjob_in(self, member: str, name: str) -> dict | None:
-        return self.kubes[member].get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
-
-    def running_in(self, name: str) -> list[str]:
-        return [m for m in MEMBERS if self.rayjob_in(m, name) is not None]
-
-    def wait_requests_everywhere(self, workload: str) -> dict[str, dict]:
-        return {m: wait_for(lambda m=m: (self.requests_in(m, workload) or [None])[0], REACTION,
-                            f"{workload}'s ProvisioningRequest in {m}") for m in MEMBERS}
-
-    def provision(self, member: str, request: dict) -> None:
-        jobs.mark_provisioned(self.kubes[member], request, f"resize-{member}")
-
-    def play_running(self, member: str, name: str) -> None:
-        """What the member's KubeRay reports once the slice's pods run: the RayCluster ready (Kueue's PodsReady for
-        a RayJob: rayjob_controller.go PodsReady), the job running. Without it the member's podsReadyTimeout
-        would evict the run, which a real, running job does not see."""
-        self.kubes[member].patch(*jobs.RAYJOB, name, {"status": {
-            "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": f"{name}-{member[-6:]}",
-            "rayClusterStatus": {"state": "ready"}}}, namespace=FLEET_NAMESPACE, subresource="status")
-
-    def manager_workload(self, workload: str) -> dict:
-        return self.manager.get(*WORKLOAD, workload, FLEET_NAMESPACE)
-
-    def finish(self, name: str) -> None:
-        """Delete the job on the manager; MultiKueue removes what it made in the members."""
-        self.manager.delete(*jobs.RAYJOB, name, FLEET_NAMESPACE, propagation="Background")
-        wait_for(lambda: not self.running_in(name) and jobs.workload_of(self.manager, FLEET_NAMESPACE, name) is None,
-                 REACTION, f"{name} gone everywhere")
 
 
 @pytest.fixture(scope="module")
-def fleet(request) -> Iterator[Fleet]:
+def fleet(request) -> Iterator[FleetStacks]:
     members = {m: member_plan(m) for m in MEMBERS}
     manager_plan = fleet_plan(members)
     tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
     failed = True
     try:
         tier.start()
-        state = Fleet(tier, manager_plan, members)
+        state = FleetStacks(tier, manager_plan, members)
         state.apply()
         state.start_watch()
         yield state
@@ -182,7 +65,48 @@ def test_the_fleet_connects_to_every_member_with_the_members_own_token(fleet):
     check = fleet.manager.get(KUEUE_API_VERSION, "AdmissionCheck", stack_fleet.ADMISSION_CHECK)
     assert condition(check, "Active") == "True"
     assert condition(fleet.manager.get(KUEUE_API_VERSION, "ClusterQueue", stack_fleet.CLUSTER_QUEUE), "Active") == "True"
+    # What the manager's Kueue itself loaded (after its own defaulting), not only the file the tier wrote.
     assert fleet.tier.manager_configuration_passed()
+    loaded = loaded_configuration(fleet.tier.manager)
+    assert loaded["integrations"]["frameworks"] == ["ray.io/rayjob"]
+    assert (loaded["multiKueue"]["workerLostTimeout"], loaded["multiKueue"]["dispatcherName"]) == (
+        f"{WORKER_LOST_SECONDS}s", stack_fleet.DISPATCHERS["AllAtOnce"])
+
+
+@pytest.mark.parametrize(("broken", "message"), [
+    ("tokenFile", "tokenFile is not allowed"),
+    ("exec", "exec plugins are not allowed"),
+    ("caFile", "certificate-authority file paths are not allowed"),
+])
+def test_kueue_refuses_kubeconfigs_that_read_files_or_run_plugins(fleet, broken, message):
+    """Why a member's stack gives the manager an inline token, not the kubeconfig `pulumi up` itself uses."""
+    config = yaml.safe_load(fleet.tier.connect(W1, (KUEUE_NAMESPACE, MANAGER_TOKEN_SECRET)))
+    user, cluster = config["users"][0]["user"], config["clusters"][0]["cluster"]
+    if broken == "tokenFile":
+        user.clear()
+        user["tokenFile"] = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    elif broken == "exec":  # what `gcloud container clusters get-credentials` writes (infra/cluster.py too)
+        user.clear()
+        user["exec"] = {"apiVersion": "client.authentication.k8s.io/v1beta1", "command": "gke-gcloud-auth-plugin",
+                        "interactiveMode": "Never"}
+    else:
+        del cluster["certificate-authority-data"]
+        cluster["certificate-authority"] = str(fleet.tier.members[W1].ca.cert)
+    name = f"broken-{broken.lower()}"
+    secret = stack_fleet.kubeconfig_secret_name(name)
+    fleet.manager.create({"apiVersion": "v1", "kind": "Secret",
+                          "metadata": {"name": secret, "namespace": KUEUE_NAMESPACE},
+                          "stringData": {"kubeconfig": yaml.safe_dump(config)}})
+    fleet.manager.create(stack_fleet.multikueue_cluster(name))
+    try:
+        seen = wait_for(lambda: next((c for c in (fleet.manager.get(KUEUE_API_VERSION, "MultiKueueCluster", name).get(
+            "status") or {}).get("conditions") or [] if c["type"] == "Active"), None), REACTION,
+                        f"an Active condition on {name}")
+        assert (seen["status"], seen["reason"]) == ("False", "InsecureKubeConfig"), seen
+        assert message in seen["message"], seen
+    finally:
+        fleet.manager.delete(KUEUE_API_VERSION, "MultiKueueCluster", name)
+        fleet.manager.delete("v1", "Secret", secret, KUEUE_NAMESPACE)
 
 
 def test_the_first_region_that_provisions_wins_and_the_others_ask_no_more(fleet):
@@ -234,7 +158,7 @@ def test_when_both_regions_provision_exactly_one_wins(fleet):
     fleet.finish(job)
 
 
-def member_controller(fleet: Fleet, member: str) -> Process:
+def member_controller(fleet: FleetStacks, member: str) -> Process:
     """The member's failover controller as its plan deploys it, with its own ServiceAccount's rights, but with the
     fleet's LocalQueue as its chain's first queue: then only the multikueue-origin label keeps it from moving the
     manager's copies (a copy evicted for PodsReadyTimeout would be moved to the next rung), so the test can fail."""
@@ -267,9 +191,10 @@ def test_an_eviction_in_the_winner_dispatches_again_and_the_members_controller_k
         wait_for(lambda: fleet.rayjob_in(W2, job), REACTION, f"{job} created in {W2}")
         admitted = time.monotonic()
         # The eviction after PODS_READY_TIMEOUT_SECONDS, then a fresh copy and request in both members.
-        again = {m: wait_for(lambda m=m: next((r for r in fleet.requests_in(m, workload)
-                                               if r["metadata"]["uid"] != first[m]["metadata"]["uid"]), None),
-                             PODS_READY_TIMEOUT_SECONDS + REACTION, f"a new request in {m}") for m in MEMBERS}
+        for member in MEMBERS:
+            wait_for(lambda m=member: next((r for r in fleet.requests_in(m, workload)
+                                            if r["metadata"]["uid"] != first[m]["metadata"]["uid"]), None),
+                     PODS_READY_TIMEOUT_SECONDS + REACTION, f"a new request in {member}")
         assert time.monotonic() - admitted >= PODS_READY_TIMEOUT_SECONDS - 1
         assert fleet.rayjob_in(W2, job) is None  # the evicted run is gone
         manager = fleet.manager_workload(workload)
@@ -360,7 +285,7 @@ def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visibl
     fleet.finish(job)
 
 
-def annotation_of(fleet: Fleet, job: str) -> dict:
+def annotation_of(fleet: FleetStacks, job: str) -> dict:
     text = (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get("annotations") or {}).get(
         fleet_watch.FLEET_ANNOTATION)
     return json.loads(text) if text else {}

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import yaml
 
+from infra import fleet_member
 from infra import kueue as stack_kueue
 from tests import upstream
 from tests.controlplane import build, chart, pki
@@ -157,18 +158,9 @@ class ControlPlane:
         return Kube(self.kubeconfig)
 
     def inline_kubeconfig(self, token: str, name: str = "tier") -> str:
-        """A kubeconfig text with everything inline, as Kueue's MultiKueue accepts it: the server by IP, the CA as
-        `certificate-authority-data`, a bearer `token`. Kueue 0.19.2 refuses file paths, tokenFile,
-        insecure-skip-tls-verify, exec and auth-provider plugins (multikueuecluster.go). The serving certificate
-        names 127.0.0.1 (pki.Authority.serving), so the CA alone verifies it."""
-        config = {
-            "apiVersion": "v1", "kind": "Config", "current-context": name,
-            "clusters": [{"name": name, "cluster": {
-                "server": self.server, "certificate-authority-data": base64.b64encode(self.ca.cert_pem).decode()}}],
-            "users": [{"name": name, "user": {"token": token}}],
-            "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
-        }
-        return yaml.safe_dump(config, sort_keys=False)
+        """A kubeconfig text as a fleet member's stack builds it for the manager (infra/fleet_member.py), for this
+        plane: its server by IP (the serving certificate names 127.0.0.1, so the CA alone verifies it)."""
+        return fleet_member.inline_kubeconfig(name, self.server, base64.b64encode(self.ca.cert_pem).decode(), token)
 
     def token_from_secret(self, namespace: str, name: str, timeout: float = 30.0) -> str:
         """The decoded token of a `kubernetes.io/service-account-token` Secret, once the token controller has

@@ -9,9 +9,10 @@ Ref: ../shared/notes/multikueue.md
 
 from __future__ import annotations
 
-import base64
 import json
+import os
 import shutil
+import sys
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -20,12 +21,20 @@ from pathlib import Path
 
 import yaml
 
-from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
+from infra import failover as stack_failover
+from infra import fleet as stack_fleet
+from infra.fleet_member import FLEET_NAMESPACE, MANAGER_TOKEN_SECRET
+from infra.kueue import KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE
+from infra.offline import OfflineEngine, Plan, StackOutputs
+from tests.conftest import REPO, config_with, plan_for
+from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.kube import Kube, wait_for
+from tests.controlplane.processes import Process
+from tests.controlplane.stack import Step, deploy
 
 MANAGER = "manager"
 CONFIG_KEY = "controllerManagerConfigYaml"
-KUBECONFIG_KEY = "kubeconfig"  # the key Kueue reads in a MultiKueueCluster's Secret (MultiKueueConfigSecretKey)
 
 
 def release_configuration(values: dict) -> dict:
@@ -148,24 +157,130 @@ class FleetTier:
         namespace, name = token_secret
         return plane.inline_kubeconfig(plane.token_from_secret(namespace, name, timeout), name=member)
 
-    def install_kubeconfig(self, member: str, secret: str, token_secret: tuple[str, str],
-                           timeout: float = 30.0) -> str:
-        """Write `connect(member, token_secret)` into the manager's Secret `kueue-system/<secret>`, key
-        `kubeconfig` (created, or its key replaced: Kueue watches these Secrets and rebuilds its client). The
-        namespace must exist on the manager. Returns the kubeconfig text."""
-        text = self.connect(member, token_secret, timeout)
-        data = {KUBECONFIG_KEY: base64.b64encode(text.encode()).decode()}
-        kube = self.manager.kube
-        if kube.get("v1", "Secret", secret, KUEUE_NAMESPACE) is None:
-            kube.create({"apiVersion": "v1", "kind": "Secret",
-                         "metadata": {"name": secret, "namespace": KUEUE_NAMESPACE}, "data": data})
-        else:
-            kube.patch("v1", "Secret", secret, {"data": data}, namespace=KUEUE_NAMESPACE)
-        return text
-
     def manager_configuration_passed(self) -> bool:
         """Kueue on the manager runs the release's `multiKueue` and `integrations` as given (the chart and the
         tier's out-of-cluster changes leave them alone)."""
         given = release_configuration(self.manager_values)
         running = self.manager.kueue_config
         return all(running.get(key) == given.get(key) for key in ("multiKueue", "integrations"))
+
+
+# ---- the shipped fleet and member stacks on a FleetTier (tests/test_fleet_controlplane.py, bench/bench_fleet.py) ----
+W1, W2 = MEMBERS = ("member-us-east5-a", "member-asia-northeast1-b")
+MEMBER_STACKS = {member: f"my-org/tpu-fallback/{member}" for member in MEMBERS}
+PODS_READY_TIMEOUT_SECONDS = 30  # the members' waitForPodsReady (the shortest allowed)
+WORKER_LOST_SECONDS = 10  # the manager's workerLostTimeout (the shortest allowed)
+REACTION = 60  # generous: three control planes share two cores with the rest of the suite
+WORKLOAD = (KUEUE_API_VERSION, "Workload")
+
+
+def member_plan(member: str) -> Plan:
+    return plan_for(member, {"fallback": {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
+                                          "stockoutGracePeriod": "4s"}})
+
+
+def fleet_plan(members: dict[str, Plan]) -> Plan:
+    references = {MEMBER_STACKS[m]: StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
+                  for m, plan in members.items()}
+    config = config_with({"fleet": {"members": list(MEMBER_STACKS.values()), "dispatcher": "AllAtOnce",
+                                    "workerLostTimeout": f"{WORKER_LOST_SECONDS}s", "checkpointLocation": "US"}},
+                         "fleet")
+    return OfflineEngine("fleet", False, references).run(config)
+
+
+class FleetStacks:
+    """The three planes with the stacks applied; helpers to read and play what happens to a job."""
+
+    def __init__(self, tier: FleetTier, manager_plan: Plan, members: dict[str, Plan]):
+        self.tier, self.manager_plan, self.member_plans = tier, manager_plan, members
+        self.manager: Kube = tier.manager.kube
+        self.kubes: dict[str, Kube] = {m: tier.members[m].kube for m in MEMBERS}
+        self.template = next(m for m in manager_plan.kubernetes_manifests() if m["kind"] == "RayJob")
+        self.steps: list[Step] = []
+        self.watch: Process | None = None
+
+    # ---- apply, as `pulumi up` on the members, then on the fleet ----------------------------------------------------
+    def route(self, step: Step) -> Kube:
+        """A step of the fleet's plan goes to the cluster of its provider: a member's (`<member>-k8s`) or the
+        manager's."""
+        provider = step.resource.provider_urn.rsplit("::", 1)[-1]
+        return self.kubes.get(provider.removesuffix("-k8s"), self.manager)
+
+    def with_member_kubeconfig(self, kubeconfigs: dict[str, str]):
+        def edit(step: Step) -> dict:
+            meta = step.manifest["metadata"]
+            for member, text in kubeconfigs.items():
+                if step.manifest["kind"] == "Secret" and meta["name"] == stack_fleet.kubeconfig_secret_name(member):
+                    assert step.manifest["stringData"] == "[secret]"  # what the plan holds: no credentials
+                    return {**step.manifest, "stringData": {"kubeconfig": text}}
+            return step.manifest
+        return edit
+
+    def apply(self) -> None:
+        for member, plan in self.member_plans.items():
+            deploy(self.kubes[member], plan)
+        kubeconfigs = {m: self.tier.connect(m, (KUEUE_NAMESPACE, MANAGER_TOKEN_SECRET)) for m in MEMBERS}
+        # Without the plan's job: each scenario submits its own. (The RayJob's turn is the plan's last step.)
+        plan = Plan([r for r in self.manager_plan.resources if r.type != "kubernetes:ray.io/v1:RayJob"],
+                    self.manager_plan.outputs, self.manager_plan.secret_outputs)
+        self.steps = deploy(self.manager, plan, wait_timeout=REACTION, route=self.route,
+                            edit=self.with_member_kubeconfig(kubeconfigs)).steps
+
+    # ---- the fleet watch, as deployed, with its own ServiceAccount's rights -----------------------------------
+    def start_watch(self) -> None:
+        deployment = next(m for m in self.manager_plan.kubernetes_manifests()
+                          if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_fleet.WATCH_NAME)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FLEET_")}
+        kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_fleet.WATCH_NAME)
+        self.watch = self.tier.manager.supervisor.start("fleet-watch", [sys.executable, "-m", "failover.fleet"], env={
+            **os.environ, **env, "FLEET_WATCH_SECONDS": "1", "KUBECONFIG": str(kubeconfig)}, cwd=REPO)
+
+    # ---- a job -----------------------------------------------------------------------------------------------
+    def submit(self, name: str) -> str:
+        """Create a copy of the fleet plan's RayJob on the manager; its manager Workload's name."""
+        job = {**self.template, "metadata": {**self.template["metadata"], "name": name}}
+        self.manager.create(job)
+        workload = wait_for(lambda: jobs.workload_of(self.manager, FLEET_NAMESPACE, name), REACTION,
+                            f"manager Workload of {name}")
+        return workload["metadata"]["name"]
+
+    def copy_in(self, member: str, workload: str) -> dict | None:
+        return self.kubes[member].get(*WORKLOAD, workload, FLEET_NAMESPACE)
+
+    def requests_in(self, member: str, workload: str) -> list[dict]:
+        found = self.copy_in(member, workload)
+        return jobs.provisioning_requests(self.kubes[member], FLEET_NAMESPACE, found) if found else []
+
+    def all_requests(self, member: str) -> list[dict]:
+        return self.kubes[member].list(*jobs.PROVISIONING_REQUEST, namespace=FLEET_NAMESPACE)
+
+    def rayjob_in(self, member: str, name: str) -> dict | None:
+        return self.kubes[member].get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
+
+    def running_in(self, name: str) -> list[str]:
+        return [m for m in MEMBERS if self.rayjob_in(m, name) is not None]
+
+    def wait_requests_everywhere(self, workload: str) -> dict[str, dict]:
+        return {m: wait_for(lambda m=m: (self.requests_in(m, workload) or [None])[0], REACTION,
+                            f"{workload}'s ProvisioningRequest in {m}") for m in MEMBERS}
+
+    def provision(self, member: str, request: dict) -> None:
+        jobs.mark_provisioned(self.kubes[member], request, f"resize-{member}")
+
+    def play_running(self, member: str, name: str) -> None:
+        """What the member's KubeRay reports once the slice's pods run: the RayCluster ready (Kueue's PodsReady for
+        a RayJob: rayjob_controller.go PodsReady), the job running. Without it the member's podsReadyTimeout
+        would evict the run, which a real, running job does not see."""
+        self.kubes[member].patch(*jobs.RAYJOB, name, {"status": {
+            "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": f"{name}-{member[-6:]}",
+            "rayClusterStatus": {"state": "ready"}}}, namespace=FLEET_NAMESPACE, subresource="status")
+
+    def manager_workload(self, workload: str) -> dict:
+        return self.manager.get(*WORKLOAD, workload, FLEET_NAMESPACE)
+
+    def finish(self, name: str) -> None:
+        """Delete the job on the manager; MultiKueue removes what it made in the members."""
+        self.manager.delete(*jobs.RAYJOB, name, FLEET_NAMESPACE, propagation="Background")
+        wait_for(lambda: not self.running_in(name) and jobs.workload_of(self.manager, FLEET_NAMESPACE, name) is None,
+                 REACTION, f"{name} gone everywhere")
