@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
+from failover import decisions
 from failover import fleet as fleet_watch
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
@@ -27,10 +28,11 @@ from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_TOKEN
 from infra.kueue import KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
-from tests.conftest import REPO
+from tests.conftest import REPO, plan_for
 from tests.controlplane import jobs
 from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS,
                                            FleetStacks, FleetTier, fleet_plan, loaded_configuration, member_plan)
+from tests.controlplane.failover_tier import FailoverTier
 from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.processes import Process
 from tests.controlplane.stack import creation_order as deploy_steps, destroy, release_values
@@ -176,41 +178,74 @@ def member_controller(fleet: FleetStacks, member: str) -> Process:
         "FAILOVER_METRICS_PORT": "0", "KUBECONFIG": str(kubeconfig)})
 
 
-def test_an_eviction_in_the_winner_dispatches_again_and_the_members_controller_keeps_out(fleet):
+def test_an_eviction_in_the_winner_dispatches_again_to_every_member(fleet):
     """The winner's pods never get ready: its Kueue evicts after podsReadyTimeout, and the manager asks every
-    region again, the evicting one included. The member's failover controller, which would move a local job
-    down the ladder on that eviction, leaves the manager's copy alone (a spec change would make the manager
-    delete and recreate it)."""
-    controllers = [member_controller(fleet, member) for member in MEMBERS]
-    try:
-        job = "fleet-evicted"
-        workload = fleet.submit(job)
-        first = fleet.wait_requests_everywhere(workload)
-        copies = {m: fleet.copy_in(m, workload)["metadata"]["uid"] for m in MEMBERS}
-        fleet.provision(W2, first[W2])
-        wait_for(lambda: fleet.rayjob_in(W2, job), REACTION, f"{job} created in {W2}")
-        admitted = time.monotonic()
-        # The eviction after PODS_READY_TIMEOUT_SECONDS, then a fresh copy and request in both members.
-        for member in MEMBERS:
-            wait_for(lambda m=member: next((r for r in fleet.requests_in(m, workload)
-                                            if r["metadata"]["uid"] != first[m]["metadata"]["uid"]), None),
-                     PODS_READY_TIMEOUT_SECONDS + REACTION, f"a new request in {member}")
-        assert time.monotonic() - admitted >= PODS_READY_TIMEOUT_SECONDS - 1
-        assert fleet.rayjob_in(W2, job) is None  # the evicted run is gone
-        manager = fleet.manager_workload(workload)
-        assert not (manager.get("status") or {}).get("clusterName")
-        for member in MEMBERS:
-            copy = fleet.copy_in(member, workload)
-            assert copy["spec"]["queueName"] == FLEET_LOCAL_QUEUE, member  # not moved down the member's ladder
-            assert fleet_watch.MULTIKUEUE_ORIGIN_LABEL in copy["metadata"]["labels"]
-            ours = [key for key in copy["metadata"].get("annotations") or {} if key.startswith("tpu-fallback/")]
-            assert ours == [], member  # not even a recorded flavor
-            assert copy["metadata"]["uid"] != copies[member], member  # a new copy, asking DWS again
-        assert all(c.alive() for c in controllers)  # they ran the whole time
-    finally:
-        for controller in controllers:
-            controller.popen.terminate()
+    region again, the evicting one included, with fresh copies (a new request each)."""
+    job = "fleet-evicted"
+    workload = fleet.submit(job)
+    first = fleet.wait_requests_everywhere(workload)
+    copies = {m: fleet.copy_in(m, workload)["metadata"]["uid"] for m in MEMBERS}
+    fleet.provision(W2, first[W2])
+    wait_for(lambda: fleet.rayjob_in(W2, job), REACTION, f"{job} created in {W2}")
+    admitted = time.monotonic()
+    for member in MEMBERS:
+        wait_for(lambda m=member: next((r for r in fleet.requests_in(m, workload)
+                                        if r["metadata"]["uid"] != first[m]["metadata"]["uid"]), None),
+                 PODS_READY_TIMEOUT_SECONDS + REACTION, f"a new request in {member}")
+    assert time.monotonic() - admitted >= PODS_READY_TIMEOUT_SECONDS - 1
+    assert fleet.rayjob_in(W2, job) is None  # the evicted run is gone
+    assert not (fleet.manager_workload(workload).get("status") or {}).get("clusterName")
+    for member in MEMBERS:
+        copy = fleet.copy_in(member, workload)
+        assert copy["spec"]["queueName"] == FLEET_LOCAL_QUEUE, member
+        assert copy["metadata"]["uid"] != copies[member], member  # a new copy, asking DWS again
     fleet.finish(job)
+
+
+def test_a_members_failover_controller_leaves_the_managers_copy_alone(fleet):
+    """A member may start fleet jobs on a rung without a check (fleetMember.startRung: onDemand): the job is
+    admitted there before any slice exists, and a stockout shows as the autoscaler's event. The member's failover
+    controller moves a local job down its ladder after the grace period; it leaves the manager's copy alone (a spec
+    change would make the manager delete and recreate it). It runs with the fleet's LocalQueue as its chain's first
+    queue, so the multikueue-origin label alone stands between the copy and a move: the test fails without it."""
+    original = fleet.kubes[W1].get(KUEUE_API_VERSION, "LocalQueue", FLEET_LOCAL_QUEUE, FLEET_NAMESPACE)
+    on_demand = fleet_local_queue_of(plan_for(W1, {"fleetMember": {"enabled": True, "startRung": "onDemand"}}))
+    replace_local_queue(fleet.kubes[W1], on_demand)
+    controller = member_controller(fleet, W1)
+    job = "fleet-on-demand"
+    try:
+        workload = fleet.submit(job)
+        wait_for(lambda: fleet.rayjob_in(W1, job), REACTION, f"{job} admitted on {W1}'s on-demand rung")
+        copy = wait_for(lambda: (c := fleet.copy_in(W1, workload)) and decisions.WorkloadView.from_object(c).rayjob
+                        and c, REACTION, "the copy owned by its RayJob in W1")
+        assert jobs.tpu_flavor(copy) == "on-demand"
+        FailoverTier(fleet.tier.members[W1], fleet.member_plans[W1]).play_kuberay_and_a_stockout(job, FLEET_NAMESPACE)
+        grace = fleet.member_plans[W1].outputs["platform"]["fallback"]["stockoutGracePeriodSeconds"]
+        time.sleep(grace + 4)  # the grace period, and a few of the controller's 1 s resyncs
+        assert controller.alive()
+        copy = fleet.copy_in(W1, workload)
+        assert copy["spec"]["queueName"] == FLEET_LOCAL_QUEUE  # not moved down W1's ladder
+        ours = [key for key in copy["metadata"].get("annotations") or {} if key.startswith("tpu-fallback/")]
+        assert ours == []
+        assert decisions.FAILOVER_ANNOTATION not in (fleet.rayjob_in(W1, job)["metadata"].get("annotations") or {})
+        assert fleet.running_in(job) == [W1]
+    finally:
+        controller.popen.terminate()
+        fleet.finish(job)
+        replace_local_queue(fleet.kubes[W1], {k: original[k] for k in ("apiVersion", "kind", "spec")} | {
+            "metadata": {"name": FLEET_LOCAL_QUEUE, "namespace": FLEET_NAMESPACE}})
+
+
+def fleet_local_queue_of(plan) -> dict:
+    return next(m for m in plan.kubernetes_manifests()
+                if m["kind"] == "LocalQueue" and m["metadata"]["name"] == FLEET_LOCAL_QUEUE)
+
+
+def replace_local_queue(kube, queue: dict) -> None:
+    kube.delete(KUEUE_API_VERSION, "LocalQueue", FLEET_LOCAL_QUEUE, FLEET_NAMESPACE)
+    wait_for(lambda: kube.get(KUEUE_API_VERSION, "LocalQueue", FLEET_LOCAL_QUEUE, FLEET_NAMESPACE) is None, REACTION,
+             "the fleet LocalQueue gone")
+    kube.create(queue)
 
 
 def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visible(fleet):
