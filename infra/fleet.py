@@ -23,7 +23,7 @@ from infra import failover
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE
 from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
                          install_release, values_for)
-from infra.settings import ConfigReader, PlatformSettings
+from infra.settings import MAX_PODS_READY_TIMEOUT_SECONDS, ConfigReader, PlatformSettings
 
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = {"members": [], "dispatcher": "AllAtOnce", "workerLostTimeout": "15m",
@@ -46,6 +46,7 @@ MIN_MEMBERS, MAX_MEMBERS = 2, 20
 # Kueue's default is 15m. Shorter re-dispatches sooner after a real loss, and overlaps two runs longer after a
 # short partition (README "Plan C"); the tests use seconds.
 MIN_WORKER_LOST_SECONDS, MAX_WORKER_LOST_SECONDS = 10, 24 * 3600
+MANAGER_PODS_READY_SECONDS = MAX_PODS_READY_TIMEOUT_SECONDS  # the longest a member may have
 # The fleet watch (failover/fleet.py): says on each job where it really runs; runs from the failover package.
 WATCH_NAME = "fleet-watch"
 WATCH_SECONDS = 10
@@ -129,9 +130,16 @@ def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> Fl
 def manager_config(fleet: FleetSettings) -> dict:
     """The chart's default configuration with MultiKueue's section and only the RayJob integration: the manager
     watches every enabled integration in every member, and one failed watch keeps a member disconnected
-    (multikueuecluster.go L349-363). No waitForPodsReady: no pod runs here."""
+    (multikueuecluster.go L349-363).
+
+    waitForPodsReady cannot be left out: Kueue's v1beta2 defaulting turns it on with 30m when the block is absent
+    (apis/config/v1beta2/defaults.go L99-112; measured: the manager's Workload showed PodsReady=False WaitForStart).
+    A manager's PodsReady is a copy of the member's (the RayJob status MultiKueue mirrors), and the member's own
+    podsReadyTimeout decides when a run there failed to start; so the manager's is set out of its way."""
     config = copy.deepcopy(MANAGER_CONFIG_BASE)
     config["integrations"] = {"frameworks": ["ray.io/rayjob"]}
+    config["waitForPodsReady"] = {"timeout": f"{MANAGER_PODS_READY_SECONDS}s",
+                                  "recoveryTimeout": f"{MANAGER_PODS_READY_SECONDS}s", "blockAdmission": False}
     config["multiKueue"] = {
         "gcInterval": "1m",
         # Distinct per manager, so two fleets sharing a member never take each other's copies.

@@ -19,7 +19,7 @@ from infra.fleet_member import (FLEET_KUBECONFIG_OUTPUT, FLEET_LOCAL_QUEUE, FLEE
 from infra.offline import (SECRET_MARK, OfflineEngine, Plan, StackOutputs, config_value, referenced_stacks,
                            render_manifests, render_tree)
 from infra.offline import main as offline_main
-from infra.settings import SettingsError
+from infra.settings import MAX_PODS_READY_TIMEOUT_SECONDS, SettingsError
 from tests.conftest import FLEET_STACKS, REPO, base_config, namespaced, plan_for
 from tests import upstream
 from tests.controlplane import versions
@@ -169,7 +169,9 @@ def test_the_managers_kueue_has_multikueue_and_only_the_rayjob_integration():
     assert config["integrations"] == {"frameworks": ["ray.io/rayjob"]}
     assert config["multiKueue"] == {"gcInterval": "1m", "origin": "tpu-fallback-fleet", "workerLostTimeout": "900s",
                                     "dispatcherName": "kueue.x-k8s.io/multikueue-dispatcher-all-at-once"}
-    assert "waitForPodsReady" not in config  # no pod runs on the manager
+    # Kueue turns waitForPodsReady on (30m) when it is absent; the members' own timeouts decide, so: out of the way.
+    assert config["waitForPodsReady"] == {"timeout": "86400s", "recoveryTimeout": "86400s", "blockAdmission": False}
+    assert fleet_objects.MANAGER_PODS_READY_SECONDS == MAX_PODS_READY_TIMEOUT_SECONDS
 
 
 def test_each_member_is_a_secret_kubeconfig_and_a_multikueue_cluster():

@@ -71,6 +71,7 @@ def test_the_fleet_connects_to_every_member_with_the_members_own_token(fleet):
     assert fleet.tier.manager_configuration_passed()
     loaded = loaded_configuration(fleet.tier.manager)
     assert loaded["integrations"]["frameworks"] == ["ray.io/rayjob"]
+    assert loaded["waitForPodsReady"]["timeout"] == "24h0m0s"  # as Go prints 86400s
     assert (loaded["multiKueue"]["workerLostTimeout"], loaded["multiKueue"]["dispatcherName"]) == (
         f"{WORKER_LOST_SECONDS}s", stack_fleet.DISPATCHERS["AllAtOnce"])
 
