@@ -16,11 +16,11 @@ import yaml
 from infra import fleet as fleet_objects
 from infra.fleet_member import (FLEET_KUBECONFIG_OUTPUT, FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE,
                                 MANAGER_CLUSTER_ROLE, MANAGER_TOKEN_SECRET, inline_kubeconfig, manager_rules)
-from infra.offline import (SECRET_MARK, OfflineEngine, Plan, StackOutputs, config_value, referenced_stacks,
+from infra.offline import (SECRET_MARK, OfflineEngine, Plan, StackOutputs, referenced_stacks,
                            render_manifests, render_tree)
 from infra.offline import main as offline_main
 from infra.settings import MAX_PODS_READY_TIMEOUT_SECONDS, SettingsError
-from tests.conftest import FLEET_STACKS, REPO, base_config, namespaced, plan_for
+from tests.conftest import FLEET_STACKS, REPO, config_with, namespaced, plan_for
 from tests import upstream
 from tests.controlplane import versions
 from tests.k8s_schema import validation_errors
@@ -46,20 +46,10 @@ def references(**changed: StackOutputs) -> dict[str, StackOutputs]:
     return answers
 
 
-def fleet_config(overrides: dict[str, object] | None = None) -> dict[str, str]:
-    config = base_config(FLEET)
-    for key, value in (overrides or {}).items():
-        if value is None:
-            config.pop(namespaced(key), None)
-        else:
-            config[namespaced(key)] = config_value(value)
-    return config
-
-
 def fleet_plan(overrides: dict[str, object] | None = None, answers: dict[str, StackOutputs] | None = None,
                preview: bool = False, engine: OfflineEngine | None = None) -> Plan:
     engine = engine or OfflineEngine(FLEET, preview, answers or references())
-    return engine.run(fleet_config(overrides))
+    return engine.run(config_with(overrides or {}, FLEET))
 
 
 @functools.cache
@@ -147,7 +137,7 @@ def test_a_platform_that_is_not_a_member_is_unchanged():
 
 def test_the_shipped_fleet_stack_is_found_and_reads_its_members():
     assert FLEET_STACKS == [FLEET]
-    assert referenced_stacks(fleet_config()) == list(MEMBER_STACKS)
+    assert referenced_stacks(config_with({}, FLEET)) == list(MEMBER_STACKS)
 
 
 def test_the_fleet_declares_a_manager_and_no_tpus():
