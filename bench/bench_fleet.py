@@ -1,0 +1,256 @@
+"""Plan C's dispatch overhead: how long the MultiKueue fleet itself takes to fan a job out to its members, to move
+it to the member whose slice came first, and to report the winner's status back, on three real control planes
+(the fleet tier of tests/test_fleet_controlplane.py: the shipped fleet stack on a manager, the shipped member
+stacks on two members, each etcd + kube-apiserver + kube-controller-manager + Kueue 0.19.2, and the fleet watch as
+deployed).
+
+    .venv/bin/python bench/bench_fleet.py [--rounds 5] [--pause 1.0] [--json samples.json]
+
+Each round submits a new copy of the fleet plan's RayJob on the manager and times, from just before each call:
+1. the create -> a Workload copy in every member (the last member's), and -> a ProvisioningRequest in every member;
+2. one member's request marked Provisioned (GKE's autoscaler played; the winner alternates between rounds) ->
+   the RayJob exists in the winner (the dispatch overhead; goal p95 <= 5 s), -> the winner's Kueue starts it
+   (unsuspended), -> the loser's copy and its request are gone, -> the manager's Workload records
+   `status.clusterName` = the winner;
+3. the winner's RayJob status patched as KubeRay would (running) -> the manager's RayJob shows
+   `jobDeploymentStatus: Running`.
+Then the job is deleted on the manager and the bench waits until nothing of it is left in any cluster.
+Polls every `--interval` s (default 0.02) with a monotonic clock; a time is taken when the poll that saw the
+change returned, so each number is an upper bound by at most one poll round (the interval plus a few API calls).
+Reading the numbers: the manager's Kueue handles a member's change (its copy admitted, its RayJob's status) after
+a fixed 1 s batch (MultiKueue's eventsBatchPeriod = constants.UpdatesBatchPeriod, not configurable in 0.19.2:
+pkg/controller/admissionchecks/multikueue/controllers.go, workload.go), so the Provisioned -> ... measures cannot
+go much below 1 s; the rest is the tier's own API round trips and the machine's load.
+
+What it cannot measure: real DWS provisioning times (minutes to hours, the dominant term on GKE; here a status
+patch), cross-region latency between the manager and the members (here all on 127.0.0.1), KubeRay's own time to
+create the RayCluster and start pods (played by a status patch), and GKE API servers' latency under load. The three
+control planes share this machine's cores with the bench (and with whatever else runs): the load average at start
+is printed; compare runs on a quiet machine.
+Binaries must be built (`python -m tests.controlplane build`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from infra.fleet_member import FLEET_NAMESPACE  # noqa: E402
+from tests.controlplane import jobs  # noqa: E402
+from tests.controlplane.fleet_tier import (MEMBERS, REACTION, WORKLOAD, FleetStacks, FleetTier,  # noqa: E402
+                                           fleet_plan, member_plan)
+from tests.controlplane.kube import wait_for  # noqa: E402
+from tests.controlplane.stack import release_values  # noqa: E402
+
+GOAL_SECONDS = 5.0
+COPIES = "submitted -> a Workload copy in every member"
+REQUESTS = "submitted -> a ProvisioningRequest in every member"
+DISPATCH = "Provisioned -> the RayJob in the winner"
+STARTED = "Provisioned -> the winner's RayJob started (unsuspended)"
+LOSER_GONE = "Provisioned -> the loser's copy and request gone"
+RECORDED = "Provisioned -> manager Workload clusterName = winner"
+MIRRORED = "winner's RayJob Running -> manager's RayJob Running"
+MEASURES = (COPIES, REQUESTS, DISPATCH, STARTED, LOSER_GONE, RECORDED, MIRRORED)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Nearest-rank percentile (p95 of 5 samples is the largest)."""
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, max(0, round(q * len(ordered) + 0.5) - 1))]
+
+
+def first_times(started: float, probes: dict[str, Callable[[], object]], interval: float,
+                timeout: float = REACTION) -> tuple[dict[str, float], dict[str, object]]:
+    """Poll every probe not yet satisfied, in order, every `interval` s: for each, the seconds since `started` at
+    which the poll that first saw it truthy returned, and that value."""
+    times: dict[str, float] = {}
+    values: dict[str, object] = {}
+    deadline = time.monotonic() + timeout
+    while len(times) < len(probes):
+        for name, probe in probes.items():
+            if name not in times and (value := probe()):
+                times[name] = time.monotonic() - started
+                values[name] = value
+        if len(times) == len(probes):
+            break
+        if time.monotonic() > deadline:
+            missing = [name for name in probes if name not in times]
+            raise TimeoutError(f"not within {timeout:.0f} s: {missing}")
+        time.sleep(interval)
+    return times, values
+
+
+def copy_of(fleet: FleetStacks, member: str, job: str) -> dict | None:
+    """The member's copy of the job's Workload (named as the manager's: rayjob-<job>-<hash>)."""
+    prefix = f"rayjob-{job}-"
+    found = [w for w in fleet.kubes[member].list(*WORKLOAD, namespace=FLEET_NAMESPACE)
+             if w["metadata"]["name"].startswith(prefix) and len(w["metadata"]["name"]) == len(prefix) + 5]
+    return found[0] if found else None
+
+
+def quiet(fleet: FleetStacks) -> bool:
+    """Nothing of any job left in the members (no copy, request or RayJob) nor on the manager."""
+    return (not fleet.manager.list(*jobs.RAYJOB, namespace=FLEET_NAMESPACE)
+            and not fleet.manager.list(*WORKLOAD, namespace=FLEET_NAMESPACE)
+            and not any(fleet.kubes[m].list(*kind, namespace=FLEET_NAMESPACE)
+                        for m in MEMBERS for kind in (WORKLOAD, jobs.PROVISIONING_REQUEST, jobs.RAYJOB)))
+
+
+def one_round(fleet: FleetStacks, job: str, winner: str, interval: float, pause: float) -> dict:
+    loser = next(m for m in MEMBERS if m != winner)
+    copies: dict[str, dict] = {}
+
+    def copy_probe(member: str) -> Callable[[], dict | None]:
+        def probe() -> dict | None:
+            if member not in copies and (found := copy_of(fleet, member, job)):
+                copies[member] = found
+            return copies.get(member)
+        return probe
+
+    def request_probe(member: str) -> Callable[[], dict | None]:
+        return lambda: member in copies and (jobs.provisioning_requests(
+            fleet.kubes[member], FLEET_NAMESPACE, copies[member]) or [None])[0]
+
+    # 1. Submit on the manager (its client, in a thread) while this thread polls the members (their own clients).
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="submit") as pool:
+        submitted = time.monotonic()
+        future = pool.submit(fleet.submit, job)
+        seen, _ = first_times(submitted, {**{("copy", m): copy_probe(m) for m in MEMBERS},
+                                          **{("request", m): request_probe(m) for m in MEMBERS}}, interval)
+        workload = future.result()
+    assert all(copies[m]["metadata"]["name"] == workload for m in MEMBERS), (workload, copies)
+    sample = {"job": job, "winner": winner,
+              COPIES: max(seen["copy", m] for m in MEMBERS),
+              REQUESTS: max(seen["request", m] for m in MEMBERS),
+              "per member": {m: {"copy": round(seen["copy", m], 4), "request": round(seen["request", m], 4)}
+                             for m in MEMBERS}}
+
+    # 2. DWS has the winner's slice (after `pause`: on GKE it comes minutes later, not during the fan-out).
+    time.sleep(pause)
+    (request,) = fleet.requests_in(winner, workload)
+    loser_copy = copies[loser]["metadata"]["uid"]
+
+    def loser_gone() -> bool:
+        return fleet.copy_in(loser, workload) is None and not any(
+            o.get("uid") == loser_copy for r in fleet.all_requests(loser) for o in r["metadata"].get(
+                "ownerReferences") or [])
+
+    def started_in_winner() -> bool:
+        remote = fleet.rayjob_in(winner, job)
+        return remote is not None and not jobs.suspended(remote)
+
+    provisioned = time.monotonic()
+    fleet.provision(winner, request)
+    seen, _ = first_times(provisioned, {
+        DISPATCH: lambda: fleet.rayjob_in(winner, job),
+        STARTED: started_in_winner,
+        LOSER_GONE: loser_gone,
+        RECORDED: lambda: ((fleet.manager_workload(workload) or {}).get("status") or {}).get(
+            "clusterName") == winner,
+    }, interval)
+    sample.update(seen)
+    running = fleet.running_in(job)
+    assert running == [winner], f"{job} runs in {running}, not only in {winner}"
+
+    # 3. KubeRay in the winner reports the job running; the manager's RayJob should say the same.
+    playing = time.monotonic()
+    fleet.play_running(winner, job)
+    seen, _ = first_times(playing, {MIRRORED: lambda: ((fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE) or {})
+                                                       .get("status") or {}).get("jobDeploymentStatus") == "Running"},
+                          interval)
+    sample.update(seen)
+
+    fleet.finish(job)
+    wait_for(lambda: quiet(fleet), REACTION, f"nothing of {job} left anywhere", interval=0.2)
+    return sample
+
+
+def machine() -> dict:
+    return {"nproc": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
+            "loadavg": [round(x, 2) for x in os.getloadavg()]}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--interval", type=float, default=0.02, help="poll interval, seconds (20-50 ms)")
+    parser.add_argument("--pause", type=float, default=1.0,
+                        help="seconds between the requests in every member and the winner's Provisioned")
+    parser.add_argument("--json", type=Path, help="write the raw samples here")
+    args = parser.parse_args()
+    # A SIGTERM unwinds like Ctrl-C: the planes run in their own sessions and only the `finally` stops them.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+    at_start = machine()
+    print(f"machine: {at_start['nproc']} CPUs usable ({at_start['cpu_count']} online), load average at start "
+          f"{' '.join(map(str, at_start['loadavg']))} (1, 5, 15 min)", flush=True)
+    members = {m: member_plan(m) for m in MEMBERS}
+    manager_plan = fleet_plan(members)
+    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
+    print(f"starting the fleet tier in {tier.workdir} ...", flush=True)
+    samples: list[dict] = []
+    failed = True
+    try:
+        tier.start()
+        timings = tier.timings()
+        print(f"fleet started in {timings['fleet']['wall']:.1f} s (all planes in parallel; each: "
+              + ", ".join(f"{name} {t['start']:.1f} s" for name, t in timings.items() if name != "fleet") + ")",
+              flush=True)
+        fleet = FleetStacks(tier, manager_plan, members)
+        began = time.monotonic()
+        fleet.apply()
+        fleet.start_watch()
+        applied = time.monotonic() - began
+        print(f"stacks applied (members, then the fleet; MultiKueueClusters Active) in {applied:.1f} s; "
+              f"fleet watch started", flush=True)
+        for number in range(args.rounds):
+            winner = MEMBERS[number % len(MEMBERS)]
+            sample = one_round(fleet, f"bench-fleet-{number + 1}", winner, args.interval, args.pause)
+            samples.append(sample)
+            print(f"round {number + 1} (winner {winner}): " + ", ".join(
+                f"{label} {sample[m]:.3f}" for label, m in (("copies", COPIES), ("requests", REQUESTS),
+                                                            ("dispatch", DISPATCH), ("started", STARTED),
+                                                            ("loser gone", LOSER_GONE), ("recorded", RECORDED),
+                                                            ("mirrored", MIRRORED))) + " s", flush=True)
+        failed = False
+    finally:
+        tier.stop(keep_workdir=failed)
+        if failed:
+            print(f"\nfleet tier logs kept in {tier.workdir}")
+    at_end = machine()
+
+    print(f"\nplan C dispatch overhead on the fleet tier (manager + {len(MEMBERS)} members on 127.0.0.1), "
+          f"{len(samples)} rounds, polled every {1000 * args.interval:.0f} ms:")
+    width = max(map(len, MEASURES))
+    print(f"  {'measure':<{width}}  {'p50':>7}  {'p95':>7}  {'max':>7}  n")
+    for measure in MEASURES:
+        values = [s[measure] for s in samples]
+        print(f"  {measure:<{width}}  {statistics.median(values):>6.3f}s  {percentile(values, 0.95):>6.3f}s  "
+              f"{max(values):>6.3f}s  {len(values)}")
+    dispatch_p95 = percentile([s[DISPATCH] for s in samples], 0.95)
+    print(f"goal: dispatch overhead (Provisioned -> the RayJob in the winner) p95 {dispatch_p95:.3f} s <= "
+          f"{GOAL_SECONDS:.0f} s: {'PASS' if dispatch_p95 <= GOAL_SECONDS else 'FAIL'}")
+    print(f"fleet start {timings['fleet']['wall']:.1f} s, stacks applied in {applied:.1f} s; machine: "
+          f"{at_start['nproc']} CPUs, load average {' '.join(map(str, at_start['loadavg']))} at start, "
+          f"{' '.join(map(str, at_end['loadavg']))} at the end")
+    if args.json:
+        args.json.write_text(json.dumps({
+            "machine": {"start": at_start, "end": at_end}, "fleet_start": timings, "apply_seconds": round(applied, 3),
+            "interval": args.interval, "pause": args.pause, "goal_seconds": GOAL_SECONDS,
+            "rounds": samples, "samples": {m: [s[m] for s in samples] for m in MEASURES},
+        }, indent=2) + "\n")
+        print(f"raw samples written to {args.json}")
+
+
+if __name__ == "__main__":
+    main()
