@@ -13,7 +13,6 @@ import json
 import logging
 import random
 import threading
-import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
