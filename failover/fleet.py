@@ -78,8 +78,10 @@ class Finding:
         if self.state == RUNNING_TWICE:
             return (f"runs in {where} at once (a member was cut off and the job was dispatched again); each run "
                     "checkpoints under its own run id, and MultiKueue keeps one when the member is back")
-        return (f"{self.record}, where Kueue admitted it, does not answer; the manager dispatches again after "
-                "workerLostTimeout, and a run there may go on meanwhile")
+        lost = " and ".join(self.unreachable)
+        where = f"{lost}, where Kueue admitted it," if self.record in self.unreachable else lost
+        return (f"{where} does not answer; a run there may go on meanwhile, and the manager dispatches the job "
+                "again after workerLostTimeout")
 
     def annotation(self, since: str) -> str:
         return json.dumps({"state": self.state, "runsIn": list(self.runs_in), "kueueRecord": self.record,
@@ -104,6 +106,8 @@ def assess(record: str | None, running: Mapping[str, bool], unreachable: frozens
         return Finding(MEMBER_LOST, runs_in, record, lost)
     if runs_in:
         return Finding(RUNNING, runs_in, record, lost)
+    if lost:  # runs nowhere that answers: it may still run where nothing answers
+        return Finding(MEMBER_LOST, runs_in, record, lost)
     return Finding(WAITING, (), record, lost)
 
 

@@ -39,6 +39,10 @@ def test_two_runs_at_once_are_said_whatever_the_record():
 def test_a_lost_member_that_holds_the_record():
     finding = assess("w2", {"w1": False}, frozenset({"w2"}))
     assert (finding.state, finding.unreachable) == (MEMBER_LOST, ("w2",))
+    assert finding.message().startswith("w2, where Kueue admitted it, does not answer; a run there may go on")
+    # Nothing runs where members answer, and one does not (Kueue cleared its record on the eviction): not "waiting".
+    cleared = assess(None, {"w1": False}, frozenset({"w2"}))
+    assert cleared.state == MEMBER_LOST and cleared.message().startswith("w2 does not answer; a run there may go on")
     # Re-dispatched meanwhile and running in w1: the record (w1 once Kueue re-admits) decides; before that, stale.
     assert assess("w2", {"w1": True}, frozenset({"w2"})).state == RECORD_STALE
     assert assess("w1", {"w1": True}, frozenset({"w2"})).state == RUNNING

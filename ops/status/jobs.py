@@ -118,6 +118,7 @@ class FleetPlacement:
     watch_state: str | None  # Running, RecordStale, RunningTwice, MemberLost, MemberCannotAdmit; None: not seen yet
     since: datetime.datetime | None
     blocked: tuple[tuple[str, str], ...] = ()  # (member, Kueue's reason) where it cannot be admitted
+    unreachable: tuple[str, ...] = ()  # members the watch could not reach
 
     def words(self) -> str:
         if self.watch_state is None:
@@ -133,7 +134,9 @@ class FleetPlacement:
         if self.watch_state == "MemberCannotAdmit":
             return "; ".join(f"{member} cannot admit it: {why}" for member, why in self.blocked)
         if self.watch_state == "MemberLost":
-            return f"{self.record} does not answer; the manager dispatches again after workerLostTimeout"
+            lost = " and ".join(self.unreachable) or self.record
+            return f"{lost} does not answer; a run there may go on, and the manager dispatches again after " \
+                   "workerLostTimeout"
         return f"runs in {where}"
 
 
@@ -148,7 +151,7 @@ def fleet_of(rayjob: Mapping, workload: Mapping | None) -> FleetPlacement | None
         return None
     return FleetPlacement(record or watched.get("kueueRecord"), tuple(watched.get("runsIn") or ()),
                           watched.get("state"), parse_time(watched.get("since")),
-                          tuple(sorted((watched.get("blocked") or {}).items())))
+                          tuple(sorted((watched.get("blocked") or {}).items())), tuple(watched.get("unreachable") or ()))
 
 
 @dataclass(frozen=True)
