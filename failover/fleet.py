@@ -1,17 +1,18 @@
 """The fleet watch (plan C), on a fleet's manager cluster: where each fleet job really runs, said on its RayJob.
 
 Kueue 0.19.2's MultiKueue records where a job was admitted (`status.clusterName` of the manager's Workload) and
-cannot change that record once set. Measured (../shared/notes/multikueue.md): when the admitting member is cut off
-for `workerLostTimeout`, the manager re-dispatches, another member runs the job, and the record names that one;
-when the first member comes back, Kueue keeps the older admission there, deletes the fresh run, and keeps naming
-the member it deleted. The job then runs where the manager's record says it does not.
+cannot change that record once set, nor set it to a member it did not nominate. Measured on the tier (README
+"Plan C"): when the admitting member is cut off, the manager dispatches again after `workerLostTimeout` and
+another member runs the job; when the first member comes back, Kueue keeps its older admission, deletes the newer
+run, and keeps naming the other member, or none. The job then runs where the manager's record says it does not.
 
-Each pass, this watch lists the manager's Workloads and, in every member it can reach (through the kubeconfig
-Secrets MultiKueue uses), the copies and RayJobs that this manager made. Per job it writes what is true on the
-manager's RayJob (annotation `tpu-fallback/fleet`: where it runs, Kueue's record, the state) and an Event when
-that changes: `FleetRunning`, `FleetRecordStale` (runs elsewhere than Kueue's record), `FleetRunningTwice` (two
-members run it: a partition's overlap, each run checkpointing under its own run id), `FleetMemberLost`.
-It changes nothing Kueue owns.
+Each pass, this watch lists the manager's Workloads and RayJobs and, in every member it can reach (through the
+kubeconfig Secrets MultiKueue uses), the copies and RayJobs that this manager made. Per job it writes what is true
+on the manager's RayJob (annotation `tpu-fallback/fleet`: state, where it runs, Kueue's record, members that do not
+answer or cannot admit it) and an Event when that changes: `FleetRunning`, `FleetRecordStale`, `FleetRunningTwice`
+(a partition's overlap; each run checkpoints under its own run id), `FleetMemberLost`, `FleetMemberCannotAdmit`,
+`FleetWaiting`. Its one write to what Kueue reads: an evicted job's RayJob status is marked `Suspended` when Kueue
+waits for it to stop and cannot see it (`eviction_stuck`, Event `FleetEvictionUnblocked`).
 
     python -m failover.fleet     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS, FLEET_SECRETS_NAMESPACE
 """
