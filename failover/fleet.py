@@ -11,7 +11,7 @@ kubeconfig Secrets MultiKueue uses), the copies and RayJobs that this manager ma
 on the manager's RayJob (annotation `tpu-fallback/fleet`: state, where it runs, Kueue's record, members that do not
 answer or cannot admit it) and an Event when that changes: `FleetRunning`, `FleetRecordStale`, `FleetRunningTwice`
 (a partition's overlap; each run checkpoints under its own run id), `FleetMemberLost`, `FleetMemberCannotAdmit`,
-`FleetWaiting`. Its one write to what Kueue reads: an evicted job's RayJob status is marked `Suspended` when Kueue
+`FleetWaiting`, `FleetFinished`. Its one write to what Kueue reads: an evicted job's RayJob status is marked `Suspended` when Kueue
 waits for it to stop and cannot see it (`eviction_stuck`, Event `FleetEvictionUnblocked`).
 
     python -m failover.fleet     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS, FLEET_SECRETS_NAMESPACE
@@ -46,6 +46,7 @@ REQUEST_TIMEOUT_SECONDS = 5  # a member that does not answer in this long counts
 RUNNING, RECORD_STALE, RUNNING_TWICE, MEMBER_LOST = "Running", "RecordStale", "RunningTwice", "MemberLost"
 MEMBER_CANNOT_ADMIT = "MemberCannotAdmit"
 WAITING = "Waiting"  # runs nowhere, no member refuses it: published only over an earlier finding
+FINISHED = "Finished"  # the manager's Workload finished: published only over an earlier finding
 WARNINGS = frozenset({RECORD_STALE, RUNNING_TWICE, MEMBER_LOST, MEMBER_CANNOT_ADMIT})
 EVICTION_UNBLOCKED = "FleetEvictionUnblocked"
 INADMISSIBLE = "Inadmissible"  # Kueue's QuotaReserved=False reason for a Workload its queues cannot take
@@ -66,7 +67,10 @@ class Finding:
     def message(self) -> str:
         where = " and ".join(self.runs_in)
         if self.state == RUNNING:
-            return f"runs in {where}"
+            lost = f"; {' and '.join(self.unreachable)} does not answer (a run there may go on)" if self.unreachable else ""
+            return f"runs in {where}{lost}"
+        if self.state == FINISHED:
+            return f"finished (Kueue's record: {self.record or 'no member'})"
         if self.state == RECORD_STALE:
             recorded = f"still names {self.record}" if self.record else "names no member"
             return (f"runs in {where}; Kueue's record {recorded}: MultiKueue kept the older admission in {where} "
@@ -91,11 +95,13 @@ class Finding:
 
 
 def assess(record: str | None, running: Mapping[str, bool], unreachable: frozenset[str],
-           blocked: Mapping[str, str] | None = None) -> Finding | None:
+           blocked: Mapping[str, str] | None = None, finished: bool = False) -> Finding:
     """The finding for one job: `running` says, per reachable member, whether it has the job's RayJob; `blocked`,
     the members whose copy Kueue finds inadmissible, and why."""
     runs_in = tuple(sorted(member for member, has in running.items() if has))
     lost = tuple(sorted(unreachable))
+    if finished:
+        return Finding(FINISHED, (), record, lost)
     if not runs_in and blocked:
         return Finding(MEMBER_CANNOT_ADMIT, (), record, lost, tuple(sorted(blocked.items())))
     if len(runs_in) > 1:
@@ -190,18 +196,30 @@ class FleetWatch:
                 continue
             key = (workload["metadata"]["namespace"], job)
             if key in rayjobs and eviction_stuck(workload, rayjobs[key]):
-                self._unblock_eviction(rayjobs[key], sorted(unreachable))
+                try:
+                    self._unblock_eviction(rayjobs[key], sorted(unreachable))
+                except ApiException as error:
+                    if error.status != 409:
+                        raise
+                    log.info("%s/%s changed while being unblocked; next pass", *key)
             record = (workload.get("status") or {}).get("clusterName")
             copy = (workload["metadata"]["namespace"], workload["metadata"]["name"])
+            finished = any(c["type"] == "Finished" and c.get("status") == "True"
+                           for c in (workload.get("status") or {}).get("conditions") or [])
             finding = assess(record, {member: key in jobs for member, jobs in reachable.items()},
                              frozenset(unreachable),
-                             {member: why[copy] for member, why in refused.items() if copy in why})
+                             {member: why[copy] for member, why in refused.items() if copy in why}, finished)
             findings[key] = finding
             noted = FLEET_ANNOTATION in (rayjobs.get(key, {}).get("metadata", {}).get("annotations") or {})
-            if finding.state == WAITING and not noted:
-                continue  # a job waiting for its first slice: nothing to say yet
+            if finding.state in (WAITING, FINISHED) and not noted:
+                continue  # nothing said about it before: nothing to correct
             if finding.state not in WARNINGS or self.seen.get(key) == finding:
-                self._publish(key, finding)
+                try:
+                    self._publish(key, finding)
+                except ApiException as error:
+                    if error.status != 409:
+                        raise
+                    log.info("%s/%s changed while being annotated; next pass", *key)  # routine: Kueue writes too
         self.seen = findings
         return findings
 

@@ -43,8 +43,8 @@ KUBERAY_CHART = {"chart": "kuberay-operator", "repository_opts": {"repo": "https
 KUBERAY_NAMESPACE = "kuberay-system"
 # A member of up to 20 (MultiKueueConfig.spec.clusters: 1-20); at least two, or there is nothing to fail over to.
 MIN_MEMBERS, MAX_MEMBERS = 2, 20
-# Kueue's default is 15m. Shorter re-dispatches sooner after a real loss, and overlaps two runs longer after a
-# short partition (README "Plan C"); the tests use seconds.
+# Kueue's default is 15m. Shorter re-dispatches sooner after a real loss, but makes two runs at once likelier
+# after a short partition (README "Plan C"); the tests use seconds.
 MIN_WORKER_LOST_SECONDS, MAX_WORKER_LOST_SECONDS = 10, 24 * 3600
 MANAGER_PODS_READY_SECONDS = MAX_PODS_READY_TIMEOUT_SECONDS  # the longest a member may have
 # The fleet watch (failover/fleet.py): says on each job where it really runs; runs from the failover package.

@@ -86,3 +86,16 @@ def test_a_member_that_cannot_admit_the_job_is_named_with_kueues_reason():
     assert MEMBER_CANNOT_ADMIT in WARNINGS
     # Once it runs somewhere, that is what counts.
     assert assess("w2", {"w1": False, "w2": True}, frozenset(), {"w1": "..."}).state == RUNNING
+
+
+def test_a_finished_job_is_finished_not_waiting():
+    """Seen on the tier: after a normal finish the watch said "waits for a slice in every member"."""
+    from failover.fleet import FINISHED
+
+    finding = assess("w2", {"w1": False, "w2": False}, frozenset(), finished=True)
+    assert finding.state == FINISHED and finding.message() == "finished (Kueue's record: w2)"
+
+
+def test_a_run_where_members_answer_names_the_member_that_does_not():
+    finding = assess("w1", {"w1": True}, frozenset({"w2"}))
+    assert (finding.state, finding.message()) == (RUNNING, "runs in w1; w2 does not answer (a run there may go on)")

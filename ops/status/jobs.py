@@ -115,7 +115,7 @@ class FleetPlacement:
 
     record: str | None
     runs_in: tuple[str, ...]
-    watch_state: str | None  # Running, RecordStale, RunningTwice, MemberLost, MemberCannotAdmit; None: not seen yet
+    watch_state: str | None  # failover/fleet.py's states (Running, RecordStale, ...); None: not seen yet
     since: datetime.datetime | None
     blocked: tuple[tuple[str, str], ...] = ()  # (member, Kueue's reason) where it cannot be admitted
     unreachable: tuple[str, ...] = ()  # members the watch could not reach
@@ -129,6 +129,8 @@ class FleetPlacement:
             return f"runs in {where}; Kueue's record {recorded} (it cannot record it: Kueue 0.19.2)"
         if self.watch_state == "RunningTwice":
             return f"runs in {where} at once (a partition's overlap; each run checkpoints apart)"
+        if self.watch_state == "Finished":
+            return f"finished (Kueue's record: {self.record or 'no member'})"
         if self.watch_state == "Waiting":
             return "runs nowhere now: waits for a slice in every member"
         if self.watch_state == "MemberCannotAdmit":
@@ -137,7 +139,8 @@ class FleetPlacement:
             lost = " and ".join(self.unreachable) or self.record
             return f"{lost} does not answer; a run there may go on, and the manager dispatches again after " \
                    "workerLostTimeout"
-        return f"runs in {where}"
+        lost = f"; {' and '.join(self.unreachable)} does not answer (a run there may go on)" if self.unreachable else ""
+        return f"runs in {where}{lost}"
 
 
 def fleet_of(rayjob: Mapping, workload: Mapping | None) -> FleetPlacement | None:
