@@ -29,6 +29,8 @@ TEAM_STACKS = _stacks_setting("platformStack")
 # Fleet stacks (roles/fleet.py) read their members' stacks; tests/test_fleet.py covers them.
 FLEET_STACKS = _stacks_setting("fleet")
 SHIPPED_STACKS = sorted(set(_STACK_FILES) - set(TEAM_STACKS) - set(FLEET_STACKS))
+# Platform stacks that are fleet members: tests/test_fleet_controlplane.py deploys and destroys them on the tier.
+FLEET_MEMBER_STACKS = _stacks_setting("fleetMember")
 
 
 def base_config(stack: str = "dev") -> dict[str, str]:

@@ -18,7 +18,7 @@ from infra.offline import Plan, namespaced
 from infra.rungs import RUNG_KINDS
 from infra.settings import DEFAULTS
 from infra.tpu import TPU_RESOURCE, lookup_slice
-from tests.conftest import SHIPPED_STACKS, config_with, plan_for
+from tests.conftest import FLEET_MEMBER_STACKS, SHIPPED_STACKS, config_with, plan_for
 from tests.controlplane import jobs
 from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.stack import Deployed, deploy, destroy
@@ -27,9 +27,10 @@ from workloads.settings import WORKLOAD_DEFAULTS
 
 pytestmark = pytest.mark.controlplane
 
-# name -> (stack file, config overrides)
+# name -> (stack file, config overrides). The fleet members are deployed and destroyed by the fleet's tier test
+# (tests/test_fleet_controlplane.py), with their fleet objects judged there too: not twice.
 SCENARIOS = {
-    **{stack: (stack, {}) for stack in SHIPPED_STACKS},
+    **{stack: (stack, {}) for stack in SHIPPED_STACKS if stack not in FLEET_MEMBER_STACKS},
     # A third job finds both plans full and waits; the jobs live in a namespace of their own.
     "dev-3-jobs-own-namespace": ("dev", {"workloads": {"jobs": 3, "namespace": "research"}}),
     # Two slices per plan, five jobs: two on plan A, two through DWS, one waits.
