@@ -85,16 +85,24 @@ def pytest_terminal_summary(terminalreporter):
     terminalreporter.write_line(discovery_header())
 
 
-# The longest files, longest first: `-n 4 --dist loadfile` hands whole files to workers in collection order, so a
-# long file collected late ends the run alone. (Measured alone on 2 cores: the fleet tier ~180 s, training ~120 s.)
-LONGEST_FILES = ("test_fleet_controlplane.py", "test_train.py")
+# The long files, longest first (seconds each in a loaded `.ci/run`, 2 cores: fleet tier 226, training 212, tier
+# scenarios 150, failover tier 145, destroy 124, watch 59, monitoring 48, status 41, ladder 38, teams 38).
+# `-n 4 --dist loadfile` gives each worker a file to run and one queued behind it, in collection order (pytest.ini
+# turns off xdist's reordering by test count): so the four longest start at once, each with a short file queued
+# behind it, and the other long ones follow. Simulated on those times: 328 s instead of 384 s.
+LONG_FILES = ("test_fleet_controlplane.py", "test_train.py", "test_controlplane.py", "test_failover_controlplane.py",
+              "test_controlplane_destroy.py", "test_failover_watch_controlplane.py", "test_monitoring.py",
+              "test_status_controlplane.py", "test_failover_ladder_controlplane.py", "test_teams_controlplane.py")
 
 
 def pytest_collection_modifyitems(config, items):
-    def weight(item) -> int:
-        name = item.path.name
-        return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
-    items.sort(key=weight)  # stable: every other file keeps its order, and each file its tests' order
+    workers = getattr(config.option, "numprocesses", None) or 4
+    files = list(dict.fromkeys(item.path.name for item in items))
+    long = [name for name in LONG_FILES if name in files]
+    short = [name for name in files if name not in LONG_FILES]
+    order = long[:workers] + short[:workers] + long[workers:] + short[workers:]
+    rank = {name: index for index, name in enumerate(order)}
+    items.sort(key=lambda item: rank[item.path.name])  # stable: each file keeps its tests' order
 
 
 def pytest_configure(config):
