@@ -269,11 +269,9 @@ def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visibl
     try:
         # Kueue notices the lost member only through client timeouts (measured: about a minute), then waits
         # workerLostTimeout, then dispatches again to the members it can reach.
-        request = wait_for(lambda: (fleet.requests_in(W1, workload) or [None])[0], 180 + WORKER_LOST_SECONDS,
-                           f"a new request in {W1}")
+        wait_for(lambda: fleet.requests_in(W1, workload), 180 + WORKER_LOST_SECONDS, f"a new request in {W1}")
         assert time.monotonic() - frozen >= WORKER_LOST_SECONDS
-        fleet.provision(W1, request)
-        second = wait_for(lambda: fleet.rayjob_in(W1, job), REACTION, f"{job} created in {W1}")["metadata"]["uid"]
+        second = fleet.provision_until_created(W1, workload, job)["metadata"]["uid"]
         fleet.play_running(W1, job)
         # Now two runs of one job exist: region 2's goes on behind the partition. They never share checkpoint
         # files: each RayJob object gets its own RayCluster, whose name is the run id train.py writes under

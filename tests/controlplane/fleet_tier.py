@@ -29,7 +29,7 @@ from infra.offline import OfflineEngine, Plan, StackOutputs
 from tests.conftest import REPO, config_with, plan_for
 from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.kube import Kube, wait_for
+from tests.controlplane.kube import Kube, Rejected, wait_for
 from tests.controlplane.processes import Process
 from tests.controlplane.stack import Step, deploy
 
@@ -267,6 +267,19 @@ class FleetStacks:
 
     def provision(self, member: str, request: dict) -> None:
         jobs.mark_provisioned(self.kubes[member], request, f"resize-{member}")
+
+    def provision_until_created(self, member: str, workload: str, name: str, timeout: float = REACTION) -> dict:
+        """Provision whatever request the member has for the job until its RayJob is there: the manager may replace
+        the copy (and its request) meanwhile, e.g. while it finishes an eviction (seen under a loaded suite)."""
+        def attempt() -> dict | None:
+            for request in self.requests_in(member, workload):
+                try:
+                    self.provision(member, request)
+                except Rejected as error:
+                    if error.status != 404:
+                        raise  # replaced meanwhile: the next attempt takes the new one
+            return self.rayjob_in(member, name)
+        return wait_for(attempt, timeout, f"{name} created in {member}", interval=0.5)
 
     def play_running(self, member: str, name: str) -> None:
         """What the member's KubeRay reports once the slice's pods run: the RayCluster ready (Kueue's PodsReady for
