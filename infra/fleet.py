@@ -23,7 +23,8 @@ from infra import failover
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE
 from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
                          install_release, values_for)
-from infra.settings import MAX_PODS_READY_TIMEOUT_SECONDS, ConfigReader, PlatformSettings
+from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIMEOUT_SECONDS, ConfigReader,
+                            PlatformSettings, duration_seconds)
 
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = {"members": [], "dispatcher": "AllAtOnce", "workerLostTimeout": "15m",
@@ -57,10 +58,6 @@ WATCH_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
-_STACK_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
-_FULLY_QUALIFIED_STACK = re.compile(rf"^{_STACK_PART}/{_STACK_PART}/{_STACK_PART}$")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
-_DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
 _LOCATION = re.compile(r"^[a-z]+(-[a-z]+[0-9]+)?$", re.IGNORECASE)
 
 
@@ -82,11 +79,6 @@ def member_cluster_name(member: str) -> str:
     return member.rsplit("/", 1)[-1].lower()
 
 
-def _seconds(value: str) -> int | None:
-    match = _DURATION.match(value)
-    return None if match is None else int(match[1]) * {"s": 1, "m": 60, "h": 3600}[match[2]]
-
-
 def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> FleetSettings:
     """`fleet`: every problem named by its key, before any resource. `this_stack`: (project, stack)."""
     raw = reader.obj(FLEET_KEY, FLEET_DEFAULTS)
@@ -96,12 +88,12 @@ def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> Fl
         members = []
     for index, member in enumerate(members):
         where = f"{FLEET_KEY}.members[{index}]"
-        if not reader.check(where, bool(_FULLY_QUALIFIED_STACK.match(member)),
+        if not reader.check(where, bool(FULLY_QUALIFIED_STACK.match(member)),
                             f"{member!r} is not a fully qualified stack name; use <organization>/<project>/<stack>"):
             continue
         reader.check(where, member.split("/")[1:] != list(this_stack),
                      f"{member} is this fleet stack; list the regional stacks (tpu-fallback:fleetMember enabled)")
-        reader.check(where, bool(_DNS_LABEL.match(member_cluster_name(member))),
+        reader.check(where, bool(DNS_LABEL.match(member_cluster_name(member))),
                      f"the stack name {member.rsplit('/', 1)[-1]!r} names its MultiKueueCluster: it must be a DNS "
                      "label (lowercase letters, digits, hyphens)")
     reader.check(f"{FLEET_KEY}.members", MIN_MEMBERS <= len(members) <= MAX_MEMBERS,
@@ -112,7 +104,7 @@ def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> Fl
                  f"stack name(s) {', '.join(twice)} listed more than once (a MultiKueueCluster is named after it)")
     reader.check(f"{FLEET_KEY}.dispatcher", raw["dispatcher"] in DISPATCHERS,
                  f"{raw['dispatcher']!r}: use AllAtOnce (every member asks for capacity at once) or Incremental")
-    lost = _seconds(raw["workerLostTimeout"])
+    lost = duration_seconds(raw["workerLostTimeout"])
     reader.check(f"{FLEET_KEY}.workerLostTimeout",
                  lost is not None and MIN_WORKER_LOST_SECONDS <= lost <= MAX_WORKER_LOST_SECONDS,
                  f"{raw['workerLostTimeout']!r} is not a duration from {MIN_WORKER_LOST_SECONDS}s to "

@@ -73,13 +73,18 @@ def start_cluster_queue(settings: PlatformSettings) -> str:
     return next(rung.cluster_queue for rung in queue_chain(settings) if rung.flavor == start.flavor)
 
 
+def reachable_plans(settings: PlatformSettings) -> tuple:
+    """The rungs a fleet job may hold here: the start rung and every rung below it."""
+    start = settings.plans.index(settings.plan(settings.fleet_member.start_rung))
+    return settings.plans[start:]
+
+
 def fleet_capacity(settings: PlatformSettings) -> dict[str, int]:
     """What a fleet job can use here: the CPU pool (the Ray heads) and every rung from the start rung down (a job
     evicted there is re-dispatched by the manager, not moved down; see README "Plan C"), derived from the
     machine types as the region's own flavor quotas are."""
-    start = settings.plans.index(settings.plan(settings.fleet_member.start_rung))
     system, tpu = settings.system_pool, settings.tpu
-    reachable = settings.plans[start:]
+    reachable = reachable_plans(settings)
     hosts = sum(plan.hosts(tpu) for plan in reachable)
     return {"cpu": system.node_count * system.machine.vcpus + hosts * tpu.machine_type.vcpus,
             "memoryGi": system.node_count * system.machine.memory_gib + hosts * tpu.machine_type.memory_gib,
@@ -91,8 +96,7 @@ def fleet_member_output(settings: PlatformSettings) -> dict:
     """What the fleet stack reads of this member (with the `platform` output: its settings)."""
     return {"namespace": FLEET_NAMESPACE, "localQueue": FLEET_LOCAL_QUEUE,
             "startRung": settings.fleet_member.start_rung, "clusterQueue": start_cluster_queue(settings),
-            "flavors": [DEFAULT_FLAVOR, *(plan.flavor for plan in settings.plans[
-                settings.plans.index(settings.plan(settings.fleet_member.start_rung)):])],
+            "flavors": [DEFAULT_FLAVOR, *(plan.flavor for plan in reachable_plans(settings))],
             "capacity": fleet_capacity(settings),
             "managerServiceAccount": f"{KUEUE_NAMESPACE}/{MANAGER_SERVICE_ACCOUNT}"}
 

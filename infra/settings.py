@@ -76,6 +76,11 @@ _PINNED_IMAGE = re.compile(r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9
                            r"(:(?!latest$)[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$")
 _HTTPS_URL = re.compile(r"^https://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[-a-zA-Z0-9._~%+]*)*$")
 _DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
+# Another stack, fully qualified as the docs advise for a StackReference: <organization>/<project>/<stack>, each
+# part letters, digits, hyphens, underscores or periods (`organization` on a self-managed backend).
+# Ref: https://www.pulumi.com/docs/iac/concepts/stacks/#stackreferences
+_STACK_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
+FULLY_QUALIFIED_STACK = re.compile(rf"^{_STACK_PART}/{_STACK_PART}/{_STACK_PART}$")
 _SECONDS_PER_UNIT = {"s": 1, "m": 60, "h": 3600}
 # --- Several teams (`teams`): see infra/teams.py for the Kueue objects they become ---
 # The rungs a team holds a guaranteed share of: capacity that exists while the team waits (Spot and DWS are shared
@@ -99,7 +104,7 @@ SYSTEM_NAMESPACE_PREFIXES = ("kube-", "gke-")
 # Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac
 SECURITY_GROUP_NAME = "gke-security-groups"
 TEAM_FIELDS = ("name", "namespace", "groups", "shares", "borrowingLimit", "lendingLimit")
-_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
+DNS_LABEL = _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _TEAM_NAME = re.compile(r"^[a-z]([-a-z0-9]{0,28}[a-z0-9])?$")  # prefixes cluster-scoped names: kept short
 _EMAIL = re.compile(r"^[A-Za-z0-9._%+-]+@[A-Za-z0-9-]+(\.[A-Za-z0-9-]+)+$")
 _DOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)+$")
@@ -511,12 +516,17 @@ def _read_kueue(reader: ConfigReader) -> tuple[str, str]:
     return version, repository
 
 
-def _duration_seconds(reader: ConfigReader, name: str, value: str) -> int | None:
+def duration_seconds(value: str) -> int | None:
+    """Seconds of a duration such as 90s, 15m or 1h; None when it is not one."""
     match = _DURATION.match(value)
-    if not reader.check(name, match is not None, f"{value!r} is not a duration; use a number and s, m or h, "
-                                                  "such as 90s, 15m or 1h"):
-        return None
-    return int(match[1]) * _SECONDS_PER_UNIT[match[2]]
+    return None if match is None else int(match[1]) * _SECONDS_PER_UNIT[match[2]]
+
+
+def _duration_seconds(reader: ConfigReader, name: str, value: str) -> int | None:
+    seconds = duration_seconds(value)
+    reader.check(name, seconds is not None, f"{value!r} is not a duration; use a number and s, m or h, "
+                                            "such as 90s, 15m or 1h")
+    return seconds
 
 
 def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:

@@ -18,7 +18,7 @@ from typing import Any
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.settings import (DEFAULTS, JOB_HEAD_CPU, JOB_HEAD_MEMORY_GIB, SUBMITTER_CPU, SUBMITTER_MEMORY_GIB,
+from infra.settings import (DEFAULTS, FULLY_QUALIFIED_STACK, JOB_HEAD_CPU, JOB_HEAD_MEMORY_GIB, SUBMITTER_CPU, SUBMITTER_MEMORY_GIB,
                             ConfigReader, PlatformSettings)
 from roles.contract import (KUBECONFIG_OUTPUT, PLATFORM_OUTPUT, TEAMS_OUTPUT, cluster_id, settings_from_output,
                             team_from_output)
@@ -28,11 +28,6 @@ from workloads.settings import WORKLOAD_DEFAULTS, WorkloadSettings, cpu_cores, m
 PLATFORM_STACK_KEY = "platformStack"
 TEAM_KEY = "team"
 WORKLOADS_KEY = "workloads"
-# Fully qualified, as the docs advise for a StackReference: <organization>/<project>/<stack>, each part letters,
-# digits, hyphens, underscores or periods (`organization` on a self-managed backend such as `pulumi login --local`).
-# Ref: https://www.pulumi.com/docs/iac/concepts/stacks/#stackreferences
-_STACK_PART = r"[A-Za-z0-9][A-Za-z0-9_.-]*"
-_FULLY_QUALIFIED_STACK = re.compile(rf"^{_STACK_PART}/{_STACK_PART}/{_STACK_PART}$")
 _TEAM_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
@@ -65,7 +60,7 @@ def differs_from_default(raw: str, default: Any) -> bool:
 def read_team_stack_settings(reader: ConfigReader) -> TeamStackSettings:
     """The team stack's own keys; a platform key set here is a problem (the platform stack owns it)."""
     platform_stack = reader.config.get(PLATFORM_STACK_KEY) or ""
-    reader.check(PLATFORM_STACK_KEY, bool(_FULLY_QUALIFIED_STACK.match(platform_stack)),
+    reader.check(PLATFORM_STACK_KEY, bool(FULLY_QUALIFIED_STACK.match(platform_stack)),
                  f"{platform_stack!r} is not a fully qualified stack name; use <organization>/<project>/<stack>, "
                  "e.g. my-org/tpu-fallback/platform-us-east5-b (organization/... on a self-managed backend)")
     reader.check(PLATFORM_STACK_KEY, platform_stack.split("/")[1:] != [pulumi.get_project(), pulumi.get_stack()],
