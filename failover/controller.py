@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from kubernetes import client, dynamic
@@ -302,14 +302,7 @@ class Controller:
         self.metrics.moves.labels(move.from_flavor, move.to_flavor, move.reason).inc()
         message = decisions.move_message(move, from_queue or "?")
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
-        self.core.create_namespaced_event(meta["namespace"], client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]),
-            involved_object=client.V1ObjectReference(api_version=RAYJOB[0], kind=RAYJOB[1], name=meta["name"],
-                                                     namespace=meta["namespace"], uid=meta["uid"]),
-            reason=EVENT_REASON, message=message, type="Normal", count=1,
-            first_timestamp=self.clock(), last_timestamp=self.clock(),
-            source=client.V1EventSource(component=COMPONENT), reporting_component=COMPONENT,
-            reporting_instance=COMPONENT))
+        rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock())
 
     # ---- reads and writes --------------------------------------------------------------------------------------
     def _get(self, resource, name: str, namespace: str) -> dict | None:
@@ -341,3 +334,15 @@ class Controller:
         return {pod.metadata.name for pod in pods.items
                 if any(decisions.TPU_RESOURCE in ((c.resources and c.resources.requests) or {})
                        for c in pod.spec.containers)}
+
+
+def rayjob_event(core: client.CoreV1Api, meta: Mapping, component: str, reason: str, message: str, kind: str,
+                 now: datetime.datetime) -> None:
+    """An Event on a RayJob, as the failover controller and the fleet watch (failover/fleet.py) write them."""
+    core.create_namespaced_event(meta["namespace"], client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]),
+        involved_object=client.V1ObjectReference(api_version=RAYJOB[0], kind=RAYJOB[1], name=meta["name"],
+                                                 namespace=meta["namespace"], uid=meta["uid"]),
+        reason=reason, message=message, type=kind, count=1, first_timestamp=now, last_timestamp=now,
+        source=client.V1EventSource(component=component), reporting_component=component,
+        reporting_instance=component))

@@ -26,7 +26,6 @@ import logging
 import os
 import sys
 import time
-import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
+from failover.controller import rayjob_event
 from failover.decisions import MULTIKUEUE_ORIGIN_LABEL, format_time
 
 log = logging.getLogger("tpu-fallback.fleet")
@@ -237,14 +237,7 @@ class FleetWatch:
         self._event(rayjob, EVICTION_UNBLOCKED, message, "Warning")
 
     def _event(self, rayjob: Mapping, reason: str, message: str, kind: str) -> None:
-        meta, now = rayjob["metadata"], self.clock()
-        self.core.create_namespaced_event(meta["namespace"], client.CoreV1Event(
-            metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]),
-            involved_object=client.V1ObjectReference(api_version="/".join(RAY), kind="RayJob", name=meta["name"],
-                                                     namespace=meta["namespace"], uid=meta["uid"]),
-            reason=reason, message=message, type=kind, count=1, first_timestamp=now, last_timestamp=now,
-            source=client.V1EventSource(component=COMPONENT), reporting_component=COMPONENT,
-            reporting_instance=COMPONENT))
+        rayjob_event(self.core, rayjob["metadata"], COMPONENT, reason, message, kind, self.clock())
 
     def _publish(self, key: tuple[str, str], finding: Finding) -> None:
         namespace, name = key
