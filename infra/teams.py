@@ -34,6 +34,25 @@ NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set by the API server on ever
 # The team's groups deploy and manage workloads in their namespace, nothing else (no RBAC, no quota).
 # Ref: https://kubernetes.io/docs/reference/access-authn-authz/rbac/#user-facing-roles
 TEAM_CLUSTER_ROLE = "edit"
+# `edit` does not cover RayJobs: Kueue 0.19.2's chart aggregates only its *viewer* roles into view/edit/admin
+# (rayjob, workload, localqueue, ...: get/list/watch), never its editor roles; KubeRay's chart aggregates nothing
+# (its rayjob-editor-role carries no aggregate-to-* label; ray-project/kuberay#1641 and #3193 still open). So the
+# platform declares this role once, with exactly what a team member's job needs, and binds it per team namespace
+# next to `edit`. A role of our own, not an aggregate-to-edit label: that would widen `edit` in every namespace of
+# the cluster; not Kueue's batch-user role: it carries every job framework's editor and follows the release name.
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/charts/kueue/templates/rbac/rayjob_viewer_role.yaml
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/charts/kueue/templates/rbac/rayjob_editor_role.yaml
+# Ref: https://github.com/ray-project/kuberay/blob/master/helm-chart/kuberay-operator/templates/ray_rayjob_editor_role.yaml
+# Ref: https://github.com/ray-project/kuberay/issues/1641, https://github.com/ray-project/kuberay/pull/3193
+RAYJOB_EDITOR_ROLE = "tpu-fallback-rayjob-editor"
+READ = ("get", "list", "watch")
+RAYJOB_EDITOR_RULES = (
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"],
+     "verbs": ["create", "update", "patch", "delete", *READ]},
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": list(READ)},  # where the job is queued
+    {"apiGroups": [""], "resources": ["events", "pods"], "verbs": list(READ)},  # Kueue's, the controller's, KubeRay's
+    {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},  # kubectl logs (-f too)
+)
 PREEMPTION = {
     # A team takes back its share from any borrower, whatever the priority.
     "reclaimWithinCohort": "Any",
@@ -153,14 +172,24 @@ def team_local_queues(settings: PlatformSettings, team: TeamSettings) -> list[di
                          namespace=team.namespace) for rung in team_chain(settings, team)]
 
 
-def role_binding(team: TeamSettings) -> dict:
-    """The team's Google groups get `edit` in its namespace (GKE Google Groups for RBAC: kind Group, the email)."""
+def rayjob_editor_role() -> dict:
+    """The one ClusterRole every team's RayJob binding names; it grants nothing until a RoleBinding scopes it."""
+    return {"metadata": {"name": RAYJOB_EDITOR_ROLE}, "rules": [dict(rule) for rule in RAYJOB_EDITOR_RULES]}
+
+
+def role_binding(team: TeamSettings, cluster_role: str = TEAM_CLUSTER_ROLE, suffix: str = "edit") -> dict:
+    """The team's Google groups get a ClusterRole in its namespace only (GKE Google Groups for RBAC: kind Group,
+    the email)."""
     return {
-        "metadata": {"name": f"{team.name}-edit", "namespace": team.namespace},
-        "role_ref": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": TEAM_CLUSTER_ROLE},
+        "metadata": {"name": f"{team.name}-{suffix}", "namespace": team.namespace},
+        "role_ref": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
         "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}
                      for group in team.groups],
     }
+
+
+def rayjob_editor_binding(team: TeamSettings) -> dict:
+    return role_binding(team, RAYJOB_EDITOR_ROLE, "rayjob-editor")
 
 
 def teams_output(settings: PlatformSettings) -> dict:
@@ -172,8 +201,8 @@ def teams_output(settings: PlatformSettings) -> dict:
 
 
 class Teams(pulumi.ComponentResource):
-    """The root Cohort, and per team its namespace, Cohort, chain of ClusterQueues, LocalQueues and RoleBinding.
-    Nothing at all without teams."""
+    """The root Cohort and the RayJob editor ClusterRole, and per team its namespace, Cohort, chain of ClusterQueues,
+    LocalQueues and RoleBindings. Nothing at all without teams."""
 
     output: dict
 
@@ -184,8 +213,12 @@ class Teams(pulumi.ComponentResource):
         # After the platform's queues, which wait for Kueue, the flavors and the DWS check.
         self._after = [kueue.release, *kueue.cluster_queues.values()]
         self.output = teams_output(settings)
+        self._rayjob_editor = None
         if settings.teams:
             self._object(root_cohort(settings))
+            self._rayjob_editor = k8s.rbac.v1.ClusterRole(
+                f"{name}-rayjob-editor", **rayjob_editor_role(),
+                opts=pulumi.ResourceOptions(parent=self, provider=provider))
         for team in settings.teams:
             self._team(settings, team)
         self.register_outputs({"teams": self.output})
@@ -196,6 +229,9 @@ class Teams(pulumi.ComponentResource):
                                           metadata={"name": team.namespace}, opts=child)
         in_namespace = pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=[namespace]))
         k8s.rbac.v1.RoleBinding(f"{self._name}-{team.name}-role", **role_binding(team), opts=in_namespace)
+        k8s.rbac.v1.RoleBinding(f"{self._name}-{team.name}-rayjob-editor", **rayjob_editor_binding(team),
+                                opts=pulumi.ResourceOptions.merge(in_namespace, pulumi.ResourceOptions(
+                                    depends_on=[self._rayjob_editor])))
         cohort = self._object(team_cohort(settings, team))
         queues = {m["metadata"]["name"]: self._object(m, after=[cohort])
                   for m in team_cluster_queues(settings, team)}

@@ -84,7 +84,8 @@ def test_the_head_cpu_share_covers_the_default_head_and_kueues_submitter():
 def test_without_teams_there_is_no_team_object_and_no_groups_on_the_cluster():
     plan = plan_for()
     assert not of_kind(plan, "Cohort")
-    assert not [key for key in of_kind(plan, "RoleBinding") if key[1].endswith("-edit")]
+    assert not [key for key in of_kind(plan, "RoleBinding") if key[1].endswith(("-edit", "-rayjob-editor"))]
+    assert (None, stack_teams.RAYJOB_EDITOR_ROLE) not in of_kind(plan, "ClusterRole")
     assert "teams" not in plan.outputs
     cluster = plan.only("gcp:container/cluster:Cluster")
     assert "authenticatorGroupsConfig" not in cluster.inputs
@@ -169,6 +170,36 @@ def test_each_teams_groups_edit_its_namespace_only_and_the_cluster_reads_google_
     assert {"team-a", "team-b"} <= namespaces
     cluster = plan.only("gcp:container/cluster:Cluster")
     assert cluster.inputs["authenticatorGroupsConfig"] == {"securityGroup": "gke-security-groups@example.com"}
+
+
+def test_each_teams_groups_manage_rayjobs_in_its_namespace_through_one_platform_role():
+    """`edit` grants no RayJob create (Kueue's chart aggregates only its viewer roles, KubeRay's nothing): one
+    ClusterRole with exactly what a job needs, bound per team namespace next to `edit`. Proved on a real RBAC
+    authorizer in tests/test_teams_controlplane.py."""
+    plan = plan_for("dev", {**TWO_TEAMS, "teams": [A, {**B, "groups": ["b@example.com", "b-oncall@example.com"]}]})
+    roles = {name: r for (_, name), r in of_kind(plan, "ClusterRole").items()
+             if name == stack_teams.RAYJOB_EDITOR_ROLE}
+    assert set(roles) == {"tpu-fallback-rayjob-editor"}
+    assert roles["tpu-fallback-rayjob-editor"]["rules"] == [
+        {"apiGroups": ["ray.io"], "resources": ["rayjobs"],
+         "verbs": ["create", "update", "patch", "delete", "get", "list", "watch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["events", "pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
+    assert "aggregationRule" not in roles["tpu-fallback-rayjob-editor"]
+    assert not (roles["tpu-fallback-rayjob-editor"]["metadata"].get("labels") or {})  # aggregated into nothing
+    bindings = {key: b for key, b in of_kind(plan, "RoleBinding").items()
+                if b["roleRef"]["name"] == stack_teams.RAYJOB_EDITOR_ROLE}
+    assert set(bindings) == {("team-a", "team-a-rayjob-editor"), ("team-b", "team-b-rayjob-editor")}
+    assert bindings[("team-b", "team-b-rayjob-editor")]["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "tpu-fallback-rayjob-editor"}
+    assert [s["name"] for s in bindings[("team-b", "team-b-rayjob-editor")]["subjects"]] == [
+        "b@example.com", "b-oncall@example.com"]
+    assert {s["kind"] for b in bindings.values() for s in b["subjects"]} == {"Group"}
+    # The binding waits for its namespace and the role.
+    binding = plan.named("teams-team-a-rayjob-editor")
+    waits_for = {plan.by_urn()[urn].name for urn in plan.ancestors_and_dependencies(binding) if urn in plan.by_urn()}
+    assert {"teams-rayjob-editor", "teams-team-a-namespace"} <= waits_for
 
 
 def test_the_example_platform_stack_plans_three_teams():
