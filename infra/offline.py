@@ -8,6 +8,9 @@ way the CLI loads it (stack file over Pulumi.yaml defaults).
     python -m infra.offline team-a         # a team stack: its StackReference is answered by the offline plan of
                                            # its platform stack (Pulumi.<stack>.yaml here) or --platform-outputs
     python -m infra.offline fleet          # a fleet stack: each member's reference likewise, or --stack-outputs
+
+A stack the program refuses (a settings error, a pulumi.RunError) prints `error: ` and its message, with no
+traceback, and exits 1, as the Pulumi CLI shows a RunError; any other exception is a bug and keeps its traceback.
 """
 
 from __future__ import annotations
@@ -258,18 +261,29 @@ def namespaced(key: str) -> str:
     return key if ":" in key else f"{PROJECT}:{key}"
 
 
-def stack_config(stack: str, root: Path = ROOT) -> dict[str, str]:
-    """A stack's config as the CLI hands it to the program: the stack file over Pulumi.yaml's defaults."""
+class StackFileError(pulumi.RunError):
+    """A stack file that is not a YAML mapping: the CLI refuses it before the program runs, with no traceback."""
+
+
+def stack_config(stack: str, root: Path = ROOT, stack_file: Path | None = None) -> dict[str, str]:
+    """A stack's config as the CLI hands it to the program: the stack file (Pulumi.<stack>.yaml in `root`, or
+    `stack_file` as the CLI's --config-file names it) over Pulumi.yaml's defaults."""
     project = yaml.safe_load((root / "Pulumi.yaml").read_text())
     config = {
         namespaced(key): config_value(decl["default"])
         for key, decl in (project.get("config") or {}).items()
         if isinstance(decl, dict) and "default" in decl
     }
-    stack_file = root / f"Pulumi.{stack}.yaml"
+    stack_file = stack_file or root / f"Pulumi.{stack}.yaml"
     if not stack_file.exists():
         raise FileNotFoundError(f"no stack file {stack_file.name}")
-    for key, value in (yaml.safe_load(stack_file.read_text()).get("config") or {}).items():
+    try:
+        loaded = yaml.safe_load(stack_file.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise StackFileError(f"{stack_file.name}: not YAML: {err}") from None
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("config") or {}, dict):
+        raise StackFileError(f"{stack_file.name}: expected a mapping with a `config` mapping")
+    for key, value in (loaded.get("config") or {}).items():
         config[namespaced(key)] = config_value(value)
     return config
 
@@ -465,8 +479,22 @@ def _stack_outputs_argument(text: str) -> tuple[str, Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    """The command: a stack the program refuses is one `error:` message and exit status 1, no traceback, as the
+    Pulumi CLI prints a pulumi.RunError (SettingsError is one). Anything else is a bug: its traceback stays.
+    Ref: https://github.com/pulumi/pulumi/blob/master/sdk/python/lib/pulumi/errors.py (RunError)"""
+    try:
+        return plan_command(argv)
+    except pulumi.RunError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+
+
+def plan_command(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.offline", description=__doc__.split("\n\n")[0])
     parser.add_argument("stack", nargs="?", default="dev", help="stack name: reads Pulumi.<stack>.yaml")
+    parser.add_argument("--config-file", type=Path, default=None, metavar="FILE",
+                        help="the stack's config from FILE instead of Pulumi.<stack>.yaml, as the Pulumi CLI's "
+                             "--config-file (referenced stacks are still read from this folder)")
     parser.add_argument("--out", type=Path, default=None, help="folder for plan.txt, manifests.yaml and outputs.json "
                                                                 "(default build/plan/<stack>)")
     parser.add_argument("--platform-outputs", type=Path, default=None, metavar="JSON",
@@ -480,7 +508,8 @@ def main(argv: list[str] | None = None) -> int:
                              "offline plan), for a fleet's members or a team's platform; repeatable; default: the "
                              "offline plan of Pulumi.<stack>.yaml here")
     args = parser.parse_args(argv)
-    config = stack_config(args.stack)
+    config = stack_config(args.stack) if args.config_file is None else stack_config(args.stack,
+                                                                                    stack_file=args.config_file)
     given = {stack: path for stack, path in args.stack_outputs}
     platform_stack = config.get(PLATFORM_STACK_KEY)
     if platform_stack is not None and args.platform_outputs is not None:
@@ -494,6 +523,8 @@ def main(argv: list[str] | None = None) -> int:
                 outputs = platform_outputs_for(referenced)
             except FileNotFoundError as err:
                 parser.error(str(err))
+            except pulumi.RunError as err:  # which stack it is: the message names keys of that stack's file
+                raise pulumi.RunError(f"{referenced}, which this stack reads: {err}") from None
             source = f"the offline plan of Pulumi.{referenced.rsplit('/', 1)[-1]}.yaml"
         print(f"(the StackReference to {referenced} is answered by {source})")
         references[referenced] = outputs
