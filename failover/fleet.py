@@ -14,7 +14,8 @@ answer or cannot admit it) and an Event when that changes: `FleetRunning`, `Flee
 `FleetWaiting`, `FleetFinished`. Its one write to what Kueue reads: an evicted job's RayJob status is marked `Suspended` when Kueue
 waits for it to stop and cannot see it (`eviction_stuck`, Event `FleetEvictionUnblocked`).
 
-    python -m failover.fleet     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS, FLEET_SECRETS_NAMESPACE
+    python -m failover.fleet     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS, FLEET_SECRETS_NAMESPACE,
+                                 # FLEET_METRICS_PORT (Prometheus /metrics, default 9090; 0 turns it off)
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from kubernetes.client.rest import ApiException
 
 from failover.controller import rayjob_event
 from failover.decisions import MULTIKUEUE_ORIGIN_LABEL, format_time
+from failover.metrics import FleetMetrics
 
 log = logging.getLogger("tpu-fallback.fleet")
 
@@ -48,6 +50,7 @@ MEMBER_CANNOT_ADMIT = "MemberCannotAdmit"
 WAITING = "Waiting"  # runs nowhere, no member refuses it: published only over an earlier finding
 FINISHED = "Finished"  # the manager's Workload finished: published only over an earlier finding
 WARNINGS = frozenset({RECORD_STALE, RUNNING_TWICE, MEMBER_LOST, MEMBER_CANNOT_ADMIT})
+STATES = (RUNNING, RECORD_STALE, RUNNING_TWICE, MEMBER_LOST, MEMBER_CANNOT_ADMIT, WAITING, FINISHED)
 EVICTION_UNBLOCKED = "FleetEvictionUnblocked"
 INADMISSIBLE = "Inadmissible"  # Kueue's QuotaReserved=False reason for a Workload its queues cannot take
 # KubeRay's "not running" states: Kueue's RayJob.IsActive() is false only in these (rayjob_controller.go L107-110).
@@ -149,8 +152,10 @@ class FleetWatch:
     """One pass with `reconcile()`; `members` gives a client per member name (None: unreachable)."""
 
     def __init__(self, manager: client.ApiClient, members: Callable[[], Mapping[str, client.ApiClient | None]],
-                 origin: str, clock: Callable[[], datetime.datetime] | None = None):
+                 origin: str, clock: Callable[[], datetime.datetime] | None = None,
+                 metrics: FleetMetrics | None = None):
         self.custom = client.CustomObjectsApi(manager)
+        self.metrics = metrics
         self.core = client.CoreV1Api(manager)
         self.members, self.origin = members, origin
         self.clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
@@ -176,6 +181,7 @@ class FleetWatch:
 
     def reconcile(self) -> dict[tuple[str, str], Finding]:  # noqa: C901 - one pass, read top to bottom
         """One pass over every fleet job: the findings by (namespace, RayJob)."""
+        started = time.monotonic()
         reachable: dict[str, set[tuple[str, str]]] = {}
         refused: dict[str, dict[tuple[str, str], str]] = {}
         unreachable: set[str] = set()
@@ -221,6 +227,9 @@ class FleetWatch:
                         raise
                     log.info("%s/%s changed while being annotated; next pass", *key)  # routine: Kueue writes too
         self.seen = findings
+        if self.metrics is not None:
+            answered = {member: True for member in reachable} | {member: False for member in unreachable}
+            self.metrics.record_pass([f.state for f in findings.values()], answered, time.monotonic() - started)
         return findings
 
     def _unblock_eviction(self, rayjob: Mapping, unreachable: list[str]) -> None:
@@ -291,13 +300,18 @@ def main() -> int:
     secrets = json.loads(os.environ["FLEET_MEMBERS"])  # {member: kubeconfig Secret name}
     namespace = os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")
     period = float(os.environ.get("FLEET_WATCH_SECONDS", "10"))
+    metrics = FleetMetrics(STATES)
+    metrics_port = int(os.environ.get("FLEET_METRICS_PORT", "9090"))
+    if metrics_port:
+        metrics.serve(metrics_port)
     watch = FleetWatch(manager, member_clients(client.CoreV1Api(manager), secrets, namespace),
-                       os.environ["FLEET_ORIGIN"])
+                       os.environ["FLEET_ORIGIN"], metrics=metrics)
     log.info("watching fleet jobs of origin %s over %s every %.0f s", watch.origin, ", ".join(secrets), period)
     while True:
         try:
             watch.reconcile()
         except Exception:  # noqa: BLE001 - the manager unreachable for a pass: try again next one
+            metrics.pass_failures.inc()
             log.exception("fleet watch pass failed")
         time.sleep(period)
 

@@ -1,18 +1,60 @@
-"""The controller's Prometheus metrics: what it moved and why, how long jobs waited, and its own health.
+"""The controller's Prometheus metrics: what it moved and why, how long jobs waited, and its own health; and the
+fleet watch's (failover/fleet.py): what each pass found, which members answer, how long a pass takes.
 
-Names are fixed: the stack's Cloud Monitoring dashboard (infra/monitoring.py) queries them with PromQL.
-Served on FAILOVER_METRICS_PORT at /metrics (plain HTTP, scraped by a PodMonitoring inside the cluster).
+Names are fixed: the stacks' Cloud Monitoring dashboards and alert policies (infra/monitoring.py) query them with
+PromQL. Served at /metrics on FAILOVER_METRICS_PORT or FLEET_METRICS_PORT (plain HTTP, scraped by a PodMonitoring
+inside the cluster).
 """
 
 from __future__ import annotations
+
+import collections
+from collections.abc import Iterable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
 # Seconds to TPUs span the early path's grace (minutes) to a DWS queue's wait (hours).
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 43200, 86400)
+# A fleet watch pass lists every member with a 5 s timeout each (failover/fleet.py REQUEST_TIMEOUT_SECONDS).
+PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 
 
-class Metrics:
+class _Served:
+    registry: CollectorRegistry
+
+
+class FleetMetrics(_Served):
+    """The fleet watch's: set after each pass, so a scrape shows the last pass whole."""
+
+    def __init__(self, states: tuple[str, ...], registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.states = states
+        self.findings = Gauge("tpu_fallback_fleet_findings", "Fleet jobs per finding of the last pass.", ["state"],
+                              registry=r)
+        self.member_reachable = Gauge(
+            "tpu_fallback_fleet_member_reachable",
+            "1 when the member answered the last pass (through the kubeconfig MultiKueue uses), else 0.", ["member"],
+            registry=r)
+        self.pass_duration = Histogram("tpu_fallback_fleet_pass_duration_seconds",
+                                       "Seconds one pass over every fleet job and member took.",
+                                       buckets=PASS_BUCKETS, registry=r)
+        self.pass_failures = Counter("tpu_fallback_fleet_pass_failures",
+                                     "Passes that failed (the manager did not answer); retried next period.",
+                                     registry=r)
+
+    def record_pass(self, states: Iterable[str], reachable: Mapping[str, bool], seconds: float) -> None:
+        """One pass: the jobs per state (every known state, 0 included, so a series never goes missing), each
+        member's reachability, and the pass's duration."""
+        counts = collections.Counter(states)
+        for state in self.states:
+            self.findings.labels(state=state).set(counts.get(state, 0))
+        for member, answered in reachable.items():
+            self.member_reachable.labels(member=member).set(1 if answered else 0)
+        self.pass_duration.observe(seconds)
+
+
+class Metrics(_Served):
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
         r = self.registry
@@ -39,5 +81,33 @@ class Metrics:
         self.workloads_watched = Gauge("tpu_fallback_workloads_watched", "Workloads in the controller's cache.",
                                        registry=r)
 
-    def serve(self, port: int) -> None:
-        start_http_server(port, addr="0.0.0.0", registry=self.registry)
+
+class FleetMetrics(_Served):
+    """The fleet watch's: set after each pass, so a scrape shows the last pass whole."""
+
+    def __init__(self, states: tuple[str, ...], registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.states = states
+        self.findings = Gauge("tpu_fallback_fleet_findings", "Fleet jobs per finding of the last pass.", ["state"],
+                              registry=r)
+        self.member_reachable = Gauge(
+            "tpu_fallback_fleet_member_reachable",
+            "1 when the member answered the last pass (through the kubeconfig MultiKueue uses), else 0.", ["member"],
+            registry=r)
+        self.pass_duration = Histogram("tpu_fallback_fleet_pass_duration_seconds",
+                                       "Seconds one pass over every fleet job and member took.",
+                                       buckets=PASS_BUCKETS, registry=r)
+        self.pass_failures = Counter("tpu_fallback_fleet_pass_failures",
+                                     "Passes that failed (the manager did not answer); retried next period.",
+                                     registry=r)
+
+    def record_pass(self, states: Iterable[str], reachable: Mapping[str, bool], seconds: float) -> None:
+        """One pass: the jobs per state (every known state, 0 included, so a series never goes missing), each
+        member's reachability, and the pass's duration."""
+        counts = collections.Counter(states)
+        for state in self.states:
+            self.findings.labels(state=state).set(counts.get(state, 0))
+        for member, answered in reachable.items():
+            self.member_reachable.labels(member=member).set(1 if answered else 0)
+        self.pass_duration.observe(seconds)

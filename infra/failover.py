@@ -28,6 +28,7 @@ CODE_MOUNT = "/opt/failover"
 DEPS_DIR = "/tmp/deps"  # pip installs here at start: the root filesystem stays untouched, the user unprivileged
 HEALTH_PORT = 8080
 METRICS_PORT = 9090  # Prometheus /metrics, plain HTTP inside the cluster (infra/monitoring.py scrapes it)
+METRICS_PORT_NAME = "metrics"  # the container port's name, which the PodMonitorings select
 # The controller reacts to watch events; the resync only re-queues every Workload, a safety net.
 RESYNC_SECONDS = 300
 
@@ -76,7 +77,8 @@ def deployment(settings: PlatformSettings, chain: str, configmap: str) -> dict:
         {"name": "FAILOVER_RESYNC_SECONDS", "value": str(RESYNC_SECONDS)},
         {"name": "FAILOVER_HEALTH_PORT", "value": str(HEALTH_PORT)},
         {"name": "FAILOVER_METRICS_PORT", "value": str(METRICS_PORT)},
-    ], ports=[{"name": "health", "containerPort": HEALTH_PORT}, {"name": "metrics", "containerPort": METRICS_PORT}],
+    ], ports=[{"name": "health", "containerPort": HEALTH_PORT},
+              {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}],
         probe={"httpGet": {"path": "/healthz", "port": "health"}})
 
 

@@ -209,7 +209,8 @@ def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap
         {"name": "FLEET_ORIGIN", "value": fleet.origin},
         {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
         {"name": "FLEET_WATCH_SECONDS", "value": str(WATCH_SECONDS)},
-    ])
+        {"name": "FLEET_METRICS_PORT", "value": str(failover.METRICS_PORT)},
+    ], ports=[{"name": failover.METRICS_PORT_NAME, "containerPort": failover.METRICS_PORT}])
 
 
 @dataclass(frozen=True)
@@ -228,6 +229,7 @@ class FleetManager(pulumi.ComponentResource):
     release: k8s.helm.v3.Release
     local_queue: k8s.apiextensions.CustomResource
     ready: list[pulumi.Resource]  # what a fleet job waits for
+    watch: k8s.apps.v1.Deployment  # the fleet watch, scraped by infra/monitoring.py FleetMonitoring
 
     def __init__(self, name: str, fleet: FleetSettings, settings: PlatformSettings,
                  members: Sequence[MemberHandle], provider: k8s.Provider,
@@ -259,11 +261,11 @@ class FleetManager(pulumi.ComponentResource):
         namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": FLEET_NAMESPACE}, opts=on_cluster)
         self.local_queue = self._object(local_queue(), after=[namespace, queue])
         self.ready = [self.release, kuberay, self.local_queue]
-        self._watch(name, fleet, settings, on_cluster, after=[self.release, *clusters])
+        self.watch = self._watch(name, fleet, settings, on_cluster, after=[self.release, *clusters])
         self.register_outputs({"localQueue": FLEET_LOCAL_QUEUE, "members": [m.cluster for m in members]})
 
     def _watch(self, name: str, fleet: FleetSettings, settings: PlatformSettings, on_cluster: pulumi.ResourceOptions,
-               after: Sequence[pulumi.Resource]) -> None:
+               after: Sequence[pulumi.Resource]) -> k8s.apps.v1.Deployment:
         """The fleet watch: its ServiceAccount and RBAC, the failover package's code, the Deployment."""
         def opts(*resources: pulumi.Resource) -> pulumi.ResourceOptions:
             return pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=list(resources)))
@@ -292,8 +294,8 @@ class FleetManager(pulumi.ComponentResource):
                                                                      "namespace": failover.NAMESPACE},
                                      data=sources, opts=opts(namespace))
         manifest = watch_deployment(settings, fleet, configmap)
-        k8s.apps.v1.Deployment(f"{name}-watch", metadata=manifest["metadata"], spec=manifest["spec"],
-                               opts=opts(code, binding, secrets_binding, *after))
+        return k8s.apps.v1.Deployment(f"{name}-watch", metadata=manifest["metadata"], spec=manifest["spec"],
+                                      opts=opts(code, binding, secrets_binding, *after))
 
     def _object(self, manifest: dict, after: Sequence[pulumi.Resource] = ()) -> k8s.apiextensions.CustomResource:
         kind, name = manifest["kind"], manifest["metadata"]["name"]

@@ -1,5 +1,7 @@
 """Metrics on Google Cloud Managed Service for Prometheus (GMP): PodMonitorings that scrape Kueue and the failover
-controller, and a Cloud Monitoring dashboard over both. GKE's managed collection is turned on in infra/cluster.py.
+controller (a fleet's manager: Kueue and the fleet watch), a Cloud Monitoring dashboard and alert policies over
+them. GKE's managed collection is turned on in infra/cluster.py. The platform (`Monitoring`) and a fleet's manager
+(`FleetMonitoring`) share every builder here.
 
 Kueue 0.19.2 serves /metrics over HTTPS on the manager container's port `metrics` (8443), with a certificate the
 manager makes itself at each start (no CA to verify it against), behind controller-runtime's authentication and
@@ -16,17 +18,22 @@ Ref: https://github.com/GoogleCloudPlatform/prometheus-engine/blob/v0.17.2/pkg/o
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.failover import FailoverController
+from infra.failover import METRICS_PORT_NAME, FailoverController
 from infra.failover import NAME as FAILOVER_NAME
 from infra.failover import NAMESPACE as FAILOVER_NAMESPACE
-from infra.kueue import CHART_NAME, RELEASE_NAME, Kueue
+from infra.fleet import CLUSTER_QUEUE as FLEET_CLUSTER_QUEUE
+from infra.fleet import WATCH_NAME, FleetManager
+from infra.kueue import CHART_NAME, RELEASE_NAME, Kueue, queue_chain
 from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
-from infra.settings import PlatformSettings
+from infra.settings import DEFAULT_RUNG, PlatformSettings
+from infra.teams import team_chain
 
 GMP_API_VERSION = "monitoring.googleapis.com/v1"
 SCRAPE_INTERVAL = "30s"
@@ -37,7 +44,6 @@ METRICS_PATH = "/metrics"
 KUEUE_POD_LABELS = {"app.kubernetes.io/name": CHART_NAME, "app.kubernetes.io/instance": RELEASE_NAME,
                     "control-plane": "controller-manager"}
 KUEUE_METRICS_PORT = "metrics"
-FAILOVER_METRICS_PORT = "metrics"  # the Deployment's name for METRICS_PORT (infra/failover.py)
 # Kueue's scrape identity: a ServiceAccount and its long-lived token (GMP reads tokens from Secrets only).
 # Ref: https://kubernetes.io/docs/concepts/configuration/secret/#serviceaccount-token-secrets
 KUEUE_READER = "tpu-fallback-kueue-metrics-reader"
@@ -64,6 +70,33 @@ RECONCILES = "tpu_fallback_reconciles_total"
 RESYNCS = "tpu_fallback_resyncs_total"
 ERRORS = "tpu_fallback_errors_total"
 WATCHED = "tpu_fallback_workloads_watched"  # gauge
+# Kueue's per-ClusterQueue gauges of quota reserved and of admitted Workloads (a DWS or MultiKueue job waits between
+# the two), and its admissions counter. Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/metrics/metrics.go
+KUEUE_RESERVING = "kueue_reserving_active_workloads"
+KUEUE_ADMITTED_ACTIVE = "kueue_admitted_active_workloads"
+KUEUE_ADMITTED = "kueue_admitted_workloads_total"
+# The fleet watch's (failover/metrics.py FleetMetrics).
+FLEET_FINDINGS = "tpu_fallback_fleet_findings"  # gauge {state}
+FLEET_REACHABLE = "tpu_fallback_fleet_member_reachable"  # gauge {member}: 1 or 0
+FLEET_PASS = "tpu_fallback_fleet_pass_duration_seconds"  # histogram
+FLEET_PASS_FAILURES = "tpu_fallback_fleet_pass_failures_total"
+# GMP writes a target's scrape health as `up`, labelled job=<the PodMonitoring's name>, like Prometheus does.
+# Ref: https://github.com/GoogleCloudPlatform/prometheus-engine/blob/main/e2e/collector_test.go (testValidateCollectorUpMetrics)
+UP = "up"
+LEADER = 'replica_role!="follower"'  # a follower replica (leader election) would report the same queues again
+
+# ---- alerts ----
+# A controller or watch that has not been scraped, or answered no scrape, for this long is down: ten 30 s scrapes,
+# past the minute of pip installs at each start (infra/failover.py start_command).
+DOWN_SECONDS = 300
+# The fleet watch asks each member every 10 s (infra/fleet.py WATCH_SECONDS); five minutes of silence is an outage,
+# not a slow answer. MultiKueue gives up on the member only after workerLostTimeout (15m by default).
+MEMBER_LOST_SECONDS = 300
+# Policies are declared in the `pulumi up` that starts the exporters; Cloud Monitoring refuses a PromQL condition
+# over a metric it has no series of yet, unless validation is off. Ref: monitoring.v3 discovery document,
+# PrometheusQueryLanguageCondition.disableMetricValidation ("alerting policies ... on metrics that do not yet exist")
+DISABLE_METRIC_VALIDATION = True
+SEVERITY_WARNING, SEVERITY_ERROR = "WARNING", "ERROR"
 
 
 # ---- Kubernetes objects ------------------------------------------------------------------------------------------
@@ -133,9 +166,17 @@ def kueue_pod_monitoring() -> dict:
     })
 
 
+def controller_pod_monitoring(name: str) -> dict:
+    """A Deployment of infra/failover.py controller_deployment (pods labelled app=<name>), its plain-HTTP port."""
+    return _pod_monitoring(name, FAILOVER_NAMESPACE, {"app": name}, {"port": METRICS_PORT_NAME, "scheme": "http"})
+
+
 def failover_pod_monitoring() -> dict:
-    return _pod_monitoring(FAILOVER_NAME, FAILOVER_NAMESPACE, {"app": FAILOVER_NAME},
-                           {"port": FAILOVER_METRICS_PORT, "scheme": "http"})
+    return controller_pod_monitoring(FAILOVER_NAME)
+
+
+def fleet_watch_pod_monitoring() -> dict:
+    return controller_pod_monitoring(WATCH_NAME)
 
 
 # ---- the dashboard -----------------------------------------------------------------------------------------------
@@ -153,7 +194,7 @@ def per_hour(metric: str, by: str, settings: PlatformSettings) -> str:
 
 def quantile(q: float, histogram: str, by: str, settings: PlatformSettings, window: str) -> str:
     bucket = series(f"{histogram}_bucket", settings)
-    return f"histogram_quantile({q}, sum by ({by}, le) (rate({bucket}[{window}])))"
+    return f"histogram_quantile({q}, sum by ({', '.join(filter(None, (by, 'le')))}) (rate({bucket}[{window}])))"
 
 
 def data_set(query: str, plot: str = "LINE", axis: str = "Y1") -> dict:
@@ -167,13 +208,16 @@ def chart(title: str, data_sets: list[dict], y_label: str, y2_label: str | None 
     return {"title": title, "xyChart": xy}
 
 
+def pending_chart(settings: PlatformSettings) -> dict:
+    pending = series(KUEUE_PENDING, settings, LEADER)
+    return chart("Pending workloads per ClusterQueue (active: in the queue; inadmissible: waiting for a change)",
+                 [data_set(f"sum by (cluster_queue, status) ({pending})")], "workloads")
+
+
 def widgets(settings: PlatformSettings) -> list[dict]:
     s = settings
-    # A follower replica (leader election) would report the same queues again.
-    pending = series(KUEUE_PENDING, s, 'replica_role!="follower"')
     return [
-        chart("Pending workloads per ClusterQueue (active: in the queue; inadmissible: waiting for a change)",
-              [data_set(f"sum by (cluster_queue, status) ({pending})")], "workloads"),
+        pending_chart(s),
         chart("Admission wait per flavor (creation or requeue to quota reserved; p50, p95 over 30m)",
               [data_set(quantile(q, ADMISSION_WAIT, "flavor", s, "30m")) for q in (0.5, 0.95)], "seconds"),
         chart("Moves down the queue chain by reason (per hour)",
@@ -197,9 +241,27 @@ def mosaic(items: list[dict], columns: int = 48, per_row: int = 2, height: int =
          "widget": widget} for i, widget in enumerate(items)]}
 
 
-def dashboard(settings: PlatformSettings) -> dict:
-    return {"displayName": f"tpu-fallback {settings.cluster_name} ({settings.zone})",
-            "mosaicLayout": mosaic(widgets(settings))}
+def fleet_widgets(settings: PlatformSettings) -> list[dict]:
+    """A fleet manager's: where its jobs run (the fleet watch), which members answer, its queue, the watch's pace."""
+    s = settings
+    return [
+        chart("Fleet jobs by finding of the fleet watch's last pass (Running, Waiting, MemberLost, ...)",
+              [data_set(f"sum by (state) ({series(FLEET_FINDINGS, s)})", "STACKED_BAR")], "jobs"),
+        chart("Members answering the fleet watch (1: answers; 0: does not)",
+              [data_set(f"min by (member) ({series(FLEET_REACHABLE, s)})")], "answers"),
+        pending_chart(s),
+        chart("Fleet watch: pass duration (p50, p95 over 30m); failed passes per hour",
+              [*(data_set(quantile(q, FLEET_PASS, "", s, "30m")) for q in (0.5, 0.95)),
+               data_set(f"sum(increase({series(FLEET_PASS_FAILURES, s)}[1h]))", axis="Y2")],
+              "seconds", y2_label="failed passes"),
+    ]
+
+
+def dashboard(settings: PlatformSettings, items: list[dict] | None = None, kind: str = "") -> dict:
+    """`kind` names the dashboard's stack role in its title (a fleet's), so several stacks can share a project."""
+    title = " ".join(filter(None, ("tpu-fallback", kind, settings.cluster_name)))
+    return {"displayName": f"{title} ({settings.zone})",
+            "mosaicLayout": mosaic(widgets(settings) if items is None else items)}
 
 
 def dashboard_url(dashboard_id: str, project: str) -> str:
@@ -207,41 +269,164 @@ def dashboard_url(dashboard_id: str, project: str) -> str:
     return f"{CONSOLE}/{dashboard_id.rsplit('/', 1)[-1]}?project={project}"
 
 
-# ---- the component -----------------------------------------------------------------------------------------------
+# ---- alerts ------------------------------------------------------------------------------------------------------
 
-class Monitoring(pulumi.ComponentResource):
-    """Kueue's scrape identity and PodMonitoring, the controller's PodMonitoring, and the dashboard."""
+@dataclass(frozen=True)
+class Alert:
+    """One alert policy with one PromQL condition: it fires once `query` has returned a series for `for_seconds`
+    (0: at once). Ref: https://cloud.google.com/monitoring/promql/create-promql-alerts"""
+
+    key: str  # names the resource: <component>-alert-<key>
+    title: str
+    query: str
+    for_seconds: int
+    severity: str
+    about: str  # markdown, sent with every notification
+
+
+def rung_queues(settings: PlatformSettings) -> list[tuple[str, tuple[str, ...]]]:
+    """Per enabled rung (config key), the ClusterQueues whose jobs wait on it: the chain's, and each team's."""
+    chains = [queue_chain(settings), *(team_chain(settings, team) for team in settings.teams)]
+    return [(plan.config_key, tuple(chain[index].cluster_queue for chain in chains))
+            for index, plan in enumerate(settings.plans)]
+
+
+def waiting_query(queues: Sequence[str], seconds: int, settings: PlatformSettings) -> str:
+    """Some job of these ClusterQueues waits, and none was admitted in the last `seconds`.
+
+    Kueue exports no job's age, only counts: a job waits while it is pending (no quota yet), or while it holds
+    quota and waits for an admission check (DWS's ProvisioningRequest, MultiKueue's dispatch), which is reserving
+    less admitted. Held `seconds` (the condition's duration) with no admission meanwhile, the jobs waiting at the
+    start were not admitted: one waited that long. A queue that never empties but admits is busy, not stuck.
+    admitted_active is set only once a job was admitted there (`or ... * 0`: none yet)."""
+    match = f'cluster_queue="{queues[0]}"' if len(queues) == 1 else f'cluster_queue=~"{"|".join(queues)}"'
+    def total(metric: str) -> str:
+        return f"sum by (cluster_queue) ({series(metric, settings, match, LEADER)})"
+    checks = f"{total(KUEUE_RESERVING)} - ({total(KUEUE_ADMITTED_ACTIVE)} or {total(KUEUE_RESERVING)} * 0)"
+    admitted = f"sum by (cluster_queue) (increase({series(KUEUE_ADMITTED, settings, match, LEADER)}[{seconds}s]))"
+    return (f"(({total(KUEUE_PENDING)} > 0) or ({checks} > 0)) "
+            f"unless on (cluster_queue) ({admitted} > 0)")
+
+
+def _duration(seconds: int) -> str:
+    return f"{seconds // 3600}h" if seconds % 3600 == 0 else f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
+
+
+def waiting_alert(key: str, what: str, queues: Sequence[str], seconds: int, settings: PlatformSettings) -> Alert:
+    return Alert(
+        f"waiting-{key.lower()}", f"a job waits over {_duration(seconds)} {what}",
+        waiting_query(queues, seconds, settings), seconds, SEVERITY_WARNING,
+        f"A job of ClusterQueue {', '.join(queues)} has waited over {_duration(seconds)} (pending, or holding quota "
+        "while its admission check waits) and the queue admitted none meanwhile. `python -m ops status` says why "
+        "each job waits; `kubectl get workloads -A` shows Kueue's view.")
+
+
+def moves_alert(settings: PlatformSettings) -> Alert:
+    limit = settings.monitoring.alerts.moves_per_hour
+    return Alert(
+        "moves", f"more than {limit} moves down the ladder from one rung in an hour",
+        f"sum by (from_flavor) (increase({series(MOVES, settings)}[1h])) > {limit}", 0, SEVERITY_WARNING,
+        "The failover controller keeps moving jobs off this rung (`from_flavor`): its TPUs do not come, a stockout "
+        "in progress. The jobs go on lower rungs; check the rung's quota and the zone's capacity. The threshold is "
+        "tpu-fallback:monitoring.alerts.movesPerHour.")
+
+
+def down_alert(job: str, what: str, settings: PlatformSettings) -> Alert:
+    """No scrape at all (the pod is gone, or collection stopped) or failed scrapes (it does not answer)."""
+    up = series(UP, settings, f'namespace="{FAILOVER_NAMESPACE}"', f'job="{job}"')
+    return Alert(
+        f"{job}-down", f"the {what} is down", f"absent({up}) or max({up}) == 0", DOWN_SECONDS, SEVERITY_ERROR,
+        f"The {what} (Deployment {FAILOVER_NAMESPACE}/{job}) has not been scraped for {_duration(DOWN_SECONDS)}. "
+        f"`kubectl -n {FAILOVER_NAMESPACE} get deploy {job}` and its logs say why.")
+
+
+def member_alert(settings: PlatformSettings) -> Alert:
+    return Alert(
+        "member-unreachable", "a fleet member does not answer",
+        f"min by (member) ({series(FLEET_REACHABLE, settings)}) == 0", MEMBER_LOST_SECONDS, SEVERITY_ERROR,
+        f"The fleet watch has not reached this member (`member`) for {_duration(MEMBER_LOST_SECONDS)}, through the "
+        "kubeconfig MultiKueue uses: MultiKueue likely cannot either (`kubectl get multikueueclusters`). A job "
+        "admitted there is dispatched again after workerLostTimeout, while its run there may go on.")
+
+
+def platform_alerts(settings: PlatformSettings, controller: bool) -> list[Alert]:
+    """A job waiting too long on each rung; with a failover controller, too many moves and the controller down."""
+    waits = settings.monitoring.alerts
+    alerts = [waiting_alert(rung, f"on rung {rung}", queues, waits.pending_seconds(rung), settings)
+              for rung, queues in rung_queues(settings)]
+    if controller:
+        alerts += [moves_alert(settings), down_alert(FAILOVER_NAME, "failover controller", settings)]
+    return alerts
+
+
+def fleet_alerts(settings: PlatformSettings) -> list[Alert]:
+    """A fleet job waiting too long for a member, the fleet watch down, a member that does not answer."""
+    seconds = settings.monitoring.alerts.pending_seconds(DEFAULT_RUNG)
+    return [waiting_alert("fleet", "for a fleet member", [FLEET_CLUSTER_QUEUE], seconds, settings),
+            down_alert(WATCH_NAME, "fleet watch", settings), member_alert(settings)]
+
+
+def alert_policy(alert: Alert, settings: PlatformSettings) -> dict:
+    """The AlertPolicy's arguments. Channels come from config; with none, incidents open in the console only."""
+    condition: dict = {"query": alert.query, "disable_metric_validation": DISABLE_METRIC_VALIDATION}
+    if alert.for_seconds:
+        condition["duration"] = f"{alert.for_seconds}s"
+    return {
+        "display_name": f"tpu-fallback {settings.cluster_name} ({settings.zone}): {alert.title}",
+        "combiner": "OR",  # one condition; the provider requires a combiner
+        "severity": alert.severity,
+        "conditions": [{"display_name": alert.title, "condition_prometheus_query_language": condition}],
+        "documentation": {"content": alert.about, "mime_type": "text/markdown"},
+        "notification_channels": list(settings.monitoring.alerts.notification_channels),
+        "user_labels": {"app": "tpu-fallback", "cluster": settings.cluster_name},
+    }
+
+
+# ---- the components ----------------------------------------------------------------------------------------------
+
+class _Observed(pulumi.ComponentResource):
+    """What every stack's monitoring declares: Kueue's scrape identity and PodMonitoring, other PodMonitorings,
+    the Cloud Monitoring API, a dashboard and the alert policies."""
 
     dashboard_url: pulumi.Output[str]
 
-    def __init__(self, name: str, settings: PlatformSettings, kueue: Kueue, failover: FailoverController | None,
-                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None):
-        super().__init__("tpu-fallback:infra:Monitoring", name, None, opts)
+    def __init__(self, token: str, name: str, provider: k8s.Provider, opts: pulumi.ResourceOptions | None):
+        super().__init__(token, name, None, opts)
         self._name, self._provider = name, provider
+        self._monitors: list[dict] = []
+
+    def _scrape_kueue(self, release: pulumi.Resource) -> None:
         # Kueue's namespace and pods come with its release; the PodMonitoring CRD with GKE's managed collection.
-        account = self._object("reader-account", kueue_reader_account(), [kueue.release])
+        account = self._object("reader-account", kueue_reader_account(), [release])
         token = self._object("reader-token", token_secret(), [account])
         role = self._object("reader-role", metrics_reader_role())
         reader = self._object("reader-binding", metrics_reader_binding(), [role, account])
-        collector_role = self._object("collector-role", collector_token_role(), [kueue.release])
+        collector_role = self._object("collector-role", collector_token_role(), [release])
         collector = self._object("collector-binding", collector_token_binding(), [collector_role])
         # Scraped once its token is readable and authorized: the first scrapes do not fail.
-        monitors = [kueue_pod_monitoring()]
-        self._object("kueue", monitors[0], [kueue.release, token, reader, collector])
-        if failover is not None:  # a one-rung stack runs no controller
-            monitors.append(failover_pod_monitoring())
-            self._object("failover", monitors[-1], [failover])
+        self._scrape("kueue", kueue_pod_monitoring(), [release, token, reader, collector])
 
-        api = gcp.projects.Service(f"{name}-api", project=settings.project, service=MONITORING_API,
+    def _scrape(self, suffix: str, monitor: dict, after: list[pulumi.Resource]) -> None:
+        self._monitors.append(monitor)
+        self._object(suffix, monitor, after)
+
+    def _publish(self, settings: PlatformSettings, board: dict, alerts: list[Alert]) -> None:
+        name, project = self._name, settings.project
+        api = gcp.projects.Service(f"{name}-api", project=project, service=MONITORING_API,
                                    disable_on_destroy=False, opts=pulumi.ResourceOptions(parent=self))
-        self.dashboard = gcp.monitoring.Dashboard(
-            f"{name}-dashboard", project=settings.project,
-            dashboard_json=json.dumps(dashboard(settings), sort_keys=True),
-            opts=pulumi.ResourceOptions(parent=self, depends_on=[api]))
-        self.dashboard_url = self.dashboard.id.apply(lambda id_: dashboard_url(id_, settings.project))
+        after_api = pulumi.ResourceOptions(parent=self, depends_on=[api])
+        self.dashboard = gcp.monitoring.Dashboard(f"{name}-dashboard", project=project,
+                                                  dashboard_json=json.dumps(board, sort_keys=True), opts=after_api)
+        if not settings.monitoring.alerts.enabled:
+            alerts = []
+        self.alert_policies = [gcp.monitoring.AlertPolicy(f"{name}-alert-{alert.key}", project=project,
+                                                          **alert_policy(alert, settings), opts=after_api)
+                               for alert in alerts]
+        self.dashboard_url = self.dashboard.id.apply(lambda id_: dashboard_url(id_, project))
         self.register_outputs({"dashboardUrl": self.dashboard_url,
                                "podMonitorings": [f"{m['metadata']['namespace']}/{m['metadata']['name']}"
-                                                  for m in monitors]})
+                                                  for m in self._monitors],
+                               "alertPolicies": [alert.title for alert in alerts]})
 
     def _object(self, suffix: str, manifest: dict, after: list[pulumi.Resource] | None = None) -> pulumi.Resource:
         """A Kubernetes object from its manifest, on the cluster's provider."""
@@ -260,3 +445,28 @@ class Monitoring(pulumi.ComponentResource):
 def _snake(key: str) -> str:
     """roleRef -> role_ref: the typed resources take Python argument names."""
     return "".join(f"_{c.lower()}" if c.isupper() else c for c in key)
+
+
+class Monitoring(_Observed):
+    """A platform's: Kueue's scrape identity and PodMonitoring, the controller's PodMonitoring, the dashboard and
+    the alerts (`tpu-fallback:infra:Monitoring`)."""
+
+    def __init__(self, name: str, settings: PlatformSettings, kueue: Kueue, failover: FailoverController | None,
+                 provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-fallback:infra:Monitoring", name, provider, opts)
+        self._scrape_kueue(kueue.release)
+        if failover is not None:  # a one-rung stack runs no controller
+            self._scrape("failover", failover_pod_monitoring(), [failover])
+        self._publish(settings, dashboard(settings), platform_alerts(settings, failover is not None))
+
+
+class FleetMonitoring(_Observed):
+    """A fleet manager's (plan C): Kueue's scrape as on a platform, the fleet watch's PodMonitoring, the fleet's
+    dashboard and alerts (`tpu-fallback:infra:FleetMonitoring`)."""
+
+    def __init__(self, name: str, settings: PlatformSettings, manager: FleetManager, provider: k8s.Provider,
+                 opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-fallback:infra:FleetMonitoring", name, provider, opts)
+        self._scrape_kueue(manager.release)
+        self._scrape("watch", fleet_watch_pod_monitoring(), [manager.watch])
+        self._publish(settings, dashboard(settings, fleet_widgets(settings), kind="fleet"), fleet_alerts(settings))

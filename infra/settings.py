@@ -37,7 +37,8 @@ DEFAULTS: Mapping[str, Any] = {
     "kueue": {"version": "0.19.2", "chartRepository": "oci://registry.k8s.io/kueue/charts"},
     "fallback": {"podsReadyTimeout": "15m", "stockoutGracePeriod": "3m"},
     "failoverController": {"image": "", "pipIndexUrl": ""},
-    "monitoring": {"enabled": True},
+    "monitoring": {"enabled": True, "alerts": {"enabled": True, "pendingTooLong": {"default": "1h", "flexStart": "6h"},
+                                               "movesPerHour": 3, "notificationChannels": []}},
     "teams": [],
     "googleGroupsDomain": "",
     "fleetMember": {"enabled": False, "startRung": "flexStart"},
@@ -76,6 +77,14 @@ _PINNED_IMAGE = re.compile(r"^[a-z0-9]([-a-z0-9._]*[a-z0-9])?(:[0-9]+)?(/[a-z0-9
                            r"(:(?!latest$)[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}|@sha256:[0-9a-f]{64})$")
 _HTTPS_URL = re.compile(r"^https://[a-z0-9]([-a-z0-9.]*[a-z0-9])?(:[0-9]+)?(/[-a-zA-Z0-9._~%+]*)*$")
 _DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
+# --- Alerts (`monitoring.alerts`, infra/monitoring.py) ---
+DEFAULT_RUNG = "default"  # the `pendingTooLong` entry for every rung not named
+# A wait alert needs a few 30 s scrapes to be more than a blip; a day is as long as a queued job is watched here.
+MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS = 5 * 60, 24 * 3600
+MAX_MOVES_PER_HOUR = 1000
+# The format AlertPolicy.notificationChannels documents: projects/[PROJECT_ID_OR_NUMBER]/notificationChannels/[CHANNEL_ID]
+# Ref: https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies#AlertPolicy
+_NOTIFICATION_CHANNEL = re.compile(r"^projects/(?:[a-z][-a-z0-9]{4,28}[a-z0-9]|[0-9]+)/notificationChannels/[0-9]+$")
 # Another stack, fully qualified as the docs advise for a StackReference: <organization>/<project>/<stack>, each
 # part letters, digits, hyphens, underscores or periods (`organization` on a self-managed backend).
 # Ref: https://www.pulumi.com/docs/iac/concepts/stacks/#stackreferences
@@ -192,7 +201,12 @@ class ConfigReader:
 
     def obj(self, name: str, defaults: Mapping[str, Any]) -> dict[str, Any]:
         """An object key merged over its defaults; unknown or mistyped fields are problems."""
-        value = self._structured(name, dict, f"an object with fields {', '.join(defaults)}")
+        return self.fields(name, self._structured(name, dict, f"an object with fields {', '.join(defaults)}"),
+                           defaults)
+
+    def fields(self, name: str, value: Mapping[str, Any] | None, defaults: Mapping[str, Any]) -> dict[str, Any]:
+        """An object's fields (a key's, or a nested object's) merged over its defaults; unknown or mistyped
+        fields are problems."""
         merged = dict(defaults)
         for field, given in (value or {}).items():
             if field not in defaults:
@@ -310,11 +324,30 @@ class ControllerRuntime:
 
 
 @dataclass(frozen=True)
-class MonitoringSettings:
-    """Managed Prometheus on the cluster, PodMonitorings for Kueue and the failover controller, and a Cloud
-    Monitoring dashboard (infra/monitoring.py); a team that has its own can turn them off."""
+class AlertSettings:
+    """Cloud Monitoring alert policies over the scraped metrics (infra/monitoring.py): how long a job may wait on
+    a rung, how many moves down the ladder per hour are too many, and where notifications go (none: the policies
+    open incidents in the console only)."""
 
     enabled: bool = True
+    # (rung config key or DEFAULT_RUNG, seconds): the longest a rung's jobs may wait before an alert
+    pending_too_long: tuple[tuple[str, int], ...] = ((DEFAULT_RUNG, 3600), ("flexStart", 6 * 3600))
+    moves_per_hour: int = 3
+    notification_channels: tuple[str, ...] = ()  # projects/<project>/notificationChannels/<id>
+
+    def pending_seconds(self, rung: str) -> int:
+        """The wait that alerts on this rung (its config key): its own, or the default."""
+        waits = dict(self.pending_too_long)
+        return waits.get(rung, waits[DEFAULT_RUNG])
+
+
+@dataclass(frozen=True)
+class MonitoringSettings:
+    """Managed Prometheus on the cluster, PodMonitorings for Kueue and the failover controller, a Cloud
+    Monitoring dashboard and alert policies (infra/monitoring.py); a team that has its own can turn them off."""
+
+    enabled: bool = True
+    alerts: AlertSettings = AlertSettings()
 
 
 @dataclass(frozen=True)
@@ -563,7 +596,55 @@ def read_controller_runtime(reader: ConfigReader) -> ControllerRuntime:
 
 
 def read_monitoring_settings(reader: ConfigReader) -> MonitoringSettings:
-    return MonitoringSettings(reader.obj("monitoring", DEFAULTS["monitoring"])["enabled"])
+    """`monitoring`, with its `alerts` object merged field by field over the defaults."""
+    raw = reader.obj("monitoring", DEFAULTS["monitoring"])
+    alerts = reader.fields("monitoring.alerts", raw["alerts"], DEFAULTS["monitoring"]["alerts"])
+    return MonitoringSettings(raw["enabled"], AlertSettings(
+        alerts["enabled"], _read_pending_too_long(reader, alerts["pendingTooLong"]),
+        _read_moves_per_hour(reader, alerts["movesPerHour"]),
+        _read_notification_channels(reader, alerts["notificationChannels"])))
+
+
+def _read_pending_too_long(reader: ConfigReader, given: dict) -> tuple[tuple[str, int], ...]:
+    """`pendingTooLong`: a duration per rung config key, or `default`; the given keys over the defaults. A rung
+    that is off in this stack is allowed (its entry waits for it), a name that is no rung is not."""
+    name = "monitoring.alerts.pendingTooLong"
+    waits = dict(DEFAULTS["monitoring"]["alerts"]["pendingTooLong"])
+    for rung, value in given.items():
+        where = f"{name}.{rung}"
+        if rung != DEFAULT_RUNG and rung not in RUNG_KINDS:
+            reader.fail(where, f"unknown rung {rung!r}; use {DEFAULT_RUNG} or one of {', '.join(RUNG_KINDS)}")
+        elif not isinstance(value, str):
+            reader.fail(where, f"must be a duration string such as 90m; got {value!r}")
+        else:
+            waits[rung] = value
+    found = []
+    for rung, value in waits.items():
+        seconds = _duration_seconds(reader, f"{name}.{rung}", value)
+        if seconds is None:
+            continue
+        if reader.check(f"{name}.{rung}", MIN_PENDING_ALERT_SECONDS <= seconds <= MAX_PENDING_ALERT_SECONDS,
+                        f"{value} is out of range; use {MIN_PENDING_ALERT_SECONDS // 60}m to "
+                        f"{MAX_PENDING_ALERT_SECONDS // 3600}h"):
+            found.append((rung, seconds))
+    return tuple(found)
+
+
+def _read_moves_per_hour(reader: ConfigReader, value: int) -> int:
+    reader.check("monitoring.alerts.movesPerHour", 0 <= value <= MAX_MOVES_PER_HOUR,
+                 f"{value} is out of range; moves per hour from one rung above which the alert fires, 0 (any "
+                 f"move) to {MAX_MOVES_PER_HOUR}")
+    return value
+
+
+def _read_notification_channels(reader: ConfigReader, channels: list) -> tuple[str, ...]:
+    name = "monitoring.alerts.notificationChannels"
+    for index, channel in enumerate(channels):
+        reader.check(f"{name}[{index}]", isinstance(channel, str) and bool(_NOTIFICATION_CHANNEL.match(channel)),
+                     f"{channel!r} is not a notification channel's name, "
+                     "projects/<project>/notificationChannels/<id> (gcloud alpha monitoring channels list)")
+    reader.check(name, len(set(map(str, channels))) == len(channels), "a channel is listed twice")
+    return tuple(channels)
 
 
 def read_fleet_member(reader: ConfigReader, plans: tuple[PlanSettings, ...],

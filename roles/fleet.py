@@ -22,8 +22,9 @@ from infra.cluster import GkeCluster
 from infra.fleet import (FLEET_KEY, FleetManager, FleetSettings, MemberHandle,
                          member_cluster_name, read_fleet_settings)
 from infra.fleet_member import (FLEET_KUBECONFIG_OUTPUT, FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE)
+from infra.monitoring import FleetMonitoring
 from infra.settings import (DEFAULTS, ClusterKeys, ConfigReader, ControllerRuntime, MonitoringSettings,
-                            PlatformSettings, read_cluster_keys, read_controller_runtime)
+                            PlatformSettings, read_cluster_keys, read_controller_runtime, read_monitoring_settings)
 from roles.contract import KUBECONFIG_OUTPUT, PLATFORM_OUTPUT, cluster_id, settings_from_output
 from roles.team import WORKLOADS_KEY, differs_from_default, read_published
 from workloads.jobs import JobSite, PlatformHandles, TeamNamespace, TrainingJobs
@@ -31,7 +32,7 @@ from workloads.settings import WORKLOAD_DEFAULTS, read_workload_settings
 
 # The keys a fleet stack reads; any other platform key belongs to the members' stacks.
 FLEET_STACK_KEYS = ("zone", "clusterName", "gkeVersion", "deletionProtection", "systemPool", "kueue",
-                    "failoverController")
+                    "failoverController", "monitoring")
 
 
 def is_fleet_stack(config: pulumi.Config) -> bool:
@@ -109,16 +110,16 @@ def check_workloads_fit(reader: ConfigReader, members: list[Member]) -> Any:
 
 
 def manager_settings(keys: ClusterKeys, kueue: tuple[str, str], runtime: ControllerRuntime,
-                     fleet_template: PlatformSettings) -> PlatformSettings:
-    """The manager cluster's settings: its own cluster keys, Kueue and controller runtime, and the members' slice
-    for the jobs it queues."""
+                     monitoring: MonitoringSettings, fleet_template: PlatformSettings) -> PlatformSettings:
+    """The manager cluster's settings: its own cluster keys, Kueue, controller runtime and monitoring, and the
+    members' slice for the jobs it queues."""
     return dataclasses.replace(
         fleet_template, project=keys.project, kueue_version=kueue[0], kueue_chart_repository=kueue[1],
         failover_controller=runtime, zone=keys.zone, cluster_name=keys.cluster_name,
         gke_version=keys.gke_version, deletion_protection=keys.deletion_protection,
         system_pool=dataclasses.replace(fleet_template.system_pool, machine=keys.machine or
                                         fleet_template.system_pool.machine, node_count=keys.node_count),
-        monitoring=MonitoringSettings(enabled=False), teams=(), fleet_member=None)
+        monitoring=monitoring, teams=(), fleet_member=None)
 
 
 def read_stack_keys(reader: ConfigReader) -> tuple[FleetSettings, str, str]:
@@ -140,6 +141,7 @@ def deploy() -> None:
     fleet, kueue_version, kueue_repository = read_stack_keys(reader)
     keys = read_cluster_keys(reader, pulumi.Config("gcp"))
     runtime = read_controller_runtime(reader)  # the fleet watch's Python packages (infra/fleet.py)
+    monitoring = read_monitoring_settings(reader)  # the manager has no rungs: pendingTooLong.default applies
     reader.raise_if_failed()
     # Reads of the members' outputs; they create nothing.
     references = {stack: pulumi.StackReference(member_cluster_name(stack), stack_name=stack)
@@ -159,13 +161,16 @@ def deploy() -> None:
         check_members(reader, members, kueue_version)
         workloads = check_workloads_fit(reader, members)
         reader.raise_if_failed()
-        settings = manager_settings(keys, (kueue_version, kueue_repository), runtime, members[0].settings)
+        settings = manager_settings(keys, (kueue_version, kueue_repository), runtime, monitoring, members[0].settings)
         workloads = dataclasses.replace(workloads, namespace=FLEET_NAMESPACE)
 
         cluster = GkeCluster("fleet", settings, ray_operator=False)
         manager = FleetManager("fleet", fleet, settings, [
             MemberHandle(member.cluster, member.reference.require_output(FLEET_KUBECONFIG_OUTPUT),
                          member.queue["capacity"]) for member in members], cluster.provider)
+        # Managed Prometheus on the manager (infra/cluster.py): Kueue and the fleet watch scraped, a dashboard, alerts.
+        metrics = (FleetMonitoring("monitoring", settings, manager, cluster.provider) if monitoring.enabled
+                       else None)
 
         jobs = None
         if workloads.enabled and workloads.jobs > 0:
@@ -190,6 +195,7 @@ def deploy() -> None:
             "workerLostTimeoutSeconds": fleet.worker_lost_timeout_seconds,
             "trainingJobs": jobs.job_names if jobs else [],
             "checkpointBucket": jobs.bucket.url if jobs else None,
+            "dashboardUrl": metrics.dashboard_url if metrics else None,
         }
 
     pulumi.run(declare_fleet)

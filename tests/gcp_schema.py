@@ -49,10 +49,14 @@ PINNED_REVISIONS: Mapping[str, str] = MappingProxyType({
     "container.v1": "20261027",
     "iam.v1": "20261023",
     "monitoring.v1": "20260903",
+    "monitoring.v3": "20260129",
     "serviceusage.v1": "20260921",
     "storage.v1": "20261009",
 })
 INT32 = (-(2 ** 31), 2 ** 31 - 1)
+# A google.protobuf.Duration in JSON: seconds, up to nine fractional digits, and the suffix "s" ("15m" is not one).
+# Ref: https://protobuf.dev/programming-guides/json/ (Duration)
+GOOGLE_DURATION = re.compile(r"-?[0-9]+(\.[0-9]{1,9})?s")
 UINT32 = (0, 2 ** 32 - 1)
 
 
@@ -212,6 +216,10 @@ REQUESTS: Mapping[str, ApiRequest] = MappingProxyType({
         deviations={"dashboardJson": JsonBody("", "the provider POSTs structure.ExpandJsonFromString(dashboard_json) "
                                                   "as the Dashboard (resourceMonitoringDashboardCreate)")},
         ref=f"{_META}/monitoring/resource_monitoring_dashboard.go"),
+    "gcp:monitoring/alertPolicy:AlertPolicy": ApiRequest(
+        "monitoring.v3", "projects.alertPolicies.create", "",
+        url={"name": "projects/{project}"},
+        ref=f"{_META}/monitoring/resource_monitoring_alert_policy.go"),
 })
 
 
@@ -259,6 +267,16 @@ PROSE_RULES: Mapping[tuple[str, str], ProseRule] = MappingProxyType({
     ("iam.v1", "ServiceAccount.displayName"): ProseRule(
         "The maximum length is 100 UTF-8 bytes.", "at most 100 UTF-8 bytes",
         lambda value: isinstance(value, str) and len(value.encode()) <= 100),
+    ("monitoring.v3", "AlertPolicy.notificationChannels"): ProseRule(
+        "The format of the entries in this field is: projects/[PROJECT_ID_OR_NUMBER]/notificationChannels/[CHANNEL_ID]",
+        "projects/[PROJECT_ID_OR_NUMBER]/notificationChannels/[CHANNEL_ID]",
+        lambda value: isinstance(value, list) and all(
+            _fullmatch(r"projects/[^/]+/notificationChannels/[^/]+", 1024)(item) for item in value)),
+    ("monitoring.v3", "AlertPolicy.conditions"): ProseRule(
+        "A policy can have from one to six conditions.", "1 to 6 conditions",
+        lambda value: isinstance(value, list) and 1 <= len(value) <= 6),
+    ("monitoring.v3", "Documentation.mimeType"): ProseRule(
+        'Presently, only the value "text/markdown" is supported.', "text/markdown", _one_of("text/markdown")),
     ("storage.v1", "Bucket.iamConfiguration.publicAccessPrevention"): ProseRule(
         "Currently, 'inherited' and 'enforced' are supported.", "inherited, enforced",
         _one_of("inherited", "enforced")),
@@ -602,6 +620,9 @@ class _Check:
             low, high = INT32 if fmt == "int32" else UINT32
             if not low <= value <= high:
                 self.problem(api_path, f"{value} is out of {label}'s {fmt} range {low}..{high}")
+        elif fmt == "google-duration" and not GOOGLE_DURATION.fullmatch(value):
+            self.problem(api_path, f"{value!r} is not a {fmt}; {label} takes seconds with the suffix s, such as "
+                                   "3600s or 1.5s")
         elif "enum" in schema:
             self.findings.enum_values.setdefault(label, set()).add(value)
             if value not in allowed_enum_values(schema):
