@@ -41,6 +41,7 @@ COHORT = "tpu-fallback"
 ADMISSION_CHECK = "dws-prov"
 PROVISIONING_CONFIG = "dws-config"
 PROVISIONING_CLASS = "queued-provisioning.gke.io"
+PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"  # the AdmissionCheck controller of DWS checks
 NODEPOOL_LABEL_KEY = "cloud.google.com/gke-nodepool"
 QUEUED_TAINT_KEY = "cloud.google.com/gke-queued"
 COVERED_RESOURCES = ("cpu", "memory", TPU_RESOURCE)
@@ -279,7 +280,7 @@ def rungs_with_admission_check(settings: PlatformSettings) -> frozenset[str]:
 
 def admission_check() -> dict:
     return _manifest("AdmissionCheck", ADMISSION_CHECK, {
-        "controllerName": "kueue.x-k8s.io/provisioning-request",
+        "controllerName": PROVISIONING_CONTROLLER,
         "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "ProvisioningRequestConfig",
                        "name": PROVISIONING_CONFIG},
     })

@@ -26,6 +26,7 @@ from ops.status import cli, health, jobs
 from ops.status.ladder import CHAIN_ENV, FROM_CLUSTER_QUEUES, FROM_CONTROLLER, build_ladder, chain_of_controller
 from ops.status.render import duration, render_json, render_table, report_dict
 from ops.status.report import Snapshot, build_report
+from ops.status.snapshot import ClusterError
 from infra.rungs import RUNG_KINDS
 from tests.conftest import SHIPPED_STACKS, plan_for
 
@@ -670,16 +671,16 @@ def test_an_unreachable_cluster_fails_once_and_is_reported_while_watching(kubeco
 
         def read(self, namespace, context=None):
             Down.calls += 1
-            raise ConnectionRefusedError("connection refused")
+            raise ClusterError("cannot reach the API server at https://127.0.0.1:1: connection refused")
 
     code, _, err, _ = status(["--kubeconfig", kubeconfig], reader=Down())
-    assert code == 1 and "cannot read the cluster: connection refused" in err
+    assert code == 1 and err == "error: cannot reach the API server at https://127.0.0.1:1: connection refused\n"
 
     def stop(seconds):
         raise KeyboardInterrupt
 
     code, out, _, _ = status(["--kubeconfig", kubeconfig, "--watch"], reader=Down(), sleep=stop)
-    assert code == 0 and "cannot read the cluster" in out and Down.calls == 2
+    assert code == 0 and "error: cannot reach the API server" in out and Down.calls == 2
 
 
 def test_the_entry_point_runs_the_status_tool(tmp_path, capsys):

@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import datetime
 import json
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+
+import yaml
 
 from failover import decisions
 from failover.decisions import (FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
 from failover.fleet import FLEET_ANNOTATION
 from infra.kueue import PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
-                                namespace_of, owned_by)
+                                namespace_of, owned_by, quantity)
 
 # The states, in the words `status` prints them.
 NOT_QUEUED = "NotQueued"  # no queue label: Kueue leaves the job alone
@@ -32,6 +35,7 @@ EVICTED = "Evicted"  # evicted and not back in the queue yet (requeue backoff, o
 DEACTIVATED = "Deactivated"  # spec.active false before it was ever evicted
 MOVING = "Moving"  # the failover controller is moving it down the ladder
 FINISHED = "Finished"
+UNKNOWN = "Unknown"  # its Workload could not be read
 
 DEACTIVATED_REASON = "Deactivated"  # Kueue's Evicted reason once spec.active is false (measured on the tier)
 # Kueue's Evicted reasons, in a few words (Kueue's own message follows in the detail); a deactivation's reason may
@@ -57,6 +61,21 @@ REQUEST_CONDITIONS = (
     ("Provisioned", "provisioned"),
     ("Accepted", "accepted, waiting for capacity"),
 )
+
+
+RAYJOB_KIND = "RayJob"
+POSITION_FROM_KUEUE, POSITION_COMPUTED = "kueue", "computed"
+# Evictions that mean the rung had no capacity for the job (the reasons the failover controller moves on).
+CAPACITY_EVICTIONS = frozenset({PODS_READY_TIMEOUT, "AdmissionCheck"})
+
+
+@dataclass(frozen=True)
+class Size:
+    """What a Workload asks for: its TPU chips and hosts (pods that request TPUs) and all its pods."""
+
+    chips: int
+    hosts: int
+    pods: int
 
 
 @dataclass(frozen=True)
@@ -106,6 +125,22 @@ class JobView:
     request: RequestView | None
     checks: tuple[tuple[str, str], ...]  # (admission check, state) from the Workload's status
     fleet: FleetPlacement | None = None  # on a fleet's manager (plan C): where the job runs
+    kind: str = RAYJOB_KIND  # what owns the Workload: RayJob, Job, JobSet, Pod, RayCluster...
+    size: Size | None = None  # chips, hosts and pods the Workload asks for
+    pods_ready: int | None = None  # None: the pods could not be read
+    priority: int | None = None
+    priority_class: str | None = None
+    created: datetime.datetime | None = None  # the Workload's (else the job's) creation: its age
+    position: int | None = None  # among the pending Workloads of its ClusterQueue, from 0
+    position_source: str | None = None  # POSITION_FROM_KUEUE or POSITION_COMPUTED
+    evictions: tuple[tuple[str, int], ...] = ()  # status.schedulingStats.evictions: (reason, count)
+    requeues: int = 0  # status.requeueState.count: Kueue's requeues since its last admission
+    evict_at: datetime.datetime | None = None  # admitted, waiting for pods: when Kueue evicts it (podsReadyTimeout)
+    looping_on: str | None = None  # the last rung, when the job keeps failing there (nothing below to move to)
+
+    @property
+    def eviction_count(self) -> int:
+        return sum(count for _, count in self.evictions)
 
 
 @dataclass(frozen=True)
@@ -235,8 +270,10 @@ def kueue_message(condition: Mapping | None) -> str:
 
 # ---- the state ------------------------------------------------------------------------------------------------------
 def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | None,
-              move_in_progress: MoveView | None, last_move: MoveView | None = None) -> State:
-    """One state in words, when it began, and why."""
+              move_in_progress: MoveView | None, last_move: MoveView | None = None,
+              slice_checks: Sequence[str] = (), requests_problem: str | None = None) -> State:
+    """One state in words, when it began, and why. `requests_problem`: ProvisioningRequests could not be read, so a
+    pending check among `slice_checks` is taken as waiting for a slice whose request is unknown."""
     if workload is None:
         if QUEUE_LABEL not in labels(rayjob):
             return State(NOT_QUEUED, "not queued (no queue label)", created_at(rayjob),
@@ -253,7 +290,7 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
         return State(MOVING, f"moving from {move.from_flavor} to {move.to_flavor}", parse_time(move.at),
                      f"started by the failover controller ({move.reason}): {MOVE_WORDS.get(move.reason, move.reason)}")
     if view.quota_reserved:
-        return _reserved_state(found, view, request, check_states(workload))
+        return _reserved_state(found, view, request, check_states(workload), slice_checks, requests_problem)
     evicted = found.get("Evicted") if is_true(found.get("Evicted")) else None
     last_on = view.recorded_flavor
     requeued = found.get("Requeued")
@@ -283,7 +320,8 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
 
 
 def _reserved_state(found: Mapping, view: WorkloadView, request: RequestView | None,
-                    checks: tuple[tuple[str, str], ...]) -> State:
+                    checks: tuple[tuple[str, str], ...], slice_checks: Sequence[str] = (),
+                    requests_problem: str | None = None) -> State:
     reserved = found["QuotaReserved"]
     if view.admitted:
         if is_true(found.get("PodsReady")):
@@ -295,6 +333,9 @@ def _reserved_state(found: Mapping, view: WorkloadView, request: RequestView | N
         slice_kind = "a DWS slice" if request.dws else "capacity"
         return State(WAITING_FOR_SLICE, f"waiting for {slice_kind}", changed_at(reserved),
                      f"ProvisioningRequest {request.name} {request.state}" + (f"; checks: {waiting}" if waiting else ""))
+    if requests_problem and any(name in slice_checks and state != "Ready" for name, state in checks):
+        return State(WAITING_FOR_SLICE, "waiting for a DWS slice", changed_at(reserved),
+                     f"ProvisioningRequest unknown ({requests_problem})" + (f"; checks: {waiting}" if waiting else ""))
     return State(WAITING_FOR_CHECKS, "quota reserved, waiting for admission checks",
                  changed_at(reserved), f"checks: {waiting}" if waiting else "")
 
@@ -314,3 +355,128 @@ def current_rung(workload: Mapping | None, state: str, start: str | None) -> str
 
 # The states in which the Workload holds quota on a flavor (or did, when it finished).
 HOLDING_QUOTA = frozenset({WAITING_FOR_SLICE, WAITING_FOR_CHECKS, ADMITTED, RUNNING, FINISHED})
+
+
+# ---- what a Workload asks for and has been through ------------------------------------------------------------------
+def controller_owner(workload: Mapping) -> Mapping:
+    """The ownerReference Kueue made the Workload for (the controller one; a pod group has several Pods)."""
+    owners = meta(workload).get("ownerReferences") or []
+    return next((o for o in owners if o.get("controller")), owners[0] if owners else {})
+
+
+def pod_tpus(template: Mapping) -> int:
+    """TPU chips one pod of a pod set requests (a container's request, else its limit, which GKE requires equal)."""
+    chips = 0
+    for container in ((template or {}).get("spec") or {}).get("containers") or []:
+        resources = container.get("resources") or {}
+        amount = (resources.get("requests") or {}).get(TPU_RESOURCE) or (resources.get("limits") or {}).get(TPU_RESOURCE)
+        chips += int(quantity(amount))
+    return chips
+
+
+def size_of(workload: Mapping | None) -> Size | None:
+    if workload is None:
+        return None
+    chips = hosts = pods = 0
+    for pod_set in ((workload.get("spec") or {}).get("podSets")) or []:
+        count, per_pod = int(pod_set.get("count") or 0), pod_tpus(pod_set.get("template") or {})
+        pods += count
+        if per_pod:
+            chips, hosts = chips + count * per_pod, hosts + count
+    return Size(chips, hosts, pods)
+
+
+def priority_of(workload: Mapping | None) -> tuple[int | None, str | None]:
+    spec = (workload or {}).get("spec") or {}
+    return spec.get("priority"), (spec.get("priorityClassRef") or {}).get("name") or spec.get("priorityClassName")
+
+
+def evictions_of(workload: Mapping | None) -> tuple[tuple[str, int], ...]:
+    """Kueue's eviction counts by reason (and underlying cause), kept across requeues and restarts."""
+    found = (((workload or {}).get("status") or {}).get("schedulingStats") or {}).get("evictions") or []
+    return tuple((e.get("reason", "") + (f"/{e['underlyingCause']}" if e.get("underlyingCause") else ""),
+                  int(e.get("count") or 0)) for e in found)
+
+
+def requeues_of(workload: Mapping | None) -> int:
+    return int((((workload or {}).get("status") or {}).get("requeueState") or {}).get("count") or 0)
+
+
+def capacity_failures(evictions: Sequence[tuple[str, int]]) -> int:
+    return sum(count for reason, count in evictions if reason.split("/")[0] in CAPACITY_EVICTIONS)
+
+
+def queue_order_time(workload: Mapping) -> datetime.datetime | None:
+    """When Kueue queues the Workload from: its eviction by the pods-ready timeout or an admission check (the stack
+    requeues by eviction time), else its creation. Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/workload/workload.go (GetQueueOrderTimestamp)"""
+    evicted = conditions(workload).get("Evicted")
+    if is_true(evicted) and (evicted.get("reason") or "") in CAPACITY_EVICTIONS:
+        return changed_at(evicted)
+    return created_at(workload)
+
+
+def evict_deadline(workload: Mapping | None, state: str, timeout_seconds: int | None) -> datetime.datetime | None:
+    """Admitted and waiting for pods: Kueue evicts it podsReadyTimeout after admission
+    (Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/core/workload_controller.go, admittedNotReadyWorkload)."""
+    if state != ADMITTED or timeout_seconds is None:
+        return None
+    admitted_at = changed_at(conditions(workload).get("Admitted"))
+    return admitted_at + datetime.timedelta(seconds=timeout_seconds) if admitted_at else None
+
+
+# Pods of a job by the labels their controllers put on them (no pod names its Workload). A RayJob's pods are its
+# RayCluster's (status.rayClusterName, label ray.io/cluster) and its submitter Job's (named as the RayJob).
+# Ref: https://github.com/ray-project/kuberay/blob/v1.6.2/ray-operator/controllers/ray/utils/constant.go (RayClusterLabelKey)
+# Ref: https://kubernetes.io/docs/reference/labels-annotations-taints/#batchkubernetesiojob-name
+# Ref: https://github.com/kubernetes-sigs/jobset/blob/v0.10.1/api/jobset/v1alpha2/jobset_types.go (JobSetNameKey)
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+JOB_NAME_LABEL = "batch.kubernetes.io/job-name"
+POD_LABEL_OF_KIND = {"RayCluster": RAY_CLUSTER_LABEL, "Job": JOB_NAME_LABEL, "JobSet": "jobset.sigs.k8s.io/jobset-name"}
+POD_GROUP_LABEL = "kueue.x-k8s.io/pod-group-name"  # Ref: https://kueue.sigs.k8s.io/docs/tasks/run/plain_pods/
+
+
+def pods_of(kind: str, name: str, namespace: str, pods: Sequence[Mapping], owner: Mapping | None = None
+            ) -> list[Mapping]:
+    mine = [p for p in pods if namespace_of(p) == namespace]
+    if kind == "Pod":
+        return [p for p in mine if name_of(p) == name or labels(p).get(POD_GROUP_LABEL) == name]
+    if kind == RAYJOB_KIND:
+        cluster = ((owner or {}).get("status") or {}).get("rayClusterName")
+        return [p for p in mine if (cluster and labels(p).get(RAY_CLUSTER_LABEL) == cluster)
+                or labels(p).get(JOB_NAME_LABEL) == name]
+    label = POD_LABEL_OF_KIND.get(kind)
+    return [p for p in mine if label and labels(p).get(label) == name]
+
+
+def ready_pods(pods: Sequence[Mapping]) -> int:
+    return sum(1 for p in pods if not meta(p).get("deletionTimestamp") and is_true(conditions(p).get("Ready")))
+
+
+# Kueue v1beta2 turns waitForPodsReady on, with this timeout when its configuration sets none (no block, or no
+# timeout in it). Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/config/v1beta2/defaults.go (L48, L99-108)
+KUEUE_DEFAULT_PODS_READY_SECONDS = 30 * 60
+KUEUE_CONFIG_KEY = "controller_manager_config.yaml"  # the chart's ConfigMap key (tests/controlplane/chart.py reads it)
+_GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
+_GO_UNITS = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
+
+
+def go_duration_seconds(text: str) -> int | None:
+    """A Go duration as Kueue's configuration holds it (90s, 5m, 1h30m0s); None when it is not one."""
+    parts = _GO_DURATION.findall(text or "")
+    if not parts or "".join(number + unit for number, unit in parts) != text:
+        return None
+    return int(sum(float(number) * _GO_UNITS[unit] for number, unit in parts))
+
+
+def kueue_pods_ready_timeout(config_map: Mapping) -> int | None:
+    """The waitForPodsReady timeout in Kueue's manager ConfigMap; None when the configuration cannot be read."""
+    try:
+        configuration = yaml.safe_load(((config_map.get("data") or {}).get(KUEUE_CONFIG_KEY)) or "")
+    except yaml.YAMLError:
+        return None
+    if not isinstance(configuration, dict):
+        return None
+    wait = configuration.get("waitForPodsReady") or {}
+    if not isinstance(wait, dict):
+        return None
+    return go_duration_seconds(str(wait["timeout"])) if wait.get("timeout") else KUEUE_DEFAULT_PODS_READY_SECONDS

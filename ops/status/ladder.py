@@ -20,6 +20,10 @@ from ops.status.objects import conditions, is_true, name_of, namespace_of, quant
 # The variable the controller reads its chain from (failover/__main__.py; set by infra/failover.py).
 CHAIN_ENV = "FAILOVER_CHAIN"
 FROM_CONTROLLER, FROM_CLUSTER_QUEUES = "failover-controller", "cluster-queues"
+# When the ClusterQueues cannot be read (a namespace-only identity): the LocalQueues' status lists every flavor of
+# their ClusterQueue in order, used or not (Kueue's cache filterLocalQueueUsage), so the rungs are still known; the
+# quota is not. Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/cache/scheduler/cache.go (L1021-1070)
+FROM_LOCAL_QUEUES, UNKNOWN = "local-queues", "unknown"
 
 
 @dataclass(frozen=True)
@@ -66,7 +70,12 @@ class QueueView:
 class Ladder:
     rungs: tuple[RungView, ...]
     queues: tuple[QueueView, ...]
-    source: str  # FROM_CONTROLLER or FROM_CLUSTER_QUEUES
+    source: str  # FROM_CONTROLLER, FROM_CLUSTER_QUEUES, FROM_LOCAL_QUEUES or UNKNOWN
+    unknown: str = ""  # why the quota and the ClusterQueues are unknown ("" when they were read)
+
+    @property
+    def quota_known(self) -> bool:
+        return not self.unknown
 
     def rung(self, flavor: str | None) -> RungView | None:
         return next((r for r in self.rungs if r.flavor == flavor), None)
@@ -207,10 +216,45 @@ def queue_view(cluster_queue: Mapping) -> QueueView:
                      int(status.get("admittedWorkloads") or 0))
 
 
+def local_queue_flavors(local_queue: Mapping) -> list[str]:
+    """The TPU flavors of a LocalQueue's ClusterQueue, in its order (status.flavorsReservation lists them all)."""
+    return [f.get("name", "") for f in (local_queue.get("status") or {}).get("flavorsReservation") or []
+            if any(r.get("name") == TPU_RESOURCE for r in f.get("resources") or [])]
+
+
+def ladder_from_local_queues(local_queues: Sequence[Mapping], unknown: str) -> Ladder:
+    """The rungs as a namespace sees them: flavors in the order of the LocalQueue that lists the most, each rung's
+    queues those whose first flavor it is. Quota, checks and ClusterQueues stay unknown."""
+    lists = sorted((local_queue_flavors(lq) for lq in sorted(local_queues, key=name_of)), key=lambda f: -len(f))
+    flavors: list[str] = []
+    for listed in lists:
+        flavors += [f for f in listed if f not in flavors]
+    rungs = []
+    for index, flavor in enumerate(flavors):
+        starting = sorted((lq for lq in local_queues if (local_queue_flavors(lq) or [None])[0] == flavor),
+                          key=lambda lq: (name_of(lq) != conventional_queues(index, flavor)[1], name_of(lq)))
+        entry = starting[0] if starting else None
+        rungs.append(RungView(index, flavor, None, ((entry or {}).get("spec") or {}).get("clusterQueue"),
+                              name_of(entry) or None, None, None, True, ()))
+    return Ladder(tuple(rungs), (), FROM_LOCAL_QUEUES if rungs else UNKNOWN, unknown)
+
+
 def build_ladder(cluster_queues: Sequence[Mapping], resource_flavors: Sequence[Mapping],
                  admission_checks: Sequence[Mapping], local_queues: Sequence[Mapping],
-                 controller: Mapping | None, cohorts: Sequence[Mapping] = ()) -> Ladder:
-    """The rungs, from the controller's chain when it has one, else from the ClusterQueues."""
+                 controller: Mapping | None, cohorts: Sequence[Mapping] = (),
+                 unreadable: Mapping[str, str] | None = None) -> Ladder:
+    """The rungs, from the controller's chain when it has one, else from the ClusterQueues; when the ClusterQueues
+    cannot be read (`unreadable`, by Snapshot field), from the chain or the LocalQueues, with the quota unknown."""
+    unreadable = unreadable or {}
+    if "cluster_queues" in unreadable:
+        unknown = unreadable["cluster_queues"]
+        chain = chain_of_controller(controller)
+        if chain is not None:
+            return Ladder(tuple(RungView(i, r.flavor, None, r.cluster_queue, r.local_queue, None, None, True, ())
+                                for i, r in enumerate(chain.rungs)), (), FROM_CONTROLLER, unknown)
+        if "local_queues" in unreadable:
+            return Ladder((), (), UNKNOWN, unknown)
+        return ladder_from_local_queues(local_queues, unknown)
     cluster_queues = sorted(cluster_queues, key=name_of)
     by_name = {name_of(cq): cq for cq in cluster_queues}
     existing = {name_of(f) for f in resource_flavors}
@@ -232,9 +276,11 @@ def build_ladder(cluster_queues: Sequence[Mapping], resource_flavors: Sequence[M
         holder = holder_of(cluster_queues, flavor, cohorts)
         checks = checks_on(by_name.get(holder or "") or by_name.get(entry or ""), flavor)
         check = checks[0] if checks else None
-        rungs.append(RungView(index, flavor, holder, entry, local, check,
-                              None if check is None else checks_active.get(check, False),
-                              flavor in existing, quota_of(cluster_queues, flavor, cohorts)))
+        # An unreadable list proves nothing missing: a check's state is then unknown (None), a flavor assumed there.
+        active = None if check is None or "admission_checks" in unreadable else checks_active.get(check, False)
+        rungs.append(RungView(index, flavor, holder, entry, local, check, active,
+                              flavor in existing or "resource_flavors" in unreadable,
+                              quota_of(cluster_queues, flavor, cohorts)))
     return Ladder(tuple(rungs), tuple(queue_view(cq) for cq in cluster_queues), source)
 
 

@@ -8,8 +8,9 @@ from collections.abc import Sequence
 
 from failover.decisions import TPU_RESOURCE, format_time
 from ops.status.health import ControllerView
-from ops.status.jobs import JobView, MoveView
-from ops.status.ladder import FROM_CONTROLLER, Quota
+from ops.status.fleet import FleetView
+from ops.status.jobs import POSITION_COMPUTED, POSITION_FROM_KUEUE, JobView, MoveView
+from ops.status.ladder import FROM_CLUSTER_QUEUES, FROM_CONTROLLER, FROM_LOCAL_QUEUES, UNKNOWN, Quota
 from ops.status.objects import plain_number
 from ops.status.report import Report
 
@@ -70,6 +71,16 @@ def job_dict(job: JobView, now: datetime.datetime) -> dict:
         "fleet": None if job.fleet is None else {
             "kueueRecord": job.fleet.record, "runsIn": list(job.fleet.runs_in), "state": job.fleet.watch_state,
             "since": time_or_none(job.fleet.since), "words": job.fleet.words()},
+        "kind": job.kind,
+        "chips": job.size.chips if job.size else None, "hosts": job.size.hosts if job.size else None,
+        "podsNeeded": job.size.pods if job.size else None, "podsReady": job.pods_ready,  # null: unknown
+        "priority": job.priority, "priorityClass": job.priority_class,
+        "createdAt": time_or_none(job.created), "ageSeconds": seconds_since(job.created, now),
+        "position": None if job.position is None else {"inClusterQueue": job.position, "source": job.position_source},
+        "evictions": dict(job.evictions), "evictionCount": job.eviction_count, "requeues": job.requeues,
+        "evictAt": time_or_none(job.evict_at),
+        "evictInSeconds": None if job.evict_at is None else max(0, int((job.evict_at - now).total_seconds())),
+        "loopingOn": job.looping_on,
     }
 
 
@@ -82,23 +93,43 @@ def controller_dict(controller: ControllerView) -> dict:
                                                      "message": move.message, "at": time_or_none(move.at)}}
 
 
+def fleet_dict(fleet: FleetView | None) -> dict | None:
+    if fleet is None:
+        return None
+    return {"members": [{"name": m.name, "active": m.active, "reason": m.reason, "message": m.message,
+                         "since": time_or_none(m.since), "words": m.words()} for m in fleet.members]
+            if fleet.members_known else None,  # null: the MultiKueueClusters could not be read
+            "watch": controller_dict(fleet.watch)}
+
+
 def report_dict(report: Report) -> dict:
+    """Unknown is null, never an empty list: `readable` says which read the cluster refused, `complete` whether
+    any did (then the command exits with EXIT_PARTIAL)."""
+    ladder = report.ladder
     return {
         "generatedAt": format_time(report.generated_at),
         "context": report.context,
+        "server": report.server,
         "namespace": report.namespace,  # null: all namespaces
-        "ladderFrom": report.ladder.source,
-        "rungs": [{"index": s.rung.index, "flavor": s.rung.flavor, "clusterQueue": s.rung.cluster_queue,
-                   "entryClusterQueue": s.rung.entry_queue, "localQueue": s.rung.local_queue,
-                   "admissionCheck": s.rung.admission_check, "admissionCheckActive": s.rung.check_active,
-                   "flavorExists": s.rung.flavor_exists,
-                   "quota": {q.resource: quota_dict(q) for q in s.rung.quota},
-                   "admittedJobs": s.admitted, "pendingJobs": s.pending} for s in report.rungs],
-        "clusterQueues": [{"name": q.name, "active": q.active, "cohort": q.cohort, "flavors": list(q.flavors),
-                           "pendingWorkloads": q.pending, "reservingWorkloads": q.reserving,
-                           "admittedWorkloads": q.admitted} for q in report.ladder.queues],
-        "jobs": [job_dict(j, report.generated_at) for j in report.jobs],
+        "complete": report.complete,
+        "readable": dict(report.readable),
+        "ladderFrom": ladder.source,
+        "quotaKnown": ladder.quota_known,
+        "rungs": None if ladder.source == UNKNOWN else [
+            {"index": s.rung.index, "flavor": s.rung.flavor, "clusterQueue": s.rung.cluster_queue,
+             "entryClusterQueue": s.rung.entry_queue, "localQueue": s.rung.local_queue,
+             "admissionCheck": s.rung.admission_check, "admissionCheckActive": s.rung.check_active,
+             "flavorExists": s.rung.flavor_exists,
+             "quota": {q.resource: quota_dict(q) for q in s.rung.quota} if ladder.quota_known else None,
+             "admittedJobs": s.admitted, "pendingJobs": s.pending} for s in report.rungs],
+        "clusterQueues": None if not ladder.quota_known else [
+            {"name": q.name, "active": q.active, "cohort": q.cohort, "flavors": list(q.flavors),
+             "pendingWorkloads": q.pending, "reservingWorkloads": q.reserving, "admittedWorkloads": q.admitted}
+            for q in ladder.queues],
+        "jobs": [job_dict(j, report.generated_at) for j in report.jobs] if report.jobs_known else None,
+        "notFound": list(report.missing),
         "failoverController": controller_dict(report.controller),
+        "fleet": fleet_dict(report.fleet),
         "problems": list(report.problems),
     }
 
@@ -115,19 +146,35 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[object]]) -> list[str]
     return ["   ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in cells]
 
 
+UNKNOWN_QUOTA = object()  # a rung whose quota could not be read: "?" rather than "-" (none)
+
+
 def chips(quota: Quota | None, field: str) -> str:
+    if quota is UNKNOWN_QUOTA:
+        return "?"
     return NONE if quota is None else str(plain_number(getattr(quota, field)))
 
 
+LADDER_SOURCES = {FROM_CONTROLLER: "the failover controller's chain",
+                  FROM_CLUSTER_QUEUES: "the ClusterQueues (no failover controller chain)",
+                  FROM_LOCAL_QUEUES: "the LocalQueues shown"}
+
+
 def ladder_lines(report: Report) -> list[str]:
-    source = ("the failover controller's chain" if report.ladder.source == FROM_CONTROLLER
-              else "the ClusterQueues (no failover controller chain)")
-    lines = [f"LADDER (rungs from {source}; TPU chips: reserved = held by Workloads, used = admitted)"]
+    ladder = report.ladder
+    if ladder.source == UNKNOWN:
+        return ["LADDER unknown", f"  {ladder.unknown}"]
+    lines = [f"LADDER (rungs from {LADDER_SOURCES[ladder.source]}; TPU chips: reserved = held by Workloads, "
+             "used = admitted)"]
+    if not ladder.quota_known:
+        lines.append(f"  quota unknown: {ladder.unknown}")
     if not report.rungs:
         return lines + ["  no ClusterQueue with TPU quota"]
     rows = []
     for status in report.rungs:
         rung, tpu = status.rung, status.rung.quota_of(TPU_RESOURCE)
+        if not ladder.quota_known:
+            tpu = UNKNOWN_QUOTA
         check = rung.admission_check
         if check and rung.check_active is False:
             check += " (inactive)"
@@ -140,27 +187,50 @@ def ladder_lines(report: Report) -> list[str]:
 
 
 def queue_lines(report: Report) -> list[str]:
+    if not report.ladder.quota_known:
+        return ["CLUSTERQUEUES unknown", f"  {report.ladder.unknown}"]
     rows = [(q.name, "yes" if q.active else "NO", q.cohort, ",".join(q.flavors), q.pending, q.reserving, q.admitted)
             for q in report.ladder.queues]
     return ["CLUSTERQUEUES (Kueue's counts, all namespaces)"] + table(
         ("NAME", "ACTIVE", "COHORT", "FLAVORS", "PENDING", "RESERVING", "ADMITTED"), rows)
 
 
+def pods_cell(job: JobView) -> str | None:
+    if job.size is None:
+        return None
+    return f"{'?' if job.pods_ready is None else job.pods_ready}/{job.size.pods}"
+
+
+def position_cell(job: JobView) -> str | None:
+    if job.position is None:
+        return None
+    return f"{job.position}" if job.position_source == POSITION_FROM_KUEUE else f"~{job.position}"
+
+
 def job_lines(report: Report) -> list[str]:
     where = "all namespaces" if report.namespace is None else f"namespace {report.namespace}"
+    if not report.jobs_known:
+        return [f"JOBS ({where}) unknown"] + [f"  {p}" for p in report.problems if "Workload" in p or "RayJob" in p]
     if not report.jobs:
-        return [f"JOBS ({where})", "  no RayJobs"]
+        return [f"JOBS ({where})", "  no jobs"]
     all_namespaces = report.namespace is None
     rows = []
     for job in report.jobs:
         request = job.request.words if job.request else None
         row = (job.local_queue, job.rung, job.words, time_or_none(job.since),
                duration(seconds_since(job.since, report.generated_at)) if job.since else None,
-               len(job.moves), request)
+               len(job.moves), request, job.kind, job.size.chips if job.size else None, pods_cell(job),
+               job.priority, duration(seconds_since(job.created, report.generated_at)) if job.created else None,
+               position_cell(job), job.eviction_count)
         rows.append(((job.namespace,) if all_namespaces else ()) + (job.name,) + row)
-    headers = (("NAMESPACE",) if all_namespaces else ()) + ("NAME", "QUEUE", "RUNG", "STATE", "SINCE", "FOR",
-                                                           "MOVES", "PROVISIONING REQUEST")
-    return [f"JOBS ({where})"] + table(headers, rows)
+    headers = (("NAMESPACE",) if all_namespaces else ()) + (
+        "NAME", "QUEUE", "RUNG", "STATE", "SINCE", "FOR", "MOVES", "PROVISIONING REQUEST", "KIND", "CHIPS", "PODS",
+        "PRIORITY", "AGE", "POSITION", "EVICTIONS")
+    lines = [f"JOBS ({where})"] + table(headers, rows)
+    if any(j.position_source == POSITION_COMPUTED for j in report.jobs):
+        lines += ["", "POSITION ~n: computed from the Workloads shown (Kueue's visibility API is not served here), "
+                     "from 0"]
+    return lines
 
 
 def why_lines(report: Report) -> list[str]:
@@ -176,6 +246,16 @@ def why_lines(report: Report) -> list[str]:
             parts.append("moves: " + ", ".join(move_words(m) for m in job.moves))
         if job.request and job.request.message:
             parts.append(f"{job.request.name}: {job.request.message}")
+        if job.looping_on:
+            parts.append(f"looping on the last rung ({job.looping_on}): evicted there again and again, with no "
+                         "rung below to move to")
+        if job.evict_at is not None:
+            left = duration((job.evict_at - report.generated_at).total_seconds())
+            parts.append(f"Kueue evicts it at {format_time(job.evict_at)} (in {left}) unless all its pods are ready")
+        if job.evictions or job.requeues:
+            counted = ", ".join(f"{count} {reason}" for reason, count in job.evictions)
+            parts.append(f"evicted {job.eviction_count} times" + (f" ({counted})" if counted else "")
+                         + f", requeued {job.requeues} times since its last admission")
         if parts:
             name = f"{job.namespace}/{job.name}" if report.namespace is None else job.name
             lines += [name] + [f"  {part}" for part in parts]
@@ -195,6 +275,22 @@ def controller_lines(report: Report) -> list[str]:
     return lines
 
 
+def fleet_lines(report: Report) -> list[str]:
+    fleet = report.fleet
+    if fleet is None:
+        return []
+    watch = fleet.watch
+    head = f"FLEET WATCH {watch.namespace}/{watch.name}: {watch.words}"
+    if watch.desired:
+        head += f", {watch.ready}/{watch.desired} ready, {watch.restarts} restarts"
+    if not fleet.members_known:
+        return [head, "MEMBERS unknown (see PROBLEMS)"]
+    rows = [(m.name, {True: "yes", False: "NO", None: "?"}[m.active], m.reason,
+             time_or_none(m.since), m.message if not m.active else None) for m in fleet.members]
+    return [head, f"MEMBERS (Kueue's MultiKueueClusters: {fleet.connected}/{len(fleet.members)} connected)"] + table(
+        ("NAME", "CONNECTED", "REASON", "SINCE", "MESSAGE"), rows)
+
+
 def render_table(report: Report) -> str:
     header = (f"context {report.context or NONE} · "
               f"{'all namespaces' if report.namespace is None else 'namespace ' + report.namespace} · "
@@ -204,6 +300,8 @@ def render_table(report: Report) -> str:
     if why:
         sections.append(why)
     sections.append(controller_lines(report))
+    if report.fleet is not None:
+        sections.append(fleet_lines(report))
     if report.problems:
         sections.append(["PROBLEMS"] + [f"  {p}" for p in report.problems])
     return "\n\n".join("\n".join(section) for section in sections) + "\n"

@@ -1,10 +1,21 @@
 """The status command's only I/O: list the objects a report reads, with the pinned `kubernetes` client's
-DynamicClient (as failover/controller.py does). Reads only; what cannot be read becomes a problem in the report."""
+DynamicClient (as failover/controller.py does). Reads only.
+
+Two kinds of failure, told apart because a script must tell "no jobs" from "not allowed":
+- the whole cluster cannot be read (the server does not answer, or rejects the credentials: 401): `ClusterError`,
+  one line naming the server, exit 1;
+- one list is refused (403, usually a namespace-only identity): the snapshot records that read as unreadable, with
+  the server's words and the identity it named, and the report shows what depends on it as unknown, never as none.
+A kind the server does not serve (no such CRD) is not a denial: that cluster simply has none of them.
+"""
 
 from __future__ import annotations
 
 import datetime
+import json
+import re
 
+import urllib3
 from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
@@ -12,7 +23,9 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from failover.controller import EVENT_REASON
 from infra.failover import NAME as CONTROLLER_NAME
 from infra.failover import NAMESPACE as CONTROLLER_NAMESPACE
+from infra.fleet import WATCH_NAME as FLEET_WATCH
 from infra.kueue import KUEUE_API_VERSION
+from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
 from ops.status.report import Snapshot
 
 CLUSTER_QUEUE = (KUEUE_API_VERSION, "ClusterQueue")
@@ -21,76 +34,190 @@ RESOURCE_FLAVOR = (KUEUE_API_VERSION, "ResourceFlavor")
 ADMISSION_CHECK = (KUEUE_API_VERSION, "AdmissionCheck")
 LOCAL_QUEUE = (KUEUE_API_VERSION, "LocalQueue")
 WORKLOAD = (KUEUE_API_VERSION, "Workload")
+MULTIKUEUE_CLUSTER = (KUEUE_API_VERSION, "MultiKueueCluster")
 RAYJOB = ("ray.io/v1", "RayJob")
 PROVISIONING_REQUEST = ("autoscaling.x-k8s.io/v1", "ProvisioningRequest")
 DEPLOYMENT = ("apps/v1", "Deployment")
 POD = ("v1", "Pod")
 EVENT = ("v1", "Event")
+CONFIG_MAP = ("v1", "ConfigMap")
+# The chart's manager ConfigMap (name `<fullname>-manager-config`, key controller_manager_config.yaml): where
+# waitForPodsReady's timeout lives. Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/charts/kueue/templates/manager/manager-config.yaml
+KUEUE_CONFIG_MAP = "kueue-manager-config"
+# Kueue's on-demand visibility API: each pending Workload's position in its ClusterQueue (needs the feature gate
+# VisibilityOnDemand and Kueue's aggregated API server). Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/visibility/v1beta2/types.go
+VISIBILITY_PATH = "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads"
+# A denial names who was denied: `User "system:serviceaccount:ns:name" cannot list resource ...`.
+DENIED_USER = re.compile(r'User "([^"]+)"')
 
 
 class Unreadable(Exception):
-    """A list or get the cluster refused (forbidden, or a kind it does not serve)."""
+    """One list or get the cluster refused (403 and the like)."""
+
+
+class ClusterError(Exception):
+    """The cluster cannot be read at all: it does not answer, or it rejects the credentials."""
+
+
+def plural(kind: str) -> str:
+    return kind + ("es" if kind.endswith("s") else "s")
+
+
+def denial(error: ApiException, what: str) -> str:
+    """`cannot list ClusterQueues (cluster-wide): 403 Forbidden for system:serviceaccount:default:reader`."""
+    try:
+        message = json.loads(error.body or "{}").get("message") or ""
+    except ValueError:
+        message = ""
+    user = DENIED_USER.search(message)
+    who = f" for {user.group(1)}" if user else (f": {message}" if message else "")
+    return f"cannot {what}: {error.status} {error.reason}{who}"
 
 
 class ClusterReader:
     def __init__(self, api_client: client.ApiClient):
-        self.api = dynamic.DynamicClient(api_client)
+        self.api_client = api_client
+        self.server = api_client.configuration.host
+        self._api: dynamic.DynamicClient | None = None
+
+    # ---- every call goes through here -------------------------------------------------------------------------
+    def _call(self, call):
+        """Runs one API call; a server that does not answer or rejects the credentials ends the whole read."""
+        try:
+            return call()
+        except ApiException as error:
+            if error.status == 401:
+                raise ClusterError(f"the API server at {self.server} rejected the credentials: "
+                                   f"401 {error.reason}") from None
+            if error.status == 0 or error.status is None:  # the client's own transport failure
+                raise ClusterError(f"cannot reach the API server at {self.server}: {error.reason}") from None
+            raise
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            reason = getattr(error, "reason", None) or error
+            raise ClusterError(f"cannot reach the API server at {self.server}: {reason}") from None
+
+    @property
+    def api(self) -> dynamic.DynamicClient:
+        if self._api is None:  # discovery: the first call that reaches the server
+            self._api = self._call(lambda: dynamic.DynamicClient(self.api_client))
+        return self._api
 
     def _resource(self, kind: tuple[str, str]):
+        """The served resource, or None when this cluster does not serve the kind (no such CRD)."""
         try:
-            return self.api.resources.get(api_version=kind[0], kind=kind[1])
+            return self._call(lambda: self.api.resources.get(api_version=kind[0], kind=kind[1]))
         except ResourceNotFoundError:
             self.api.resources.invalidate_cache()  # a CRD installed since discovery was cached
             try:
-                return self.api.resources.get(api_version=kind[0], kind=kind[1])
+                return self._call(lambda: self.api.resources.get(api_version=kind[0], kind=kind[1]))
             except ResourceNotFoundError:
-                raise Unreadable(f"{kind[1]}: not served by this cluster ({kind[0]})") from None
+                return None
 
-    def list(self, kind: tuple[str, str], namespace: str | None = None, **selectors) -> list[dict]:
+    def list(self, kind: tuple[str, str], namespace: str | None = None, **selectors) -> list[dict] | None:
+        """The items; None when the kind is not served; Unreadable when the list is refused."""
         resource = self._resource(kind)
+        if resource is None:
+            return None
+        where = f"in namespace {namespace}" if namespace and resource.namespaced else (
+            "in all namespaces" if resource.namespaced else "(cluster-wide)")
         try:
-            found = self.api.get(resource, namespace=namespace if resource.namespaced else None, **selectors)
+            found = self._call(lambda: self.api.get(resource, namespace=namespace if resource.namespaced else None,
+                                                    **selectors))
         except ApiException as error:
-            where = f" in {namespace}" if namespace else ""
-            raise Unreadable(f"{kind[1]}{where}: {error.status} {error.reason}") from None
+            raise Unreadable(denial(error, f"list {plural(kind[1])} {where}")) from None
         return found.to_dict().get("items") or []
 
     def get(self, kind: tuple[str, str], name: str, namespace: str) -> dict | None:
+        resource = self._resource(kind)
+        if resource is None:
+            return None
         try:
-            return self.api.get(self._resource(kind), name=name, namespace=namespace).to_dict()
+            return self._call(lambda: self.api.get(resource, name=name, namespace=namespace)).to_dict()
         except ApiException as error:
             if error.status == 404:
                 return None
-            raise Unreadable(f"{kind[1]} {namespace}/{name}: {error.status} {error.reason}") from None
+            raise Unreadable(denial(error, f"get {kind[1]} {namespace}/{name}")) from None
 
+    def pending_positions(self, namespace: str, local_queue: str) -> dict[str, int] | None:
+        """Workload name -> its position in its ClusterQueue, from Kueue's visibility API; None when that API is
+        not served or not readable here (the report then computes positions and says so)."""
+        path = VISIBILITY_PATH.format(namespace=namespace, name=local_queue)
+        try:
+            response = self._call(lambda: self.api_client.call_api(
+                path, "GET", response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True))
+        except ApiException:
+            return None
+        return {(item.get("metadata") or {}).get("name", ""): int(item.get("positionInClusterQueue", 0))
+                for item in (response or {}).get("items") or []}
+
+    # ---- the snapshot -----------------------------------------------------------------------------------------
     def read(self, namespace: str | None, context: str | None = None,
              now: datetime.datetime | None = None) -> Snapshot:
         """Every object a report reads: the queues cluster-wide, jobs in `namespace` (None: all)."""
         snapshot = Snapshot(now or datetime.datetime.now(datetime.timezone.utc), namespace, context)
+        snapshot.server = self.server
 
-        def listed(kind: tuple[str, str], where: str | None = None, **selectors) -> list[dict]:
+        def listed(field: str, kind: tuple[str, str], where: str | None = None, required: bool = False,
+                   **selectors) -> list[dict]:
             try:
-                return self.list(kind, where, **selectors)
+                items = self.list(kind, where, **selectors)
             except Unreadable as problem:
-                snapshot.problems.append(str(problem))
+                snapshot.deny(field, str(problem))
                 return []
+            if items is None and required:
+                snapshot.deny(field, f"{plural(kind[1])}: not served by this cluster ({kind[0]})")
+            return items or []
 
-        snapshot.cluster_queues = listed(CLUSTER_QUEUE)
-        snapshot.cohorts = listed(COHORT)
-        snapshot.resource_flavors = listed(RESOURCE_FLAVOR)
-        snapshot.admission_checks = listed(ADMISSION_CHECK)
-        snapshot.local_queues = listed(LOCAL_QUEUE, namespace)
-        snapshot.workloads = listed(WORKLOAD, namespace)
-        snapshot.rayjobs = listed(RAYJOB, namespace)
-        snapshot.provisioning_requests = listed(PROVISIONING_REQUEST, namespace)
-        snapshot.move_events = listed(EVENT, namespace, field_selector=f"reason={EVENT_REASON}")
-        try:
-            snapshot.controller = self.get(DEPLOYMENT, CONTROLLER_NAME, CONTROLLER_NAMESPACE)
-        except Unreadable as problem:
-            snapshot.problems.append(str(problem))
-            snapshot.controller_readable = False
+        snapshot.cluster_queues = listed("cluster_queues", CLUSTER_QUEUE, required=True)
+        snapshot.cohorts = listed("cohorts", COHORT)
+        snapshot.resource_flavors = listed("resource_flavors", RESOURCE_FLAVOR, required=True)
+        snapshot.admission_checks = listed("admission_checks", ADMISSION_CHECK, required=True)
+        snapshot.local_queues = listed("local_queues", LOCAL_QUEUE, namespace, required=True)
+        snapshot.workloads = listed("workloads", WORKLOAD, namespace, required=True)
+        snapshot.rayjobs = listed("rayjobs", RAYJOB, namespace)
+        snapshot.provisioning_requests = listed("provisioning_requests", PROVISIONING_REQUEST, namespace)
+        snapshot.pods = listed("pods", POD, namespace)
+        snapshot.move_events = listed("move_events", EVENT, namespace, field_selector=f"reason={EVENT_REASON}")
+        snapshot.multikueue_clusters = listed("multikueue_clusters", MULTIKUEUE_CLUSTER)
+        snapshot.controller = self._get_into(snapshot, "controller", DEPLOYMENT, CONTROLLER_NAME, CONTROLLER_NAMESPACE)
         if snapshot.controller is not None:
-            selector = ((snapshot.controller.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
-            snapshot.controller_pods = listed(POD, CONTROLLER_NAMESPACE,
-                                              label_selector=",".join(f"{k}={v}" for k, v in sorted(selector.items())))
+            snapshot.controller_pods = listed("controller_pods", POD, CONTROLLER_NAMESPACE,
+                                              label_selector=selector_of(snapshot.controller))
+        snapshot.fleet_watch = self._get_into(snapshot, "fleet_watch", DEPLOYMENT, FLEET_WATCH, CONTROLLER_NAMESPACE)
+        if snapshot.fleet_watch is not None:
+            snapshot.fleet_watch_pods = listed("fleet_watch_pods", POD, CONTROLLER_NAMESPACE,
+                                               label_selector=selector_of(snapshot.fleet_watch))
+        snapshot.kueue_config = self._get_into(snapshot, "kueue_config", CONFIG_MAP, KUEUE_CONFIG_MAP, KUEUE_NAMESPACE)
+        self._positions(snapshot)
         return snapshot
+
+    def _get_into(self, snapshot: Snapshot, field: str, kind: tuple[str, str], name: str,
+                  namespace: str) -> dict | None:
+        try:
+            return self.get(kind, name, namespace)
+        except Unreadable as problem:
+            snapshot.deny(field, str(problem))
+            return None
+
+    def _positions(self, snapshot: Snapshot) -> None:
+        """Kueue's own queue positions for the LocalQueues that have pending Workloads, where it serves them."""
+        queues = sorted({((w.get("metadata") or {}).get("namespace", ""), (w.get("spec") or {}).get("queueName", ""))
+                         for w in snapshot.workloads if not _holds_quota(w)})
+        for namespace, queue in queues:
+            if not queue:
+                continue
+            positions = self.pending_positions(namespace, queue)
+            if positions is None:
+                return  # not served: the report computes them all
+            snapshot.queue_positions.update({(namespace, name): p for name, p in positions.items()})
+        snapshot.positions_from_kueue = bool(queues)
+
+
+def _holds_quota(workload: dict) -> bool:
+    return any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
+               for c in (workload.get("status") or {}).get("conditions") or [])
+
+
+def selector_of(deployment: dict) -> str:
+    labels = ((deployment.get("spec") or {}).get("selector") or {}).get("matchLabels") or {}
+    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))

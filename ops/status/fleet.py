@@ -1,0 +1,63 @@
+"""A fleet's manager (plan C), as `status` shows it: each member's connection as Kueue's MultiKueueCluster reports
+it (no member kubeconfig needed), and the fleet watch's health. Where each fleet job runs is per job
+(jobs.FleetPlacement). Pure functions of dicts, like the rest of the report."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from infra.failover import NAMESPACE
+from infra.fleet import WATCH_NAME
+from ops.status.health import ControllerView, controller_view
+from ops.status.objects import changed_at, conditions, name_of
+
+
+@dataclass(frozen=True)
+class MemberView:
+    """One member cluster: Kueue's MultiKueueCluster and its Active condition."""
+
+    name: str
+    active: bool | None  # None: Kueue has not reported yet
+    reason: str
+    message: str
+    since: datetime.datetime | None
+
+    def words(self) -> str:
+        if self.active is None:
+            return "not checked by Kueue yet"
+        state = "connected" if self.active else "NOT connected"
+        return f"{state} ({self.reason})" + (f": {self.message}" if self.message and not self.active else "")
+
+
+@dataclass(frozen=True)
+class FleetView:
+    members: tuple[MemberView, ...]
+    members_known: bool  # False: the MultiKueueClusters could not be read (see the problems)
+    watch: ControllerView
+
+    @property
+    def connected(self) -> int:
+        return sum(1 for m in self.members if m.active)
+
+
+def member_view(cluster: Mapping) -> MemberView:
+    active = conditions(cluster).get("Active")
+    return MemberView(name_of(cluster), None if active is None else active.get("status") == "True",
+                      (active or {}).get("reason", ""), ((active or {}).get("message") or "").strip(),
+                      changed_at(active))
+
+
+def fleet_view(snapshot) -> FleetView | None:
+    """None on a cluster that shows no sign of being a fleet's manager: no MultiKueueCluster, no fleet watch (when
+    neither could be read, the problems say so)."""
+    if not snapshot.multikueue_clusters and snapshot.fleet_watch is None:
+        return None
+    members_known, watch_known = snapshot.readable("multikueue_clusters"), snapshot.readable("fleet_watch")
+    watch = controller_view(snapshot.fleet_watch, snapshot.fleet_watch_pods, (), watch_known, name=WATCH_NAME,
+                            namespace=NAMESPACE, absent="not deployed",
+                            scaled_to_zero="scaled to 0 replicas: no fleet job is watched")
+    return FleetView(tuple(member_view(c) for c in sorted(snapshot.multikueue_clusters, key=name_of)),
+                     members_known, watch)
+
