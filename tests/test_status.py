@@ -23,7 +23,9 @@ from failover.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION,
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from ops.status import cli, health, jobs
-from ops.status.ladder import CHAIN_ENV, FROM_CLUSTER_QUEUES, FROM_CONTROLLER, build_ladder, chain_of_controller
+from ops.status.ladder import (CHAIN_ENV, FROM_CLUSTER_QUEUES, FROM_CONTROLLER, FROM_LOCAL_QUEUES, build_ladder,
+                               chain_of_controller)
+from ops.status.ladder import UNKNOWN as FROM_UNKNOWN
 from ops.status.render import duration, render_json, render_table, report_dict
 from ops.status.report import Snapshot, build_report
 from ops.status.snapshot import ClusterError
@@ -711,3 +713,218 @@ def test_a_fleet_job_shows_where_it_runs_and_kueues_record():
     placement = fleet_of(rayjob, workload)
     assert (placement.record, placement.runs_in, placement.watch_state) == ("w1", ("w2",), "RecordStale")
     assert placement.words() == "runs in w2; Kueue's record says w1 (it cannot record it: Kueue 0.19.2)"
+
+
+# ---- truth under denial ---------------------------------------------------------------------------------------------
+DENIED = "cannot list ClusterQueues (cluster-wide): 403 Forbidden for system:serviceaccount:default:reader"
+
+
+def with_usage(local_queues: list[dict]) -> list[dict]:
+    """LocalQueues as Kueue reports them: status.flavorsReservation lists every flavor of their ClusterQueue."""
+    cluster_queues = {q["metadata"]["name"]: q for q in plan_objects()["ClusterQueue"]}
+    for queue in local_queues:
+        groups = cluster_queues[queue["spec"]["clusterQueue"]]["spec"]["resourceGroups"]
+        queue["status"] = {"flavorsReservation": [
+            {"name": f["name"], "resources": [{"name": r, "total": "0"} for r in group["coveredResources"]]}
+            for group in groups for f in group["flavors"]]}
+    return local_queues
+
+
+def namespace_only_snapshot() -> Snapshot:
+    """What a team member with `view` in the namespace reads: jobs, Workloads and LocalQueues; nothing else."""
+    base = mixed_snapshot(local_queues=with_usage(plan_objects()["LocalQueue"]))
+    slice_wait = next(w for w in base.workloads if w["spec"]["queueName"] == "user-queue-dws")
+    slice_wait["status"]["admissionChecks"] = [{"name": stack_kueue.ADMISSION_CHECK, "state": "Pending"}]
+    for field in ("cluster_queues", "cohorts", "resource_flavors", "admission_checks", "provisioning_requests",
+                  "controller", "kueue_config", "multikueue_clusters", "fleet_watch"):
+        setattr(base, field, [] if isinstance(getattr(base, field), list) else None)
+        base.deny(field, DENIED if field == "cluster_queues" else f"cannot read {field}: 403 Forbidden")
+    return base
+
+
+def test_a_namespace_only_identity_sees_the_rungs_and_unknown_quota_never_none():
+    report = build_report(namespace_only_snapshot())
+    assert report.ladder.source == FROM_LOCAL_QUEUES and not report.ladder.quota_known
+    assert [(r.flavor, r.local_queue) for r in report.ladder.rungs] == [("on-demand", "user-queue"),
+                                                                       ("dws", "user-queue-dws")]
+    views = {j.name: j for j in report.jobs}
+    assert views["b-waiting"].rung == "on-demand" and views["c-dws"].rung == "dws"  # waiting jobs keep their rung
+    # Its DWS check pending and the requests unreadable: waiting for a slice, the request unknown (not "checks").
+    assert views["c-dws"].state == jobs.WAITING_FOR_SLICE and "ProvisioningRequest unknown" in views["c-dws"].detail
+    assert report.controller.state == health.UNKNOWN and not report.complete
+    text = render_table(report)
+    assert f"  quota unknown: {DENIED}" in text and "no ClusterQueue with TPU quota" not in text
+    assert f"CLUSTERQUEUES unknown\n  {DENIED}" in text and "rungs from the LocalQueues shown" in text
+    data = report_dict(report)
+    assert data["clusterQueues"] is None and data["rungs"][0]["quota"] is None and data["complete"] is False
+    assert data["readable"]["cluster_queues"] is False and data["readable"]["workloads"] is True
+
+
+def test_nothing_readable_is_unknown_and_a_script_can_tell(kubeconfig):
+    base = snapshot()
+    for field in ("cluster_queues", "local_queues", "workloads", "rayjobs"):
+        base.deny(field, f"cannot list {field}: 403 Forbidden for u")
+    report = build_report(base)
+    assert report.ladder.source == FROM_UNKNOWN and not report.jobs_known
+    text = render_table(report)
+    assert "LADDER unknown" in text and "JOBS (namespace default) unknown" in text and "no jobs" not in text
+    data = report_dict(report)
+    assert data["jobs"] is None and data["rungs"] is None  # null, not []
+    code, out, _, _ = status(["--kubeconfig", kubeconfig, "-o", "json"], reader=FakeReader(base))
+    assert code == cli.EXIT_PARTIAL == 3 and json.loads(out)["jobs"] is None
+    code, _, _, _ = status(["--kubeconfig", kubeconfig], reader=FakeReader(mixed_snapshot()))
+    assert code == cli.EXIT_OK
+
+
+def test_a_named_job_that_does_not_exist_is_not_found(kubeconfig):
+    code, out, err, _ = status(["--kubeconfig", kubeconfig, "c-dws", "nope"])
+    assert code == cli.EXIT_ERROR and err == 'Error from server (NotFound): no job "nope" in namespace research\n'
+    assert "c-dws" in out
+
+
+@pytest.mark.parametrize("text, words", [
+    ("{{{ not yaml", "is not YAML: expected ',' or '}', but got '<stream end>' at line 1, column 13"),
+    ("hello", "is not a kubeconfig: a YAML mapping with clusters, users and contexts was expected, not a str"),
+    ("- a\n- b", "not a list"),
+])
+def test_a_kubeconfig_that_is_not_one_is_one_line(tmp_path, text, words):
+    path = tmp_path / "config"
+    path.write_text(text)
+    code, out, err, reader = status(["--kubeconfig", str(path)])
+    assert code == cli.EXIT_ERROR and out == "" and reader.asked == []
+    assert err.startswith(f"error: kubeconfig {path} ") and err.endswith(f"{words}\n") and err.count("\n") == 1
+
+
+# ---- every workload, and what it has been through -------------------------------------------------------------------
+def with_pod_sets(obj: dict, *pod_sets: tuple[str, int, int]) -> dict:
+    """(name, count, TPU chips per pod) pod sets on a Workload."""
+    obj["spec"]["podSets"] = [{"name": name, "count": count, "template": {"spec": {"containers": [
+        {"name": "c", "resources": {"requests": {TPU_RESOURCE: str(chips)} if chips else {"cpu": "1"}}}]}}}
+        for name, count, chips in pod_sets]
+    return obj
+
+
+def owned_by_kind(obj: dict, kind: str, name: str, api_version: str = "batch/v1") -> dict:
+    obj["metadata"]["ownerReferences"] = [{"apiVersion": api_version, "kind": kind, "name": name,
+                                           "uid": f"uid-{kind}-{name}", "controller": True}]
+    return obj
+
+
+def pod(name: str, ready: bool, **labels: str) -> dict:
+    return {"metadata": {"name": name, "namespace": NAMESPACE, "labels": dict(labels)},
+            "status": {"conditions": [condition("Ready", ready, "")]}}
+
+
+def test_a_batch_job_is_shown_with_its_kind_chips_and_pods():
+    stand_in = rayjob("train-batch")  # a Workload's shape; its owner is a batch Job
+    job_workload = with_pod_sets(owned_by_kind(workload(stand_in, admitted(20), flavor="on-demand"), "Job",
+                                               "train-batch"), ("main", 4, 4))
+    ray = rayjob("ray", annotations={})
+    ray["status"] = {"rayClusterName": "ray-abc12"}
+    ray_workload = with_pod_sets(workload(ray, admitted(30, pods_ready=10), flavor="on-demand"),
+                                 ("head", 1, 0), ("tpu-group", 4, 4), ("submitter", 1, 0))
+    pods = [pod("j-0", True, **{jobs.JOB_NAME_LABEL: "train-batch"}), pod("j-1", False, **{jobs.JOB_NAME_LABEL:
+                                                                                          "train-batch"}),
+            *(pod(f"r-{i}", True, **{jobs.RAY_CLUSTER_LABEL: "ray-abc12"}) for i in range(5)),
+            pod("ray-submit", True, **{jobs.JOB_NAME_LABEL: "ray"}), pod("stranger", True)]
+    report = build_report(dev_snapshot(rayjobs=[ray], workloads=[job_workload, ray_workload], pods=pods))
+    views = {j.name: j for j in report.jobs}
+    batch = views["train-batch"]
+    assert (batch.kind, batch.state, batch.rung, batch.workload) == ("Job", jobs.ADMITTED, "on-demand",
+                                                                     "rayjob-train-batch-a1b2c")
+    assert (batch.size, batch.pods_ready) == (jobs.Size(chips=16, hosts=4, pods=4), 1)
+    assert (views["ray"].kind, views["ray"].size, views["ray"].pods_ready) == ("RayJob", jobs.Size(16, 4, 6), 6)
+    assert [(s.rung.flavor, s.admitted) for s in report.rungs][0] == ("on-demand", 2)  # the Job counts on its rung
+    row = {r["NAME"]: r for r in columns(render_table(report).split("JOBS (namespace default)\n")[1]
+                                           .split("\n\n")[0])}["train-batch"]
+    assert (row["KIND"], row["CHIPS"], row["PODS"]) == ("Job", "16", "1/4")
+    assert report_dict(report)["jobs"][1]["podsReady"] == 1
+    unreadable = dev_snapshot(rayjobs=[ray], workloads=[ray_workload])
+    unreadable.deny("pods", "cannot list Pods in namespace default: 403 Forbidden for u")
+    assert build_report(unreadable).jobs[0].pods_ready is None  # unknown, not 0
+
+
+def test_position_priority_evictions_requeues_and_the_eviction_deadline():
+    first, second, urgent, held = rayjob("first"), rayjob("second"), rayjob("urgent"), rayjob("held")
+    later = workload(second, pending(5), created=100)
+    earlier = workload(first, pending(5), created=300)
+    high = workload(urgent, pending(5), created=10)
+    high["spec"]["priority"], high["spec"]["priorityClassRef"] = 100, {
+        "group": "kueue.x-k8s.io", "kind": "WorkloadPriorityClass", "name": "urgent"}
+    admitted_one = workload(held, admitted(40), flavor="on-demand")
+    admitted_one["status"]["schedulingStats"] = {"evictions": [{"reason": PODS_READY_TIMEOUT, "count": 2},
+                                                              {"reason": "Preempted", "underlyingCause": "",
+                                                               "count": 1}]}
+    admitted_one["status"]["requeueState"] = {"count": 2}
+    kueue_config = {"data": {jobs.KUEUE_CONFIG_KEY: yaml.safe_dump({"waitForPodsReady": {"timeout": "10m0s"}})}}
+    report = build_report(dev_snapshot(rayjobs=[first, second, urgent, held],
+                                       workloads=[later, earlier, high, admitted_one], kueue_config=kueue_config))
+    views = {j.name: j for j in report.jobs}
+    # Kueue's order: priority first, then the queue time (creation here).
+    assert [(views[n].position, views[n].position_source) for n in ("urgent", "first", "second")] == [
+        (0, jobs.POSITION_COMPUTED), (1, jobs.POSITION_COMPUTED), (2, jobs.POSITION_COMPUTED)]
+    assert (views["urgent"].priority, views["urgent"].priority_class) == (100, "urgent")
+    assert views["held"].position is None and views["held"].created == NOW - datetime.timedelta(seconds=590)
+    assert (views["held"].evictions, views["held"].eviction_count, views["held"].requeues) == (
+        ((PODS_READY_TIMEOUT, 2), ("Preempted", 1)), 3, 2)
+    assert views["held"].evict_at == NOW + datetime.timedelta(seconds=600 - 40)
+    assert views["held"].looping_on is None  # on-demand has dws below it
+    text = render_table(report)
+    assert f"Kueue evicts it at {ago(40 - 600)} (in 9m20s) unless all its pods are ready" in text
+    assert f"evicted 3 times (2 {PODS_READY_TIMEOUT}, 1 Preempted), requeued 2 times" in text
+    assert "POSITION ~n: computed from the Workloads shown" in text
+    from_kueue = dev_snapshot(rayjobs=[first], workloads=[earlier], queue_positions={
+        (NAMESPACE, earlier["metadata"]["name"]): 7}, positions_from_kueue=True)
+    assert (build_report(from_kueue).jobs[0].position, build_report(from_kueue).jobs[0].position_source) == (
+        7, jobs.POSITION_FROM_KUEUE)
+
+
+def test_a_job_looping_on_the_last_rung_is_visible():
+    job = rayjob("loop", queue="user-queue-dws")
+    looping = workload(job, evicted(PODS_READY_TIMEOUT, 20, requeued=5), queue="user-queue-dws")
+    looping["status"]["schedulingStats"] = {"evictions": [{"reason": PODS_READY_TIMEOUT, "count": 3}]}
+    view = one_job(job, looping)
+    assert (view.state, view.rung, view.looping_on, view.moves) == (jobs.WAITING_FOR_QUOTA, "dws", "dws", ())
+    assert "looping on the last rung (dws)" in render_table(build_report(dev_snapshot(rayjobs=[job],
+                                                                                      workloads=[looping])))
+
+
+@pytest.mark.parametrize("text, seconds", [("90s", 90), ("5m", 300), ("1h30m0s", 5400), ("1.5h", 5400),
+                                           ("", None), ("5 minutes", None)])
+def test_kueues_durations(text, seconds):
+    assert jobs.go_duration_seconds(text) == seconds
+
+
+def test_kueues_pods_ready_timeout_from_its_configmap():
+    def config_map(configuration) -> dict:
+        return {"data": {jobs.KUEUE_CONFIG_KEY: yaml.safe_dump(configuration)}}
+    assert jobs.kueue_pods_ready_timeout(config_map({"waitForPodsReady": {"timeout": "120s"}})) == 120
+    assert jobs.kueue_pods_ready_timeout(config_map({})) == jobs.KUEUE_DEFAULT_PODS_READY_SECONDS  # Kueue's default
+    assert jobs.kueue_pods_ready_timeout({"data": {jobs.KUEUE_CONFIG_KEY: "{{"}}) is None
+
+
+# ---- a fleet's manager ----------------------------------------------------------------------------------------------
+def multikueue_cluster(name: str, active: bool, reason: str, message: str = "") -> dict:
+    return {"metadata": {"name": name}, "status": {"conditions": [condition("Active", active, reason, 30, message)]}}
+
+
+def test_a_fleet_manager_shows_its_members_and_its_watch():
+    from infra.fleet import WATCH_NAME
+
+    watch = deployment_with(ready=1)
+    watch["metadata"]["name"] = WATCH_NAME
+    base = snapshot(multikueue_clusters=[multikueue_cluster("w2", False, "ClientConnectionFailed", "TLS timeout"),
+                                         multikueue_cluster("w1", True, "Active")],
+                    fleet_watch=watch, fleet_watch_pods=[controller_pod(1)])
+    report = build_report(base)
+    assert [(m.name, m.active) for m in report.fleet.members] == [("w1", True), ("w2", False)]
+    assert (report.fleet.watch.state, report.fleet.watch.name) == (health.HEALTHY, WATCH_NAME)
+    text = render_table(report)
+    assert f"FLEET WATCH {stack_failover.NAMESPACE}/{WATCH_NAME}: healthy, 1/1 ready, 1 restarts" in text
+    rows = {r["NAME"]: r for r in columns(text.split("connected)\n")[1].split("\n\n")[0])}
+    assert (rows["w1"]["CONNECTED"], rows["w2"]["CONNECTED"], rows["w2"]["MESSAGE"]) == ("yes", "NO", "TLS timeout")
+    assert report_dict(report)["fleet"]["members"][1]["reason"] == "ClientConnectionFailed"
+    assert build_report(snapshot()).fleet is None  # not a manager: no section
+    denied = snapshot(fleet_watch=watch)
+    denied.deny("multikueue_clusters", "cannot list MultiKueueClusters (cluster-wide): 403 Forbidden for u")
+    assert report_dict(build_report(denied))["fleet"]["members"] is None

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from failover.decisions import TPU_RESOURCE, Chain
-from infra.kueue import CLUSTER_QUEUE, LOCAL_QUEUE
+from infra.kueue import CLUSTER_QUEUE, DEFAULT_FLAVOR, LOCAL_QUEUE
 from ops.status.objects import conditions, is_true, name_of, namespace_of, quantity
 
 # The variable the controller reads its chain from (failover/__main__.py; set by infra/failover.py).
@@ -217,9 +217,10 @@ def queue_view(cluster_queue: Mapping) -> QueueView:
 
 
 def local_queue_flavors(local_queue: Mapping) -> list[str]:
-    """The TPU flavors of a LocalQueue's ClusterQueue, in its order (status.flavorsReservation lists them all)."""
+    """The rungs of a LocalQueue's ClusterQueue, in its order (status.flavorsReservation lists every flavor): those
+    covering TPUs, less the stack's CPU flavor (it covers TPUs too, with no quota, which a LocalQueue cannot show)."""
     return [f.get("name", "") for f in (local_queue.get("status") or {}).get("flavorsReservation") or []
-            if any(r.get("name") == TPU_RESOURCE for r in f.get("resources") or [])]
+            if f.get("name") != DEFAULT_FLAVOR and any(r.get("name") == TPU_RESOURCE for r in f.get("resources") or [])]
 
 
 def ladder_from_local_queues(local_queues: Sequence[Mapping], unknown: str) -> Ladder:
