@@ -14,7 +14,7 @@ from kubernetes import config
 
 from ops.status.render import render_json, render_table
 from ops.status.report import Report, build_report
-from ops.status.snapshot import ClusterError, ClusterReader
+from ops.status.snapshot import DEFAULT_REQUEST_TIMEOUT, ClusterError, ClusterReader
 
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 DEFAULT_NAMESPACE = "default"
@@ -38,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         help="table (default) or json; with --watch, json prints one document per line")
     parser.add_argument("-w", "--watch", action="store_true", help="redraw every --interval seconds until Ctrl-C")
     parser.add_argument("--interval", type=float, default=2.0, help="seconds between redraws with --watch (2)")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT, metavar="SECONDS",
+                        help=f"seconds one API call may take before the server counts as not answering "
+                             f"({DEFAULT_REQUEST_TIMEOUT:g})")
     return parser
 
 
@@ -89,12 +92,14 @@ def exit_code(report: Report) -> int:
 def run(args: argparse.Namespace, out: TextIO | None = None, err: TextIO | None = None,
         sleep: Callable[[float], None] = time.sleep, reader: ClusterReader | None = None) -> int:
     out, err = out or sys.stdout, err or sys.stderr
-    if args.interval <= 0:
-        err.write("error: --interval must be positive\n")
-        return EXIT_USAGE
+    for flag, value in (("--interval", args.interval), ("--request-timeout", args.request_timeout)):
+        if value <= 0:
+            err.write(f"error: {flag} must be positive\n")
+            return EXIT_USAGE
     try:
         context, own_namespace = context_namespace(args.kubeconfig, args.context)
-        reader = reader or ClusterReader(config.new_client_from_config(config_file=args.kubeconfig, context=context))
+        reader = reader or ClusterReader(config.new_client_from_config(config_file=args.kubeconfig, context=context),
+                                         args.request_timeout)
     except (config.ConfigException, OSError, ValueError) as error:
         err.write(f"error: {error}\n")
         return EXIT_ERROR

@@ -49,6 +49,7 @@ KUEUE_CONFIG_MAP = "kueue-manager-config"
 VISIBILITY_PATH = "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads"
 # A denial names who was denied: `User "system:serviceaccount:ns:name" cannot list resource ...`.
 DENIED_USER = re.compile(r'User "([^"]+)"')
+CONNECTION_PREFIX = re.compile(r"^\w*HTTPS?Connection(Pool)?\([^)]*\): ")
 
 
 class Unreadable(Exception):
@@ -74,9 +75,26 @@ def denial(error: ApiException, what: str) -> str:
     return f"cannot {what}: {error.status} {error.reason}{who}"
 
 
+DEFAULT_REQUEST_TIMEOUT = 30.0  # seconds a call may take before the server counts as not answering
+
+
+def with_request_timeout(api_client: client.ApiClient, seconds: float) -> client.ApiClient:
+    """Every call of this client times out after `seconds`: the client's default is to wait forever, and its discovery
+    takes no timeout argument, so a server that accepts but does not answer (stopped, partitioned) would hang us."""
+    request = api_client.rest_client.request
+    # One retry, not urllib3's three: a server that does not answer is reported within twice the timeout.
+    api_client.rest_client.pool_manager.connection_pool_kw["retries"] = urllib3.Retry(total=1, redirect=False)
+
+    def bounded(*args, **kwargs):
+        kwargs["_request_timeout"] = kwargs.get("_request_timeout") or seconds
+        return request(*args, **kwargs)
+    api_client.rest_client.request = bounded
+    return api_client
+
+
 class ClusterReader:
-    def __init__(self, api_client: client.ApiClient):
-        self.api_client = api_client
+    def __init__(self, api_client: client.ApiClient, request_timeout: float = DEFAULT_REQUEST_TIMEOUT):
+        self.api_client = with_request_timeout(api_client, request_timeout)
         self.server = api_client.configuration.host
         self._api: dynamic.DynamicClient | None = None
 
@@ -93,7 +111,8 @@ class ClusterReader:
                 raise ClusterError(f"cannot reach the API server at {self.server}: {error.reason}") from None
             raise
         except (urllib3.exceptions.HTTPError, OSError) as error:
-            reason = getattr(error, "reason", None) or error
+            reason = str(getattr(error, "reason", None) or error)
+            reason = CONNECTION_PREFIX.sub("", reason)  # urllib3 names the host and port again
             raise ClusterError(f"cannot reach the API server at {self.server}: {reason}") from None
 
     @property
