@@ -99,3 +99,104 @@ def test_a_finished_job_is_finished_not_waiting():
 def test_a_run_where_members_answer_names_the_member_that_does_not():
     finding = assess("w1", {"w1": True}, frozenset({"w2"}))
     assert (finding.state, finding.message()) == (RUNNING, "runs in w1; w2 does not answer (a run there may go on)")
+
+
+# ---- the watch's metrics (failover/metrics.py FleetMetrics), from a pass over fake clusters ----------------------
+
+class _Manager:
+    """The manager's API as the watch calls it: lists, a get and patches of RayJobs; writes recorded."""
+
+    def __init__(self, workloads: list[dict], rayjobs: list[dict]):
+        self.items = {"workloads": workloads, "rayjobs": rayjobs}
+        self.patches: list[tuple[str, dict]] = []
+        self.events: list[str] = []
+
+    def list_cluster_custom_object(self, group, version, plural, **_):
+        return {"items": self.items[plural]}
+
+    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
+        return next(j for j in self.items[plural] if j["metadata"]["name"] == name)
+
+    def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
+        self.patches.append((name, body))
+
+    def create_namespaced_event(self, namespace, event):
+        self.events.append(event.reason)
+
+
+def _fleet_job(name: str, record: str | None) -> tuple[dict, dict]:
+    meta = {"namespace": "tpu-fleet", "uid": f"uid-{name}", "resourceVersion": "1"}
+    workload = {"metadata": {**meta, "name": f"rayjob-{name}", "ownerReferences": [{"kind": "RayJob", "name": name}]},
+                "status": {"clusterName": record} if record else {}}
+    return workload, {"metadata": {**meta, "name": name}, "spec": {}, "status": {}}
+
+
+def _pass(runs: dict[str, set[str]], lost: set[str], jobs: dict[str, str | None]):
+    """One reconcile over a manager with `jobs` (name: Kueue's record) and members: `runs` (member: the jobs it
+    runs) answer, `lost` do not."""
+    from kubernetes import client
+    from prometheus_client import CollectorRegistry
+
+    from failover.fleet import STATES, FleetWatch
+    from failover.metrics import FleetMetrics
+
+    made = [_fleet_job(name, record) for name, record in jobs.items()]
+    manager = _Manager([w for w, _ in made], [j for _, j in made])
+    members = {member: object() for member in runs} | {member: None for member in lost}  # None: no client
+
+    class Watch(FleetWatch):
+        def _member_state(self, api):
+            member = next(name for name, each in members.items() if each is api)
+            return {("tpu-fleet", job) for job in runs[member]}, {}
+
+    metrics = FleetMetrics(STATES, CollectorRegistry())
+    watch = Watch(client.ApiClient(), lambda: members, "tpu-fallback-fleet", metrics=metrics)
+    watch.custom, watch.core = manager, manager
+    return watch.reconcile(), metrics.registry, manager
+
+
+def test_a_pass_sets_the_findings_by_state_the_members_reachable_and_its_duration():
+    findings, registry, manager = _pass({"w1": {"a"}, "w2": {"b", "c"}}, {"w3"},
+                                        {"a": "w1", "b": "w2", "c": "w1", "d": None})
+    assert {key[1]: f.state for key, f in findings.items()} == {
+        "a": RUNNING, "b": RUNNING, "c": RECORD_STALE, "d": MEMBER_LOST}
+    value = registry.get_sample_value
+    assert value("tpu_fallback_fleet_findings", {"state": RUNNING}) == 2
+    assert value("tpu_fallback_fleet_findings", {"state": RECORD_STALE}) == 1
+    assert value("tpu_fallback_fleet_findings", {"state": MEMBER_LOST}) == 1
+    # Every state is exported, zero included: a series that vanished would read as "no data", not as none.
+    assert value("tpu_fallback_fleet_findings", {"state": RUNNING_TWICE}) == 0
+    assert {m: value("tpu_fallback_fleet_member_reachable", {"member": m}) for m in ("w1", "w2", "w3")} == {
+        "w1": 1, "w2": 1, "w3": 0}
+    assert value("tpu_fallback_fleet_pass_duration_seconds_count") == 1
+    assert 0 <= value("tpu_fallback_fleet_pass_duration_seconds_sum") < 5
+    assert [name for name, _ in manager.patches] == ["a", "b"]  # the pass ran whole: Running published at once
+
+
+def test_the_next_pass_replaces_the_last_ones_numbers():
+    from prometheus_client import CollectorRegistry
+
+    from failover.fleet import STATES
+    from failover.metrics import FleetMetrics
+
+    metrics = FleetMetrics(STATES, CollectorRegistry())
+    metrics.record_pass([RUNNING, RUNNING], {"w1": True, "w2": False}, 0.5)
+    metrics.record_pass([RUNNING_TWICE], {"w1": True, "w2": True}, 1.5)
+    value = metrics.registry.get_sample_value
+    assert value("tpu_fallback_fleet_findings", {"state": RUNNING}) == 0
+    assert value("tpu_fallback_fleet_findings", {"state": RUNNING_TWICE}) == 1
+    assert value("tpu_fallback_fleet_member_reachable", {"member": "w2"}) == 1
+    assert value("tpu_fallback_fleet_pass_duration_seconds_count") == 2
+    assert value("tpu_fallback_fleet_pass_duration_seconds_sum") == 2.0
+    assert value("tpu_fallback_fleet_pass_duration_seconds_bucket", {"le": "1.0"}) == 1
+
+
+def test_every_finding_state_is_exported():
+    from failover.fleet import STATES
+
+    found = {assess(*case).state for case in (
+        ("w1", {"w1": True}, frozenset()), (None, {"w1": False}, frozenset()),
+        ("w1", {"w1": False}, frozenset(), None, True), ("w1", {"w2": True}, frozenset()),
+        (None, {"w1": True, "w2": True}, frozenset()), ("w2", {"w1": False}, frozenset({"w2"})),
+        (None, {"w1": False}, frozenset(), {"w1": "no queue"}))}
+    assert found == set(STATES) and len(STATES) == len(found)

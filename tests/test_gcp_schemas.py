@@ -237,6 +237,8 @@ def test_an_unmapped_resource_type_fails():
 def test_enum_values_the_program_sets_are_the_ones_gke_allows():
     _, enums = all_findings()
     assert enums == {
+        "AlertPolicy.combiner": {"OR"},  # the alert policies (infra/monitoring.py): one condition each
+        "AlertPolicy.severity": {"WARNING", "ERROR"},
         "Axis.scale": {"LINEAR"},  # the dashboard (infra/monitoring.py)
         "DataSet.plotType": {"LINE", "STACKED_BAR"},
         "DataSet.targetAxis": {"Y1", "Y2"},

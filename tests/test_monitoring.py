@@ -25,6 +25,7 @@ from tests.k8s_schema import validation_errors
 
 COMPONENT = "tpu-fallback:infra:Monitoring"
 DASHBOARD = "gcp:monitoring/dashboard:Dashboard"
+ALERT_POLICY = "gcp:monitoring/alertPolicy:AlertPolicy"
 POD_MONITORING = "kubernetes:monitoring.googleapis.com/v1:PodMonitoring"
 CLUSTER = "gcp:container/cluster:Cluster"
 OFF = {"monitoring": {"enabled": False}}
@@ -42,6 +43,28 @@ def dashboard_of(plan) -> dict:
 def queries(dashboard: dict) -> list[str]:
     return [d["timeSeriesQuery"]["prometheusQuery"] for tile in dashboard["mosaicLayout"]["tiles"]
             for d in tile["widget"]["xyChart"]["dataSets"]]
+
+
+def policies(plan) -> dict[str, dict]:
+    """Alert policies by their resource name less the component's prefix: {"alert-moves": inputs, ...}."""
+    return {r.name.removeprefix("monitoring-"): r.inputs for r in plan.of_type(ALERT_POLICY)}
+
+
+def condition(policy: dict) -> dict:
+    (only,) = policy["conditions"]
+    return only["conditionPrometheusQueryLanguage"]
+
+
+def alert_queries(plan) -> list[str]:
+    return [condition(policy)["query"] for policy in policies(plan).values()]
+
+
+def _plan(stack: str):
+    """A shipped platform stack's plan, or the fleet's (its members answered by their own plans)."""
+    if stack == "fleet":
+        from tests.test_fleet import cached_fleet_plan
+        return cached_fleet_plan()
+    return plan_for(stack)
 
 
 @pytest.fixture(scope="session")
@@ -67,7 +90,8 @@ def test_every_child_is_the_components_and_kubernetes_ones_use_the_cluster_provi
     children = [r for r in plan.resources if r.parent == component.urn]
     assert {r.name for r in children} == {f"monitoring-{suffix}" for suffix in (
         "reader-account", "reader-token", "reader-role", "reader-binding", "collector-role", "collector-binding",
-        "kueue", "failover", "api", "dashboard")}
+        "kueue", "failover", "api", "dashboard", "alert-waiting-ondemand", "alert-waiting-flexstart", "alert-moves",
+        "alert-failover-controller-down")}
     provider = plan.only("pulumi:providers:kubernetes").urn
     assert all(r.provider_urn == provider for r in children if r.type.startswith("kubernetes:"))
 
@@ -111,7 +135,7 @@ def test_monitoring_off_declares_nothing_and_leaves_the_clusters_monitoring_to_g
 
 @pytest.mark.parametrize("value, message", [
     ({"enabled": "yes"}, "tpu-fallback:monitoring.enabled: must be a boolean; got 'yes'"),
-    ({"dashboard": True}, "tpu-fallback:monitoring.dashboard: unknown field; allowed: enabled"),
+    ({"dashboard": True}, "tpu-fallback:monitoring.dashboard: unknown field; allowed: enabled, alerts"),
 ])
 def test_the_monitoring_key_is_validated(value, message):
     engine = OfflineEngine()
@@ -242,6 +266,250 @@ def test_every_query_reads_this_stacks_cluster_only(stack):
     assert found and all(q.count("{") == q.count(selector) for q in found), found
 
 
+# ---- the alert policies ----------------------------------------------------------------------------------------
+
+def test_a_platform_alerts_on_each_rungs_wait_on_moves_and_on_the_controller_down():
+    plan = plan_for()
+    found = policies(plan)
+    assert set(found) == {"alert-waiting-ondemand", "alert-waiting-flexstart", "alert-moves",
+                          "alert-failover-controller-down"}
+    durations = {name: condition(policy).get("duration") for name, policy in found.items()}
+    assert durations == {"alert-waiting-ondemand": "3600s", "alert-waiting-flexstart": "21600s",
+                         "alert-moves": None, "alert-failover-controller-down": "300s"}
+    for name, policy in found.items():
+        assert policy["notificationChannels"] == [], name  # none by default; the policies exist all the same
+        assert policy["displayName"].startswith("tpu-fallback tpu-cluster (us-east5-b): "), name
+        assert condition(policy)["disableMetricValidation"] is True, name  # declared before any series exists
+        assert policy["documentation"]["mimeType"] == "text/markdown" and policy["documentation"]["content"]
+        assert plan.named("monitoring-api").urn in plan.named(f"monitoring-{name}").dependencies
+    assert {name: policy["severity"] for name, policy in found.items()} == {
+        "alert-waiting-ondemand": "WARNING", "alert-waiting-flexstart": "WARNING", "alert-moves": "WARNING",
+        "alert-failover-controller-down": "ERROR"}
+
+
+def test_each_rungs_wait_alert_reads_its_own_queue_over_its_own_wait():
+    found = policies(plan_for(overrides={"monitoring": {"alerts": {"pendingTooLong": {"onDemand": "30m"}}}}))
+    on_demand, dws = condition(found["alert-waiting-ondemand"]), condition(found["alert-waiting-flexstart"])
+    assert on_demand["duration"] == "1800s" and "[1800s]" in on_demand["query"]
+    assert 'cluster_queue="cluster-queue",' in on_demand["query"] and "cluster-queue-dws" not in on_demand["query"]
+    assert dws["duration"] == "21600s" and 'cluster_queue="cluster-queue-dws"' in dws["query"]  # its default kept
+    # Waiting is pending, or holding quota while the admission check (DWS) waits; and nothing admitted meanwhile.
+    assert dws["query"].count(mon.KUEUE_RESERVING) == 2 and mon.KUEUE_ADMITTED_ACTIVE in dws["query"]
+    assert f"unless on (cluster_queue) (sum by (cluster_queue) (increase({mon.KUEUE_ADMITTED}" in dws["query"]
+
+
+def test_with_teams_a_rungs_wait_alert_covers_every_teams_queue_of_that_rung():
+    found = policies(plan_for("platform-us-east5-b"))  # teams research, prod, interns; four rungs
+    queues = {name: set(re.findall(r'cluster_queue=~"([^"]+)"', condition(policy)["query"]))
+              for name, policy in found.items() if name.startswith("alert-waiting-")}
+    assert queues == {f"alert-waiting-{rung.lower()}": {"|".join(f"{team}cluster-queue{suffix}" for team in (
+        "", "research-", "prod-", "interns-"))} for rung, suffix in (
+        ("reservation", ""), ("onDemand", "-on-demand"), ("spot", "-spot"), ("flexStart", "-dws"))}
+
+
+def test_the_moves_alert_counts_moves_per_rung_over_an_hour_above_the_configured_number():
+    found = policies(plan_for(overrides={"monitoring": {"alerts": {"movesPerHour": 5}}}))
+    query = condition(found["alert-moves"])["query"]
+    assert query.startswith(f"sum by (from_flavor) (increase({mon.MOVES}{{") and query.endswith("[1h])) > 5")
+
+
+def test_the_controller_down_alert_reads_the_scrape_of_its_pod_monitoring():
+    plan = plan_for()
+    query = condition(policies(plan)["alert-failover-controller-down"])["query"]
+    monitor = pod_monitorings(plan)[mon.FAILOVER_NAME]
+    up = (f'up{{cluster="tpu-cluster",location="us-east5-b",namespace="{monitor["metadata"]["namespace"]}",'
+          f'job="{monitor["metadata"]["name"]}"}}')  # GMP's job label is the PodMonitoring's name
+    assert query == f"absent({up}) or max({up}) == 0"
+
+
+def test_a_one_rung_stack_alerts_on_the_wait_only():
+    assert set(policies(plan_for(overrides=ONE_RUNG))) == {"alert-waiting-ondemand"}
+
+
+def test_notification_channels_from_config_reach_every_policy():
+    channels = ["projects/example-project/notificationChannels/123", "projects/987654/notificationChannels/456"]
+    found = policies(plan_for(overrides={"monitoring": {"alerts": {"notificationChannels": channels}}}))
+    assert found and all(policy["notificationChannels"] == channels for policy in found.values())
+
+
+def test_alerts_off_declares_no_policy_and_keeps_the_dashboard():
+    plan = plan_for(overrides={"monitoring": {"alerts": {"enabled": False}}})
+    assert not plan.of_type(ALERT_POLICY) and plan.of_type(DASHBOARD)
+
+
+@pytest.mark.parametrize("stack", [*SHIPPED_STACKS, "fleet"])
+def test_every_alert_policy_validates_against_monitoring_v3(stack):
+    plan = _plan(stack)
+    built = plan.of_type(ALERT_POLICY)
+    assert built
+    for policy in built:
+        assert check_resource(policy.type, policy.name, policy.inputs).problems == [], policy.name
+
+
+@pytest.mark.parametrize("stack", [*SHIPPED_STACKS, "fleet"])
+def test_every_alert_query_reads_this_stacks_cluster_only(stack):
+    plan = _plan(stack)
+    cluster = plan.only(CLUSTER).inputs
+    selector = f'cluster="{cluster["name"]}",location="{cluster["location"]}"'
+    found = alert_queries(plan)
+    assert found and all(q.count("{") == q.count(selector) for q in found), found
+
+
+def _broken_policy(change):
+    built = plan_for().named("monitoring-alert-waiting-flexstart")
+    inputs = copy.deepcopy(built.inputs)
+    change(inputs)
+    return check_resource(built.type, built.name, inputs).problems
+
+
+@pytest.mark.parametrize("change, fragment", [
+    (lambda p: p["conditions"][0]["conditionPrometheusQueryLanguage"].update(duration="6h"),
+     "'6h' is not a google-duration; PrometheusQueryLanguageCondition.duration takes seconds with the suffix s"),
+    (lambda p: p.update(severity="WARN"), "'WARN' is not a value of AlertPolicy.severity; allowed: CRITICAL, ERROR, "
+                                          "WARNING"),
+    (lambda p: p.update(notificationChannels=["alerts@example.com"]),
+     "breaks the rule AlertPolicy.notificationChannels's description states"),
+    (lambda p: p.update(conditions=p["conditions"] * 7), "allowed: 1 to 6 conditions"),
+    (lambda p: p["documentation"].update(mimeType="text/plain"), "allowed: text/markdown"),
+    (lambda p: p["conditions"][0].update(conditionPromQl=p["conditions"][0].pop("conditionPrometheusQueryLanguage")),
+     "Condition has no field 'conditionPromQl'"),
+], ids=["duration-not-seconds", "severity", "channel-not-a-name", "seven-conditions", "mime-type", "misspelled"])
+def test_a_broken_alert_policy_is_rejected_naming_the_field(change, fragment):
+    problems = _broken_policy(change)
+    assert len(problems) == 1 and fragment in problems[0], problems
+    assert problems[0].startswith(f"{ALERT_POLICY} monitoring-alert-waiting-flexstart: ")
+
+
+# (the setting, the problem it must report naming its key)
+BAD_ALERTS = [
+    ({"pendingTooLong": {"onDemand": "90min"}},
+     "tpu-fallback:monitoring.alerts.pendingTooLong.onDemand: '90min' is not a duration"),
+    ({"pendingTooLong": {"default": "1m"}},
+     "tpu-fallback:monitoring.alerts.pendingTooLong.default: 1m is out of range; use 5m to 24h"),
+    ({"pendingTooLong": {"flexStart": "25h"}},
+     "tpu-fallback:monitoring.alerts.pendingTooLong.flexStart: 25h is out of range"),
+    ({"pendingTooLong": {"ondemand": "1h"}},
+     "tpu-fallback:monitoring.alerts.pendingTooLong.ondemand: unknown rung 'ondemand'; use default or one of "
+     "reservation, onDemand, spot, flexStart"),
+    ({"pendingTooLong": {"spot": 3600}},
+     "tpu-fallback:monitoring.alerts.pendingTooLong.spot: must be a duration string such as 90m; got 3600"),
+    ({"pendingTooLong": "1h"}, "tpu-fallback:monitoring.alerts.pendingTooLong: must be a dict; got '1h'"),
+    ({"movesPerHour": -1}, "tpu-fallback:monitoring.alerts.movesPerHour: -1 is out of range"),
+    ({"movesPerHour": 2.5}, "tpu-fallback:monitoring.alerts.movesPerHour: must be a int; got 2.5"),
+    ({"notificationChannels": ["alerts@example.com"]},
+     "tpu-fallback:monitoring.alerts.notificationChannels[0]: 'alerts@example.com' is not a notification channel's "
+     "name, projects/<project>/notificationChannels/<id>"),
+    ({"notificationChannels": ["projects/example-project/notificationChannels/12"] * 2},
+     "tpu-fallback:monitoring.alerts.notificationChannels: a channel is listed twice"),
+    ({"notificationChannels": "projects/example-project/notificationChannels/12"},
+     "tpu-fallback:monitoring.alerts.notificationChannels: must be a list"),
+    ({"enabled": "no"}, "tpu-fallback:monitoring.alerts.enabled: must be a boolean; got 'no'"),
+    ({"channels": []}, "tpu-fallback:monitoring.alerts.channels: unknown field; allowed: enabled, pendingTooLong, "
+                       "movesPerHour, notificationChannels"),
+]
+
+
+@pytest.mark.parametrize("alerts, message", BAD_ALERTS, ids=[
+    "duration-malformed", "duration-too-short", "duration-too-long", "unknown-rung", "duration-not-string",
+    "waits-not-object", "negative-rate", "fractional-rate", "channel-malformed", "channel-twice", "channels-not-list",
+    "enabled-not-boolean", "unknown-field"])
+def test_each_alert_setting_is_validated_naming_its_key_before_anything_is_declared(alerts, message):
+    engine = OfflineEngine()
+    with pytest.raises(SettingsError) as raised:
+        engine.run(config_with({"monitoring": {"alerts": alerts}}))
+    assert any(problem.startswith(message) for problem in raised.value.problems), raised.value.problems
+    assert engine.recorded == []
+
+
+def test_a_rung_that_is_off_may_keep_its_wait():
+    """The default's flexStart entry, or a user's, waits for the rung to be turned on; it is no error."""
+    plan = plan_for(overrides={**ONE_RUNG, "monitoring": {"alerts": {"pendingTooLong": {"flexStart": "2h"}}}})
+    assert set(policies(plan)) == {"alert-waiting-ondemand"}
+
+
+# ---- a fleet's manager (plan C) ------------------------------------------------------------------------------------
+
+FLEET_COMPONENT = "tpu-fallback:infra:FleetMonitoring"
+
+
+def test_the_fleet_manager_runs_managed_prometheus_and_shares_the_platforms_kueue_scrape():
+    plan = _plan("fleet")
+    assert plan.only(CLUSTER).inputs["monitoringConfig"] == {
+        "enableComponents": list(MONITORING_COMPONENTS), "managedPrometheus": {"enabled": True}}
+    component = plan.only(FLEET_COMPONENT)
+    children = {r.name for r in plan.resources if r.parent == component.urn}
+    assert children == {f"monitoring-{suffix}" for suffix in (
+        "reader-account", "reader-token", "reader-role", "reader-binding", "collector-role", "collector-binding",
+        "kueue", "watch", "api", "dashboard", "alert-waiting-fleet", "alert-fleet-watch-down",
+        "alert-member-unreachable")}
+    manifests = {(m["kind"], m["metadata"]["name"]): m for m in plan.kubernetes_manifests()}
+    # The very objects a platform declares, from the same builders.
+    for manifest in (mon.kueue_reader_account(), mon.token_secret(), mon.metrics_reader_role(),
+                     mon.metrics_reader_binding(), mon.collector_token_role(), mon.collector_token_binding(),
+                     mon.kueue_pod_monitoring()):
+        assert manifests[(manifest["kind"], manifest["metadata"]["name"])] == manifest
+    release = next(r for r in plan.helm_releases() if r.inputs["name"] == "kueue").urn
+    assert release in plan.named("monitoring-kueue").dependencies
+    assert plan.outputs["dashboardUrl"] == f"{mon.CONSOLE}/monitoring-dashboard-id?project=example-project"
+
+
+def test_the_fleet_watchs_monitoring_selects_its_pods_and_metrics_port():
+    from infra.fleet import WATCH_NAME
+
+    plan = _plan("fleet")
+    monitor = pod_monitorings(plan)[WATCH_NAME]
+    deployment = next(m for m in plan.kubernetes_manifests()
+                      if m["kind"] == "Deployment" and m["metadata"]["name"] == WATCH_NAME)
+    template = deployment["spec"]["template"]
+    assert monitor["metadata"]["namespace"] == deployment["metadata"]["namespace"]
+    assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
+    (container,) = template["spec"]["containers"]
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    (endpoint,) = monitor["spec"]["endpoints"]
+    assert ports[endpoint["port"]] == METRICS_PORT and endpoint["scheme"] == "http"
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["FLEET_METRICS_PORT"] == str(METRICS_PORT)  # the port the watch serves on (failover/fleet.py main)
+    assert plan.named("fleet-watch").urn in plan.named("monitoring-watch").dependencies
+
+
+def test_every_fleet_pod_monitoring_validates_strictly_against_gmps_crd(podmonitoring_crd):
+    found = pod_monitorings(_plan("fleet"))
+    assert sorted(found) == ["fleet-watch", "kueue-controller-manager"]
+    for name, manifest in found.items():
+        assert validation_errors(manifest, podmonitoring_crd) == [], name
+
+
+def test_the_fleet_dashboard_validates_and_is_named_for_the_fleet():
+    plan = _plan("fleet")
+    built = plan.only(DASHBOARD)
+    assert check_resource(built.type, built.name, built.inputs).problems == []
+    body = dashboard_of(plan)
+    assert body["displayName"] == "tpu-fallback fleet tpu-fleet (us-central1-a)"
+    assert [tile["widget"]["title"].split(" (")[0] for tile in body["mosaicLayout"]["tiles"]] == [
+        "Fleet jobs by finding of the fleet watch's last pass", "Members answering the fleet watch",
+        "Pending workloads per ClusterQueue", "Fleet watch: pass duration"]
+
+
+def test_the_fleet_alerts_on_its_queue_its_watch_and_its_members():
+    found = policies(_plan("fleet"))
+    waiting = condition(found["alert-waiting-fleet"])
+    assert waiting["duration"] == "3600s" and 'cluster_queue="fleet-cluster-queue"' in waiting["query"]
+    assert 'job="fleet-watch"' in condition(found["alert-fleet-watch-down"])["query"]
+    member = condition(found["alert-member-unreachable"])
+    assert member == {"query": f'min by (member) ({mon.FLEET_REACHABLE}{{cluster="tpu-fleet",location="us-central1-a"}})'
+                               " == 0", "duration": "300s", "disableMetricValidation": True}
+
+
+def test_the_fleet_reads_its_monitoring_key_and_off_declares_none():
+    from tests.test_fleet import fleet_plan
+
+    plan = fleet_plan({"monitoring": {"enabled": False}})
+    assert not plan.of_type(FLEET_COMPONENT) and not plan.of_type(DASHBOARD) and not pod_monitorings(plan)
+    assert "monitoringConfig" not in plan.only(CLUSTER).inputs and plan.outputs["dashboardUrl"] is None
+    waits = fleet_plan({"monitoring": {"alerts": {"pendingTooLong": {"default": "3h"}}}})
+    assert condition(policies(waits)["alert-waiting-fleet"])["duration"] == "10800s"
+
+
 # ---- the queried series exist, with the labels grouped by ------------------------------------------------------
 
 SERIES = re.compile(r"\b((?:kueue|tpu_fallback)_\w+)\{")
@@ -261,11 +529,12 @@ def kueue_series() -> dict[str, set[str]]:
 
 
 def controller_series() -> dict[str, set[str]]:
-    """The failover controller's metrics, from its own registry (failover/metrics.py)."""
-    from failover.metrics import Metrics
+    """The failover controller's and the fleet watch's metrics, from their own registries (failover/metrics.py)."""
+    from failover.fleet import STATES
+    from failover.metrics import FleetMetrics, Metrics
 
     found = {}
-    for metric in vars(Metrics()).values():
+    for metric in [*vars(Metrics()).values(), *vars(FleetMetrics(STATES)).values()]:
         if hasattr(metric, "_labelnames"):
             found.update(_samples(metric._name, metric._type, set(metric._labelnames)))
     return found
@@ -309,6 +578,23 @@ def test_every_queried_series_and_label_exists_in_kueue_or_the_controller(known_
     assert {m for q in found for m in SERIES.findall(q)} >= {
         mon.KUEUE_PENDING, mon.MOVES, f"{mon.ADMISSION_WAIT}_bucket", mon.CHECK_OUTCOMES, f"{mon.MOVE_DELAY}_bucket"}
     assert unknown_series(found, known_series) == []
+
+
+@pytest.mark.parametrize("stack", [*SHIPPED_STACKS, "fleet"])
+def test_every_series_and_label_an_alert_queries_exists(stack, known_series):
+    found = alert_queries(_plan(stack))
+    assert unknown_series(found, known_series) == []
+    grouped = {label.strip() for q in found for group in BY.findall(q) for label in group.split(",")}
+    assert grouped and "cluster_queue" in grouped
+
+
+def test_the_alerts_read_kueues_waiting_gauges_and_admissions(known_series):
+    found = {m for q in alert_queries(plan_for()) for m in SERIES.findall(q)}
+    assert found >= {mon.KUEUE_PENDING, mon.KUEUE_RESERVING, mon.KUEUE_ADMITTED_ACTIVE, mon.KUEUE_ADMITTED, mon.MOVES}
+    fleet = {m for q in alert_queries(_plan("fleet")) for m in SERIES.findall(q)}
+    assert mon.FLEET_REACHABLE in fleet and {"member"} <= known_series[mon.FLEET_REACHABLE]
+    # The fleet dashboard's too.
+    assert unknown_series(queries(dashboard_of(_plan("fleet"))), known_series) == []
 
 
 def test_a_misnamed_series_or_label_is_caught(known_series):
