@@ -22,36 +22,8 @@ PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 class _Served:
     registry: CollectorRegistry
 
-
-class FleetMetrics(_Served):
-    """The fleet watch's: set after each pass, so a scrape shows the last pass whole."""
-
-    def __init__(self, states: tuple[str, ...], registry: CollectorRegistry | None = None):
-        self.registry = registry or CollectorRegistry()
-        r = self.registry
-        self.states = states
-        self.findings = Gauge("tpu_fallback_fleet_findings", "Fleet jobs per finding of the last pass.", ["state"],
-                              registry=r)
-        self.member_reachable = Gauge(
-            "tpu_fallback_fleet_member_reachable",
-            "1 when the member answered the last pass (through the kubeconfig MultiKueue uses), else 0.", ["member"],
-            registry=r)
-        self.pass_duration = Histogram("tpu_fallback_fleet_pass_duration_seconds",
-                                       "Seconds one pass over every fleet job and member took.",
-                                       buckets=PASS_BUCKETS, registry=r)
-        self.pass_failures = Counter("tpu_fallback_fleet_pass_failures",
-                                     "Passes that failed (the manager did not answer); retried next period.",
-                                     registry=r)
-
-    def record_pass(self, states: Iterable[str], reachable: Mapping[str, bool], seconds: float) -> None:
-        """One pass: the jobs per state (every known state, 0 included, so a series never goes missing), each
-        member's reachability, and the pass's duration."""
-        counts = collections.Counter(states)
-        for state in self.states:
-            self.findings.labels(state=state).set(counts.get(state, 0))
-        for member, answered in reachable.items():
-            self.member_reachable.labels(member=member).set(1 if answered else 0)
-        self.pass_duration.observe(seconds)
+    def serve(self, port: int) -> None:
+        start_http_server(port, addr="0.0.0.0", registry=self.registry)
 
 
 class Metrics(_Served):

@@ -200,3 +200,23 @@ def test_every_finding_state_is_exported():
         (None, {"w1": True, "w2": True}, frozenset()), ("w2", {"w1": False}, frozenset({"w2"})),
         (None, {"w1": False}, frozenset(), {"w1": "no queue"}))}
     assert found == set(STATES) and len(STATES) == len(found)
+
+
+def test_the_watch_serves_its_metrics_over_http():
+    import socket
+    import urllib.request
+
+    from prometheus_client import CollectorRegistry
+
+    from failover.fleet import STATES
+    from failover.metrics import FleetMetrics
+
+    metrics = FleetMetrics(STATES, CollectorRegistry())
+    metrics.record_pass([RUNNING], {"w1": False}, 0.2)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    metrics.serve(port)
+    body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    assert 'tpu_fallback_fleet_member_reachable{member="w1"} 0.0' in body.splitlines()
+    assert 'tpu_fallback_fleet_findings{state="Running"} 1.0' in body.splitlines()
