@@ -26,6 +26,8 @@ from infra import failover as stack_failover
 from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_TOKEN_SECRET
 from infra.kueue import KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE
+from ops.status import health
+from ops.status.render import render_table
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
 from tests.conftest import REPO, plan_for
@@ -142,6 +144,14 @@ def test_the_first_region_that_provisions_wins_and_the_others_ask_no_more(fleet)
     annotation = wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get(
         "annotations") or {}).get(fleet_watch.FLEET_ANNOTATION), REACTION, "the fleet watch's annotation")
     assert '"runsIn": ["member-asia-northeast1-b"]' in annotation and '"state": "Running"' in annotation
+    # `ops status` on the manager: where the job runs, and each member's connection, without a member kubeconfig.
+    report = build_report(ClusterReader(fleet.manager.api_client).read(FLEET_NAMESPACE, "manager"))
+    (view,) = [j for j in report.jobs if j.name == job]
+    assert (view.fleet.runs_in, view.fleet.record, view.fleet.watch_state) == ((W2,), W2, "Running")
+    assert [(m.name, m.active) for m in report.fleet.members] == sorted([(W1, True), (W2, True)])
+    assert report.fleet.watch.name == "fleet-watch" and report.fleet.watch.state in (health.HEALTHY, health.DEGRADED)
+    text = render_table(report)
+    assert "MEMBERS (Kueue's MultiKueueClusters: 2/2 connected)" in text and f"fleet: runs in {W2}" in text
     fleet.finish(job)
 
 

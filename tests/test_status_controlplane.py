@@ -13,10 +13,12 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from failover import decisions
 from failover.decisions import TPU_RESOURCE, parse_time
 from infra import failover as stack_failover
+from infra import kueue as stack_kueue
 from ops.status import health
 from ops.status import jobs as states
 from ops.status.ladder import FROM_CLUSTER_QUEUES, FROM_CONTROLLER, chain_of_controller
@@ -212,10 +214,13 @@ def test_what_a_user_may_not_read_is_reported_not_fatal(tier):
     report = wait_for(lambda: (r := read(tier, api_client=restricted)) and r.jobs and r, REACTION_TIMEOUT,
                       "the binding in effect")
     assert {j.name: j.state for j in report.jobs}["st-running"] == states.RUNNING
-    assert any(p.startswith("ClusterQueue: 403") for p in report.problems), report.problems
-    assert any(p.startswith(f"Deployment {stack_failover.NAMESPACE}/{stack_failover.NAME}: 403")
-               for p in report.problems), report.problems
-    assert report.controller.state == health.UNKNOWN and report.rungs == ()
+    who = f"system:serviceaccount:{NAMESPACE}:{name}"
+    assert f"cannot list ClusterQueues (cluster-wide): 403 Forbidden for {who}" in report.problems, report.problems
+    assert (f"cannot get Deployment {stack_failover.NAMESPACE}/{stack_failover.NAME}: 403 Forbidden for {who}"
+            in report.problems), report.problems
+    # Neither the ClusterQueues nor the LocalQueues: the ladder is unknown, not empty.
+    assert report.controller.state == health.UNKNOWN and report.rungs == () and report.ladder.source == "unknown"
+    assert not report.complete
 
 
 def test_the_controllers_health_and_a_stack_without_one(tier):
@@ -242,3 +247,139 @@ def test_the_controllers_health_and_a_stack_without_one(tier):
     assert report.controller.state == health.NOT_DEPLOYED and report.ladder.source == FROM_CLUSTER_QUEUES
     assert [(s.rung.flavor, s.rung.entry_queue, s.rung.local_queue) for s in report.rungs] == rungs_with_controller
     assert report.controller.latest_move.job == walked.name  # the Events outlive the controller
+
+
+# ---- truth under denial and failure (issue: ops status never mistakes a denial for absence) -------------------------
+def ops_status(*argv: str, timeout: float = 90) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ops", "status", *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def namespace_viewer(tier: FailoverTier, name: str = "team-viewer") -> str:
+    """A team member's usual rights: the built-in `view` role in the jobs' namespace only (the Kueue chart's viewer
+    roles aggregate into it), as a kubeconfig path."""
+    kube = tier.kube
+    kube.create({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": name, "namespace": NAMESPACE}})
+    kube.create({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+                 "metadata": {"name": name, "namespace": NAMESPACE},
+                 "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+                 "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]})
+    return str(tier.plane.kubeconfig_for_service_account(NAMESPACE, name))
+
+
+def test_a_namespace_only_identity_is_told_what_it_cannot_read(tier):
+    kubeconfig = namespace_viewer(tier)
+    who = f"system:serviceaccount:{NAMESPACE}:team-viewer"
+    admin = read(tier)
+
+    def allowed():
+        run = ops_status("--kubeconfig", kubeconfig, "-o", "json")
+        data = json.loads(run.stdout) if run.stdout else {}
+        return (run, data) if data.get("jobs") else None
+    run, data = wait_for(allowed, REACTION_TIMEOUT, "the view binding in effect")
+    assert run.returncode == 3 and "Traceback" not in run.stderr, run.stderr  # partial: a script can tell
+    assert data["complete"] is False and data["clusterQueues"] is None
+    assert data["readable"]["cluster_queues"] is False and data["readable"]["workloads"] is True
+    assert f"cannot list ClusterQueues (cluster-wide): 403 Forbidden for {who}" in data["problems"]
+    # The rungs are still known (from the LocalQueues' status), in the chain's order; their quota is not.
+    assert [r["flavor"] for r in data["rungs"]] == [s.rung.flavor for s in admin.rungs]
+    assert all(r["quota"] is None for r in data["rungs"]) and data["quotaKnown"] is False
+    # Every job keeps its state and rung; the one waiting for a DWS slice is still waiting for a slice.
+    restricted = {j["name"]: (j["state"], j["rung"]) for j in data["jobs"]}
+    assert restricted == {j.name: (j.state, j.rung) for j in admin.jobs}
+    assert restricted["st-dws-wait"][0] == states.WAITING_FOR_SLICE
+    assert data["failoverController"]["state"] == health.UNKNOWN
+
+    run = ops_status("--kubeconfig", kubeconfig)
+    assert run.returncode == 3
+    assert f"  quota unknown: cannot list ClusterQueues (cluster-wide): 403 Forbidden for {who}" in run.stdout
+    assert "no ClusterQueue with TPU quota" not in run.stdout and "CLUSTERQUEUES unknown" in run.stdout
+    assert "rungs from the LocalQueues shown" in run.stdout
+
+    # A namespace it may not read: unknown, never "no jobs".
+    run = ops_status("--kubeconfig", kubeconfig, "-n", OTHER_NAMESPACE, "-o", "json")
+    data = json.loads(run.stdout)
+    assert run.returncode == 3 and data["jobs"] is None and data["readable"]["workloads"] is False
+    assert (f"cannot list Workloads in namespace {OTHER_NAMESPACE}: 403 Forbidden for {who}" in data["problems"])
+    run = ops_status("--kubeconfig", kubeconfig, "-n", OTHER_NAMESPACE)
+    assert f"JOBS (namespace {OTHER_NAMESPACE}) unknown" in run.stdout and "no jobs" not in run.stdout
+
+
+def one_error_line(run: subprocess.CompletedProcess) -> str:
+    assert run.returncode == 1 and run.stdout == "" and run.stderr.count("\n") == 1, (run.stdout, run.stderr)
+    assert "Traceback" not in run.stderr
+    return run.stderr
+
+
+def test_a_server_that_is_down_frozen_or_rejects_the_token_and_a_bad_kubeconfig(tier, tmp_path):
+    from tests.controlplane.processes import free_port
+
+    admin = yaml.safe_load(tier.plane.kubeconfig.read_text())
+
+    def kubeconfig_with(name: str, server: str | None = None, token: str | None = None) -> str:
+        changed = json.loads(json.dumps(admin))
+        if server:
+            changed["clusters"][0]["cluster"]["server"] = server
+        if token:
+            changed["users"][0]["user"] = {"token": token}
+        path = tmp_path / name
+        path.write_text(yaml.safe_dump(changed))
+        return str(path)
+
+    # A stopped API server: nothing listens on its port.
+    down = f"https://127.0.0.1:{free_port()}"
+    error = one_error_line(ops_status("--kubeconfig", kubeconfig_with("down", server=down)))
+    assert error.startswith(f"error: cannot reach the API server at {down}: ") and "Connection refused" in error
+    # A rejected token: the first call, and again once the client's discovery cache exists for that server.
+    for _ in range(2):
+        error = one_error_line(ops_status("--kubeconfig", kubeconfig_with("bad-token", token="not-a-token")))
+        assert error == f"error: the API server at {tier.plane.server} rejected the credentials: 401 Unauthorized\n"
+    # A kubeconfig that is not YAML.
+    broken = tmp_path / "broken"
+    broken.write_text("clusters: [{name: tier")
+    error = one_error_line(ops_status("--kubeconfig", str(broken)))
+    assert error.startswith(f"error: kubeconfig {broken} is not YAML: ")
+    # A job that does not exist: kubectl's NotFound, exit 1; the JSON names it.
+    run = ops_status("--kubeconfig", str(tier.plane.kubeconfig), "no-such-job", "-o", "json")
+    assert run.returncode == 1 and run.stderr == f'Error from server (NotFound): no job "no-such-job" in namespace {NAMESPACE}\n'
+    assert json.loads(run.stdout)["notFound"] == ["no-such-job"] and json.loads(run.stdout)["jobs"] == []
+    # A server that accepts and never answers (frozen: SIGSTOP): one line after the request timeout, not a hang.
+    tier.plane.freeze()
+    try:
+        error = one_error_line(ops_status("--kubeconfig", str(tier.plane.kubeconfig), "--request-timeout", "2",
+                                          timeout=60))
+    finally:
+        tier.plane.thaw()
+    assert error.startswith(f"error: cannot reach the API server at {tier.plane.server}: ") and "timed out" in error
+
+
+def test_a_batch_job_in_a_ladder_queue_is_shown_with_its_chips_and_state(tier):
+    """Kueue admits more than RayJobs: a batch Job in a LocalQueue of the ladder is a job like any other."""
+    kube, namespace, name = tier.kube, "batch-team", "train-batch"
+    kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    kube.create({"apiVersion": stack_kueue.KUEUE_API_VERSION, "kind": "LocalQueue",
+                 "metadata": {"name": stack_kueue.LOCAL_QUEUE, "namespace": namespace},
+                 "spec": {"clusterQueue": stack_kueue.CLUSTER_QUEUE}})
+    hosts, chips_per_host = 4, 4
+    # Suspended, as Kueue's Job webhook would make it (the tier installs only Kueue's and Ray's webhooks).
+    kube.create({"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": name, "namespace": namespace, "labels": {jobs.QUEUE_LABEL: stack_kueue.LOCAL_QUEUE}},
+        "spec": {"suspend": True, "parallelism": hosts, "completions": hosts, "template": {"spec": {
+            "restartPolicy": "Never", "containers": [{"name": "train", "image": "python:3.11", "resources": {
+                "requests": {TPU_RESOURCE: str(chips_per_host), "cpu": "1"},
+                "limits": {TPU_RESOURCE: str(chips_per_host)}}}]}}}})
+    workload = wait_for(lambda: next((w for w in tier.kube.list(stack_kueue.KUEUE_API_VERSION, "Workload", namespace)
+                                      if (w.get("status") or {}).get("conditions")), None),
+                        REACTION_TIMEOUT, "Kueue's Workload for the Job")
+    run = ops_status("--kubeconfig", str(tier.plane.kubeconfig), "-n", namespace, "-o", "json")
+    assert run.returncode == 0, run.stderr
+    (job,) = json.loads(run.stdout)["jobs"]
+    reserved = any(c["type"] == "QuotaReserved" and c["status"] == "True" for c in workload["status"]["conditions"])
+    assert (job["kind"], job["name"], job["workload"]) == ("Job", name, workload["metadata"]["name"])
+    assert (job["chips"], job["hosts"], job["podsNeeded"], job["podsReady"]) == (hosts * chips_per_host, hosts,
+                                                                                 hosts, 0)
+    assert job["state"] == (states.ADMITTED if reserved else states.WAITING_FOR_QUOTA)
+    if not reserved:  # every rung is taken by the scenario's jobs: it waits, first in its ClusterQueue's line
+        assert job["position"] == {"inClusterQueue": 0, "source": "computed"}
+    run = ops_status("--kubeconfig", str(tier.plane.kubeconfig), "-n", namespace, name)
+    assert run.returncode == 0 and name in run.stdout and " Job " in run.stdout
