@@ -642,7 +642,7 @@ def _read_notification_channels(reader: ConfigReader, channels: list) -> tuple[s
     for index, channel in enumerate(channels):
         reader.check(f"{name}[{index}]", isinstance(channel, str) and bool(_NOTIFICATION_CHANNEL.match(channel)),
                      f"{channel!r} is not a notification channel's name, "
-                     "projects/<project>/notificationChannels/<id> (gcloud alpha monitoring channels list)")
+                     "projects/<project>/notificationChannels/<id> (gcloud beta monitoring channels list)")
     reader.check(name, len(set(map(str, channels))) == len(channels), "a channel is listed twice")
     return tuple(channels)
 
