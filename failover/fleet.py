@@ -21,6 +21,7 @@ waits for it to stop and cannot see it (`eviction_stuck`, Event `FleetEvictionUn
 from __future__ import annotations
 
 import base64
+import dataclasses
 import datetime
 import json
 import logging
@@ -35,7 +36,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from failover.controller import rayjob_event
-from failover.decisions import MULTIKUEUE_ORIGIN_LABEL, format_time
+from failover.decisions import MULTIKUEUE_ORIGIN_LABEL, WorkloadView, format_time
 from failover.metrics import FleetMetrics
 
 log = logging.getLogger("tpu-fallback.fleet")
@@ -66,6 +67,7 @@ class Finding:
     record: str | None  # the manager Workload's status.clusterName
     unreachable: tuple[str, ...] = ()
     blocked: tuple[tuple[str, str], ...] = ()  # (member, Kueue's reason there) where its copy is inadmissible
+    rungs: tuple[tuple[str, str], ...] = ()  # (member, the flavor its copy holds quota on) where it runs
 
     def message(self) -> str:
         where = " and ".join(self.runs_in)
@@ -92,17 +94,27 @@ class Finding:
                 "again after workerLostTimeout")
 
     def annotation(self, since: str) -> str:
-        return json.dumps({"state": self.state, "runsIn": list(self.runs_in), "kueueRecord": self.record,
-                           "unreachable": list(self.unreachable), "blocked": dict(self.blocked), "since": since},
-                          sort_keys=True)
+        found = {"state": self.state, "runsIn": list(self.runs_in), "kueueRecord": self.record,
+                 "unreachable": list(self.unreachable), "blocked": dict(self.blocked), "since": since}
+        if self.rungs:  # only where it runs: an annotation without it reads as before
+            found["rungs"] = dict(self.rungs)
+        return json.dumps(found, sort_keys=True)
 
 
 def assess(record: str | None, running: Mapping[str, bool], unreachable: frozenset[str],
-           blocked: Mapping[str, str] | None = None, finished: bool = False) -> Finding:
+           blocked: Mapping[str, str] | None = None, finished: bool = False,
+           flavors: Mapping[str, str] | None = None) -> Finding:
     """The finding for one job: `running` says, per reachable member, whether it has the job's RayJob; `blocked`,
-    the members whose copy Kueue finds inadmissible, and why."""
+    the members whose copy Kueue finds inadmissible, and why; `flavors`, the rung its copy holds in each member."""
     runs_in = tuple(sorted(member for member, has in running.items() if has))
     lost = tuple(sorted(unreachable))
+    finding = _assess(record, runs_in, lost, blocked, finished)
+    rungs = tuple((member, (flavors or {})[member]) for member in finding.runs_in if member in (flavors or {}))
+    return dataclasses.replace(finding, rungs=rungs) if rungs else finding
+
+
+def _assess(record: str | None, runs_in: tuple[str, ...], lost: tuple[str, ...], blocked: Mapping[str, str] | None,
+            finished: bool) -> Finding:
     if finished:
         return Finding(FINISHED, (), record, lost)
     if not runs_in and blocked:
@@ -112,7 +124,7 @@ def assess(record: str | None, running: Mapping[str, bool], unreachable: frozens
     if runs_in and runs_in != (record,):
         # Elsewhere than recorded, or with no record at all: measured both after a member's return (README "Plan C").
         return Finding(RECORD_STALE, runs_in, record, lost)
-    if record is not None and record in unreachable:
+    if record is not None and record in lost:
         return Finding(MEMBER_LOST, runs_in, record, lost)
     if runs_in:
         return Finding(RUNNING, runs_in, record, lost)
@@ -163,33 +175,39 @@ class FleetWatch:
         # the RayJob in one reconcile, and a pass between the two must not cry RecordStale.
         self.seen: dict[tuple[str, str], Finding] = {}
 
-    def _member_state(self, api: client.ApiClient) -> tuple[set[tuple[str, str]], dict[tuple[str, str], str]]:
-        """This manager's RayJobs in a member, and its Workload copies there that Kueue finds inadmissible (a
-        missing fleet LocalQueue, say), with Kueue's message; copies share the manager Workload's name."""
+    def _member_state(self, api: client.ApiClient) -> tuple[set[tuple[str, str]], dict[tuple[str, str], str],
+                                                            dict[tuple[str, str], str]]:
+        """This manager's RayJobs in a member, its Workload copies there that Kueue finds inadmissible (a missing
+        fleet LocalQueue, say) with Kueue's message, and the TPU flavor (the member's rung) each admitted copy holds;
+        copies share the manager Workload's name."""
         custom, selector = client.CustomObjectsApi(api), f"{MULTIKUEUE_ORIGIN_LABEL}={self.origin}"
         jobs = custom.list_cluster_custom_object(*RAY, "rayjobs", label_selector=selector,
                                                  _request_timeout=REQUEST_TIMEOUT_SECONDS)["items"]
         copies = custom.list_cluster_custom_object(*KUEUE, "workloads", label_selector=selector,
                                                    _request_timeout=REQUEST_TIMEOUT_SECONDS)["items"]
-        inadmissible = {}
+        inadmissible, flavors = {}, {}
         for copy in copies:
+            flavor = WorkloadView.from_object(copy).flavor  # while it holds quota there
+            if flavor:
+                flavors[(copy["metadata"]["namespace"], copy["metadata"]["name"])] = flavor
             reserved = next((c for c in (copy.get("status") or {}).get("conditions") or []
                              if c["type"] == "QuotaReserved"), {})
             if reserved.get("status") == "False" and reserved.get("reason") == INADMISSIBLE:
                 inadmissible[(copy["metadata"]["namespace"], copy["metadata"]["name"])] = reserved.get("message", "")
-        return {(job["metadata"]["namespace"], job["metadata"]["name"]) for job in jobs}, inadmissible
+        return {(job["metadata"]["namespace"], job["metadata"]["name"]) for job in jobs}, inadmissible, flavors
 
     def reconcile(self) -> dict[tuple[str, str], Finding]:  # noqa: C901 - one pass, read top to bottom
         """One pass over every fleet job: the findings by (namespace, RayJob)."""
         started = time.monotonic()
         reachable: dict[str, set[tuple[str, str]]] = {}
         refused: dict[str, dict[tuple[str, str], str]] = {}
+        rungs: dict[str, dict[tuple[str, str], str]] = {}
         unreachable: set[str] = set()
         for name, api in self.members().items():
             try:
                 if api is None:
                     raise ConnectionError("no client")
-                reachable[name], refused[name] = self._member_state(api)
+                reachable[name], refused[name], rungs[name] = self._member_state(api)
             except Exception as error:  # noqa: BLE001 - any failure to answer is "unreachable" for this pass
                 log.warning("member %s unreachable: %s", name, str(error).splitlines()[0][:200])
                 unreachable.add(name)
@@ -214,7 +232,8 @@ class FleetWatch:
                            for c in (workload.get("status") or {}).get("conditions") or [])
             finding = assess(record, {member: key in jobs for member, jobs in reachable.items()},
                              frozenset(unreachable),
-                             {member: why[copy] for member, why in refused.items() if copy in why}, finished)
+                             {member: why[copy] for member, why in refused.items() if copy in why}, finished,
+                             {member: held[copy] for member, held in rungs.items() if copy in held})
             findings[key] = finding
             noted = FLEET_ANNOTATION in (rayjobs.get(key, {}).get("metadata", {}).get("annotations") or {})
             if finding.state in (WAITING, FINISHED) and not noted:

@@ -26,6 +26,7 @@ from infra import failover as stack_failover
 from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_TOKEN_SECRET
 from infra.kueue import KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE
+from infra.rungs import FLEX_START
 from ops.status import health
 from ops.status.render import render_table
 from ops.status.report import build_report
@@ -39,6 +40,7 @@ from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.processes import Process
 from tests.controlplane.stack import creation_order as deploy_steps, destroy, release_values
 
+DWS_FLAVOR = FLEX_START.flavor  # the members' fleet queue starts at DWS (the default start rung)
 pytestmark = pytest.mark.controlplane
 
 
@@ -148,6 +150,7 @@ def test_the_first_region_that_provisions_wins_and_the_others_ask_no_more(fleet)
     report = build_report(ClusterReader(fleet.manager.api_client).read(FLEET_NAMESPACE, "manager"))
     (view,) = [j for j in report.jobs if j.name == job]
     assert (view.fleet.runs_in, view.fleet.record, view.fleet.watch_state) == ((W2,), W2, "Running")
+    assert view.fleet.rungs == ((W2, DWS_FLAVOR),)  # the member's rung: its copy's flavor there
     assert [(m.name, m.active) for m in report.fleet.members] == sorted([(W1, True), (W2, True)])
     assert report.fleet.watch.name == "fleet-watch" and report.fleet.watch.state in (health.HEALTHY, health.DEGRADED)
     text = render_table(report)
@@ -314,7 +317,8 @@ def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visibl
         *jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get("annotations") or {}).get(
         fleet_watch.FLEET_ANNOTATION, "")) and a, REACTION, "the watch's RecordStale")
     assert json.loads(annotation) | {"since": None} == {"state": "RecordStale", "runsIn": [W2], "kueueRecord": record,
-                                                        "unreachable": [], "blocked": {}, "since": None}
+                                                        "unreachable": [], "blocked": {}, "since": None,
+                                                        "rungs": {W2: DWS_FLAVOR}}
     events = [e for e in fleet.manager.list("v1", "Event", namespace=FLEET_NAMESPACE)
               if e["involvedObject"]["name"] == job and e["source"].get("component") == fleet_watch.COMPONENT]
     stale = [e for e in events if e["reason"] == "FleetRecordStale"]

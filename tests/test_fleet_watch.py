@@ -147,7 +147,7 @@ def _pass(runs: dict[str, set[str]], lost: set[str], jobs: dict[str, str | None]
     class Watch(FleetWatch):
         def _member_state(self, api):
             member = next(name for name, each in members.items() if each is api)
-            return {("tpu-fleet", job) for job in runs[member]}, {}
+            return {("tpu-fleet", job) for job in runs[member]}, {}, {}
 
     metrics = FleetMetrics(STATES, CollectorRegistry())
     watch = Watch(client.ApiClient(), lambda: members, "tpu-fallback-fleet", metrics=metrics)
@@ -220,3 +220,19 @@ def test_the_watch_serves_its_metrics_over_http():
     body = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
     assert 'tpu_fallback_fleet_member_reachable{member="w1"} 0.0' in body.splitlines()
     assert 'tpu_fallback_fleet_findings{state="Running"} 1.0' in body.splitlines()
+
+
+def test_the_rung_a_fleet_job_holds_in_the_member_where_it_runs():
+    """The copy's flavor in the member that runs it goes with the finding, its annotation and `ops status`."""
+    from failover.fleet import RUNNING, assess
+    from ops.status.jobs import fleet_of
+
+    finding = assess("w1", {"w1": True, "w2": False}, frozenset(), flavors={"w1": "on-demand", "w2": "dws"})
+    assert (finding.state, finding.rungs) == (RUNNING, (("w1", "on-demand"),))  # only where it runs
+    annotation = json.loads(finding.annotation("2026-12-01T00:00:00Z"))
+    assert annotation["rungs"] == {"w1": "on-demand"}
+    rayjob = {"metadata": {"name": "j", "namespace": "tpu-fleet", "annotations": {
+        "tpu-fallback/fleet": finding.annotation("2026-12-01T00:00:00Z")}}}
+    placement = fleet_of(rayjob, {"status": {"clusterName": "w1"}})
+    assert placement.words() == "runs in w1 (on-demand)"
+    assert "rungs" not in json.loads(assess("w1", {"w1": False}, frozenset()).annotation("x"))  # as before

@@ -154,11 +154,13 @@ class FleetPlacement:
     since: datetime.datetime | None
     blocked: tuple[tuple[str, str], ...] = ()  # (member, Kueue's reason) where it cannot be admitted
     unreachable: tuple[str, ...] = ()  # members the watch could not reach
+    rungs: tuple[tuple[str, str], ...] = ()  # (member, its rung there) where it runs
 
     def words(self) -> str:
         if self.watch_state is None:
             return f"admitted in {self.record} (Kueue's record; the fleet watch has not seen it yet)"
-        where = " and ".join(self.runs_in) or "nowhere reachable"
+        rung = dict(self.rungs)
+        where = " and ".join(f"{m} ({rung[m]})" if m in rung else m for m in self.runs_in) or "nowhere reachable"
         if self.watch_state == "RecordStale":
             recorded = f"says {self.record}" if self.record else "names no member"
             return f"runs in {where}; Kueue's record {recorded} (it cannot record it: Kueue 0.19.2)"
@@ -189,7 +191,8 @@ def fleet_of(rayjob: Mapping, workload: Mapping | None) -> FleetPlacement | None
         return None
     return FleetPlacement(record or watched.get("kueueRecord"), tuple(watched.get("runsIn") or ()),
                           watched.get("state"), parse_time(watched.get("since")),
-                          tuple(sorted((watched.get("blocked") or {}).items())), tuple(watched.get("unreachable") or ()))
+                          tuple(sorted((watched.get("blocked") or {}).items())), tuple(watched.get("unreachable") or ()),
+                          tuple(sorted((watched.get("rungs") or {}).items())))
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,8 @@ def job_dict(job: JobView, now: datetime.datetime) -> dict:
             "words": request.words, "since": time_or_none(request.since), "message": request.message},
         "admissionChecks": dict(job.checks),
         "fleet": None if job.fleet is None else {
-            "kueueRecord": job.fleet.record, "runsIn": list(job.fleet.runs_in), "state": job.fleet.watch_state,
+            "kueueRecord": job.fleet.record, "runsIn": list(job.fleet.runs_in), "rungs": dict(job.fleet.rungs),
+            "state": job.fleet.watch_state,
             "since": time_or_none(job.fleet.since), "words": job.fleet.words()},
         "kind": job.kind,
         "chips": job.size.chips if job.size else None, "hosts": job.size.hosts if job.size else None,
