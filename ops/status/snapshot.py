@@ -162,12 +162,11 @@ class ClusterReader:
         not served or not readable here (the report then computes positions and says so)."""
         path = VISIBILITY_PATH.format(namespace=namespace, name=local_queue)
         try:
-            response = self._call(lambda: self.api_client.call_api(
-                path, "GET", response_type="object", auth_settings=["BearerToken"], _return_http_data_only=True))
-        except ApiException:
+            response = self._call(lambda: self.api.request("GET", path)).to_dict()
+        except ApiException:  # 404: not served (the feature gate off, or no aggregated API); 403: not allowed
             return None
         return {(item.get("metadata") or {}).get("name", ""): int(item.get("positionInClusterQueue", 0))
-                for item in (response or {}).get("items") or []}
+                for item in response.get("items") or []}
 
     # ---- the snapshot -----------------------------------------------------------------------------------------
     def read(self, namespace: str | None, context: str | None = None,
