@@ -8,6 +8,7 @@ in its state; every expectation below is read back from the tier or from the sce
 
 from __future__ import annotations
 
+import datetime
 import json
 import subprocess
 import sys
@@ -23,15 +24,16 @@ from ops.status import health
 from ops.status import jobs as states
 from ops.status.ladder import FROM_CLUSTER_QUEUES, FROM_CONTROLLER, chain_of_controller
 from ops.status.report import Report, build_report
-from ops.status.snapshot import ClusterReader
+from ops.status.snapshot import KUEUE_CONFIG_MAP, ClusterReader
 from tests.conftest import REPO
 from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.failover_tier import FailoverTier
 from tests.controlplane.kube import wait_for
 from tests.controlplane.stack import release_values
-from tests.controlplane.status_states import (NAMESPACE, OTHER_NAMESPACE, REACTION_TIMEOUT, create_every_state,
-                                              ladder_plan, play_a_healthy_controller)
+from tests.controlplane.chart import CONFIG_KEY
+from tests.controlplane.status_states import (NAMESPACE, OTHER_NAMESPACE, PODS_READY_TIMEOUT_SECONDS, REACTION_TIMEOUT,
+                                              create_every_state, ladder_plan, play_a_healthy_controller)
 
 pytestmark = pytest.mark.controlplane
 
@@ -50,6 +52,7 @@ def tier(request):
     plan = ladder_plan()
     tier = FailoverTier(ControlPlane(release_values(plan)), plan).start()
     try:
+        install_kueue_config_map(tier)
         tier.placed = create_every_state(tier)
     except BaseException:
         tier.plane.stop(keep_workdir=True)
@@ -59,6 +62,17 @@ def tier(request):
     tier.plane.stop(keep_workdir=failed)
     if failed:
         print(f"\nstatus tier logs kept in {tier.plane.supervisor.logs}")
+
+
+def install_kueue_config_map(tier: FailoverTier) -> None:
+    """The chart's manager ConfigMap, as the release installs it (the tier's Kueue reads the same configuration
+    from a file): where `status` reads the pods-ready timeout."""
+    (config_map,) = [c for c in tier.plane.chart.of_kind("ConfigMap") if CONFIG_KEY in (c.get("data") or {})]
+    assert config_map["metadata"]["name"] == KUEUE_CONFIG_MAP  # the name status reads is the chart's
+    namespace = config_map["metadata"]["namespace"] = stack_kueue.NAMESPACE
+    if tier.kube.get("v1", "Namespace", namespace) is None:
+        tier.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    tier.kube.create(config_map)
 
 
 def read(tier: FailoverTier, namespace: str | None = NAMESPACE, api_client=None) -> Report:
@@ -383,3 +397,15 @@ def test_a_batch_job_in_a_ladder_queue_is_shown_with_its_chips_and_state(tier):
         assert job["position"] == {"inClusterQueue": 0, "source": "computed"}
     run = ops_status("--kubeconfig", str(tier.plane.kubeconfig), "-n", namespace, name)
     assert run.returncode == 0 and name in run.stdout and " Job " in run.stdout
+
+
+def test_admitted_waiting_for_pods_says_when_kueue_evicts_it(tier):
+    """Admission + waitForPodsReady's timeout, read from Kueue's ConfigMap as the chart installs it."""
+    report = read(tier)
+    (admitted,) = [j for j in report.jobs if j.name == "st-admitted"]
+    workload = jobs.workload_of(tier.kube, NAMESPACE, "st-admitted")
+    admitted_at = parse_time(next(c for c in workload["status"]["conditions"] if c["type"] == "Admitted")[
+        "lastTransitionTime"])
+    assert admitted.evict_at == admitted_at + datetime.timedelta(seconds=PODS_READY_TIMEOUT_SECONDS)
+    assert [j.name for j in report.jobs if j.evict_at is not None] == sorted(
+        j.name for j in report.jobs if j.state == states.ADMITTED)

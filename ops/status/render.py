@@ -33,6 +33,10 @@ def duration(seconds: float) -> str:
     return f"{days}d{hours}h" if hours else f"{days}d"
 
 
+def times(count: int) -> str:
+    return f"{count} time" + ("" if count == 1 else "s")
+
+
 def time_or_none(moment: datetime.datetime | None) -> str | None:
     return format_time(moment) if moment else None
 
@@ -255,8 +259,8 @@ def why_lines(report: Report) -> list[str]:
             parts.append(f"Kueue evicts it at {format_time(job.evict_at)} (in {left}) unless all its pods are ready")
         if job.evictions or job.requeues:
             counted = ", ".join(f"{count} {reason}" for reason, count in job.evictions)
-            parts.append(f"evicted {job.eviction_count} times" + (f" ({counted})" if counted else "")
-                         + f", requeued {job.requeues} times since its last admission")
+            parts.append(f"evicted {times(job.eviction_count)}" + (f" ({counted})" if counted else "")
+                         + f", requeued {times(job.requeues)} since its last admission")
         if parts:
             name = f"{job.namespace}/{job.name}" if report.namespace is None else job.name
             lines += [name] + [f"  {part}" for part in parts]
