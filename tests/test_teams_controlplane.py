@@ -1,6 +1,7 @@
 """Three teams on one real kube-apiserver 1.36 + Kueue 0.19.2, with the stack's Cohorts and per-team chains and the
 failover controller (its ServiceAccount's rights). The tests play KubeRay (a preempted RayJob's Suspended status)
-and GKE (stockout events, a provisioned DWS request).
+and GKE (stockout events, a provisioned DWS request). What a team's Google group may do is asked of the real RBAC
+authorizer (SubjectAccessReviews), on the Kueue chart's ClusterRoles aggregated into `edit` as on GKE.
 
 Capacity (the dev platform with 3 on-demand and 2 DWS slices): A and B one on-demand slice each, C none; B may
 borrow at most one slice per rung. PodsReady timeout 10m, so no job is evicted for its pods while a scenario runs;
@@ -9,6 +10,7 @@ the stockout scenario uses the controller's early path (4 s grace).
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -123,11 +125,86 @@ def play_kuberay_suspended(tier: FailoverTier, team: dict, name: str) -> None:
 
 def test_the_team_objects_are_accepted_by_the_real_server(tier):
     for m in tier.plan.kubernetes_manifests():
-        if m["kind"] in ("Cohort", "ClusterQueue", "LocalQueue", "RoleBinding", "Namespace"):
+        if m["kind"] in ("Cohort", "ClusterQueue", "LocalQueue", "RoleBinding", "ClusterRole", "Namespace"):
             assert tier.kube.get(m["apiVersion"], m["kind"], m["metadata"]["name"],
                                  m["metadata"].get("namespace")), (m["kind"], m["metadata"]["name"])
     cohort = tier.kube.get("kueue.x-k8s.io/v1beta2", "Cohort", "team-b")
     assert cohort["spec"]["parentName"] == "tpu-fallback"
+
+
+# What a team member's kubectl does against the real RBAC authorizer, asked as SubjectAccessReviews for a user of
+# TEAM_A's Google group (GKE Google Groups for RBAC: the group's email arrives as a group of the request).
+MEMBER = {"user": "alice@example.com", "groups": [TEAM_A["groups"][0], "system:authenticated"]}
+RAYJOB_VERBS = ("create", "update", "patch", "delete", "get", "list", "watch")
+READ_VERBS = ("get", "list", "watch")
+# (API group, resource, subresource, verbs) a member needs in the team's namespace.
+NEEDED = [("ray.io", "rayjobs", "", RAYJOB_VERBS), ("kueue.x-k8s.io", "workloads", "", READ_VERBS),
+          ("", "events", "", READ_VERBS), ("", "pods", "", READ_VERBS), ("", "pods", "log", ("get",)),
+          ("kueue.x-k8s.io", "localqueues", "", READ_VERBS)]
+# (namespace or None for cluster scope, API group, resource, verb) a member must not have.
+FORBIDDEN = [(TEAM_B["namespace"], "ray.io", "rayjobs", verb) for verb in RAYJOB_VERBS] + [
+    (TEAM_C["namespace"], "ray.io", "rayjobs", "create"),
+    (None, "kueue.x-k8s.io", "clusterqueues", "create"), (None, "kueue.x-k8s.io", "clusterqueues", "update"),
+    (TEAM_A["namespace"], "", "resourcequotas", "update"),
+    (TEAM_A["namespace"], "kueue.x-k8s.io", "localqueues", "update"),
+    (TEAM_A["namespace"], "rbac.authorization.k8s.io", "rolebindings", "create")]
+
+
+def allowed(tier: FailoverTier, namespace: str | None, group: str, resource: str, verb: str,
+            subresource: str = "") -> bool:
+    attributes = {"group": group, "resource": resource, "verb": verb}
+    if namespace:
+        attributes["namespace"] = namespace
+    if subresource:
+        attributes["subresource"] = subresource
+    review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "metadata": {},
+              "spec": {**MEMBER, "resourceAttributes": attributes}}
+    return tier.kube.create(review)["status"].get("allowed", False)
+
+
+def answers_once_in_effect(tier: FailoverTier, wanted: bool, checks: dict[str, tuple]) -> dict[str, bool]:
+    """Each check's SubjectAccessReview answer, once the team's `edit` binding is in effect (the authorizer reads
+    RoleBindings and aggregated roles from its informers) and, for `wanted`, until all agree or 10 s pass."""
+    wait_for(lambda: allowed(tier, TEAM_A["namespace"], "", "pods", "create"), REACTION_TIMEOUT, "edit in effect")
+    answers: dict[str, bool] = {}
+
+    def agreed() -> bool:
+        answers.update({key: allowed(tier, *check) for key, check in checks.items()})
+        return all(value == wanted for value in answers.values())
+
+    with contextlib.suppress(TimeoutError):
+        wait_for(agreed, 10 if wanted else 0.5, "the answers", interval=0.5)
+    return answers
+
+
+def test_edit_alone_lets_a_team_read_rayjobs_but_not_submit_them(tier):
+    """Why the platform binds its own RayJob role: on the chart's ClusterRoles, aggregated as on GKE, `edit` reads
+    RayJobs and Workloads (Kueue's viewer roles) and can create none (Kueue's editor roles are not aggregated,
+    KubeRay's chart is not installed by the stack and aggregates nothing)."""
+    def rules() -> list[dict]:
+        return (tier.kube.get("rbac.authorization.k8s.io/v1", "ClusterRole", "edit") or {}).get("rules") or []
+
+    def verbs_on(resource: str) -> set[str]:
+        return {verb for rule in rules() if resource in rule.get("resources", []) for verb in rule.get("verbs", [])}
+
+    wait_for(lambda: "list" in verbs_on("rayjobs"), REACTION_TIMEOUT, "Kueue's viewer roles aggregated into edit")
+    assert verbs_on("rayjobs") == {"get", "list", "watch"}
+    assert verbs_on("workloads") == {"get", "list", "watch"}
+    assert "create" in verbs_on("pods")  # the rest of `edit` is there too
+
+
+def test_a_teams_groups_may_submit_and_follow_rayjobs_in_their_namespace(tier):
+    checks = {f"{verb} {resource}{'/' + sub if sub else ''}": (TEAM_A["namespace"], group, resource, verb, sub)
+              for group, resource, sub, verbs in NEEDED for verb in verbs}
+    answers = answers_once_in_effect(tier, True, checks)
+    assert answers == {key: True for key in checks}, answers
+
+
+def test_a_teams_groups_may_not_touch_other_teams_jobs_queues_quota_or_access(tier):
+    checks = {f"{verb} {resource} in {namespace or 'the cluster'}": (namespace, group, resource, verb)
+              for namespace, group, resource, verb in FORBIDDEN}
+    answers = answers_once_in_effect(tier, False, checks)
+    assert answers == {key: False for key in checks}, answers
 
 
 def test_a_local_queue_pointing_at_another_teams_queue_admits_nothing(clean):
