@@ -329,7 +329,8 @@ def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visibl
     assert [e["type"] for e in events if e["reason"] == fleet_watch.EVICTION_UNBLOCKED] == ["Warning"]
     report = build_report(ClusterReader(fleet.manager.api_client).read(FLEET_NAMESPACE, "manager"))
     (view,) = [j for j in report.jobs if j.name == job]
-    assert view.fleet.words().startswith(f"runs in {W2}; Kueue's record ")
+    assert view.fleet.words().startswith(f"runs in {W2} ({DWS_FLAVOR}); Kueue's record ")
+    assert view.looping_on is None  # one re-dispatch after a partition is no loop
     fleet.finish(job)
 
 

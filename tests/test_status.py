@@ -885,6 +885,9 @@ def test_a_job_looping_on_the_last_rung_is_visible():
     looping["status"]["schedulingStats"] = {"evictions": [{"reason": PODS_READY_TIMEOUT, "count": 3}]}
     view = one_job(job, looping)
     assert (view.state, view.rung, view.looping_on, view.moves) == (jobs.WAITING_FOR_QUOTA, "dws", "dws", ())
+    once = copy.deepcopy(looping)
+    once["status"]["schedulingStats"] = {"evictions": [{"reason": PODS_READY_TIMEOUT, "count": 1}]}
+    assert one_job(job, once).looping_on is None  # one stockout is no loop
     assert "looping on the last rung (dws)" in render_table(build_report(dev_snapshot(rayjobs=[job],
                                                                                       workloads=[looping])))
 

@@ -67,6 +67,10 @@ RAYJOB_KIND = "RayJob"
 POSITION_FROM_KUEUE, POSITION_COMPUTED = "kueue", "computed"
 # Evictions that mean the rung had no capacity for the job (the reasons the failover controller moves on).
 CAPACITY_EVICTIONS = frozenset({PODS_READY_TIMEOUT, "AdmissionCheck"})
+# A job loops on its last rung when it failed there this often (its capacity failures beyond its moves): one failure
+# is a stockout like any other (or, on a fleet's manager, one re-dispatch after a partition); two mean it keeps
+# coming back to a rung it cannot leave.
+LOOP_EVICTIONS = 2
 
 
 @dataclass(frozen=True)

@@ -145,7 +145,7 @@ def job_view(owner: Mapping, workload: Mapping | None, snapshot: Snapshot, ladde
     evictions = job_states.evictions_of(workload)
     last = ladder.rungs[-1].flavor if ladder.rungs else None
     looping = (last if last is not None and rung == last and state.state != job_states.FINISHED
-               and job_states.capacity_failures(evictions) > len(moves) else None)
+               and job_states.capacity_failures(evictions) - len(moves) >= job_states.LOOP_EVICTIONS else None)
     key = (namespace, name_of(workload))
     return JobView(namespace, name_of(owner), name_of(workload) or None, local_queue, cluster_queue, rung, active,
                    state.state, state.words, state.since, state.detail, moves, in_progress, request,
