@@ -927,6 +927,7 @@ def test_a_fleet_manager_shows_its_members_and_its_watch():
     rows = {r["NAME"]: r for r in columns(text.split("connected)\n")[1].split("\n\n")[0])}
     assert (rows["w1"]["CONNECTED"], rows["w2"]["CONNECTED"], rows["w2"]["MESSAGE"]) == ("yes", "NO", "TLS timeout")
     assert report_dict(report)["fleet"]["members"][1]["reason"] == "ClientConnectionFailed"
+    assert report.controller.words == "not deployed (a fleet's manager has none: see FLEET WATCH)"
     assert build_report(snapshot()).fleet is None  # not a manager: no section
     denied = snapshot(fleet_watch=watch)
     denied.deny("multikueue_clusters", "cannot list MultiKueueClusters (cluster-wide): 403 Forbidden for u")

@@ -254,8 +254,11 @@ def build_report(snapshot: Snapshot, only: Sequence[str] = ()) -> Report:
     shown = tuple(v for v in views if not only or v.name in only)
     jobs_known = snapshot.readable("workloads") or snapshot.readable("rayjobs")
     missing = tuple(name for name in only if jobs_known and name not in {v.name for v in views})
+    fleet = fleet_view(snapshot)
+    absent = ("not deployed (a fleet's manager has none: see FLEET WATCH)" if fleet is not None
+              else "not deployed (a one-rung ladder has none)")
     return Report(snapshot.now, snapshot.context, snapshot.namespace, ladder, rung_statuses(ladder, views), shown,
                   controller_view(snapshot.controller, snapshot.controller_pods, snapshot.move_events,
-                                  snapshot.controller_readable), tuple(snapshot.problems),
-                  jobs_known=jobs_known, missing=missing, fleet=fleet_view(snapshot),
+                                  snapshot.controller_readable, absent=absent), tuple(snapshot.problems),
+                  jobs_known=jobs_known, missing=missing, fleet=fleet,
                   readable={what: snapshot.readable(what) for what in READS}, server=snapshot.server)
