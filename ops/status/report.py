@@ -179,9 +179,8 @@ def rung_statuses(ladder: Ladder, views: Sequence[JobView]) -> tuple[RungStatus,
 def owner_stub(workload: Mapping) -> dict:
     """A job Kueue admits that is not a RayJob: its kind and name from the Workload's owner reference."""
     owner = job_states.controller_owner(workload)
-    group = {"kueue.x-k8s.io/pod-group-name": labels(workload).get(job_states.POD_GROUP_LABEL)}
-    name = group["kueue.x-k8s.io/pod-group-name"] if owner.get("kind") == "Pod" and group[
-        "kueue.x-k8s.io/pod-group-name"] else owner.get("name") or name_of(workload)
+    pod_group = labels(workload).get(job_states.POD_GROUP_LABEL)  # a pod group's Workload has one owner per Pod
+    name = pod_group if owner.get("kind") == "Pod" and pod_group else owner.get("name") or name_of(workload)
     return {"apiVersion": owner.get("apiVersion", ""), "kind": owner.get("kind") or "Workload",
             "metadata": {"name": name, "namespace": namespace_of(workload), "uid": owner.get("uid"),
                          "labels": {QUEUE_LABEL: (workload.get("spec") or {}).get("queueName", "")}}}
