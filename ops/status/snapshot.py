@@ -60,6 +60,12 @@ class ClusterError(Exception):
     """The cluster cannot be read at all: it does not answer, or it rejects the credentials."""
 
 
+def as_json(_client, data: dict) -> dict:
+    """The dynamic client's serializer that keeps the API's JSON as it is: its default wraps every nested field in
+    an object and `to_dict()` unwraps them again, which took most of a call's 4-5 s with 1,000 jobs (measured)."""
+    return data
+
+
 def plural(kind: str) -> str:
     return kind + ("es" if kind.endswith("s") else "s")
 
@@ -141,17 +147,17 @@ class ClusterReader:
             "in all namespaces" if resource.namespaced else "(cluster-wide)")
         try:
             found = self._call(lambda: self.api.get(resource, namespace=namespace if resource.namespaced else None,
-                                                    **selectors))
+                                                    serializer=as_json, **selectors))
         except ApiException as error:
             raise Unreadable(denial(error, f"list {plural(kind[1])} {where}")) from None
-        return found.to_dict().get("items") or []
+        return found.get("items") or []
 
     def get(self, kind: tuple[str, str], name: str, namespace: str) -> dict | None:
         resource = self._resource(kind)
         if resource is None:
             return None
         try:
-            return self._call(lambda: self.api.get(resource, name=name, namespace=namespace)).to_dict()
+            return self._call(lambda: self.api.get(resource, name=name, namespace=namespace, serializer=as_json))
         except ApiException as error:
             if error.status == 404:
                 return None
@@ -162,7 +168,7 @@ class ClusterReader:
         not served or not readable here (the report then computes positions and says so)."""
         path = VISIBILITY_PATH.format(namespace=namespace, name=local_queue)
         try:
-            response = self._call(lambda: self.api.request("GET", path)).to_dict()
+            response = self._call(lambda: self.api.request("GET", path, serializer=as_json))
         except ApiException:  # 404: not served (the feature gate off, or no aggregated API); 403: not allowed
             return None
         return {(item.get("metadata") or {}).get("name", ""): int(item.get("positionInClusterQueue", 0))
