@@ -932,3 +932,18 @@ def test_a_fleet_manager_shows_its_members_and_its_watch():
     denied = snapshot(fleet_watch=watch)
     denied.deny("multikueue_clusters", "cannot list MultiKueueClusters (cluster-wide): 403 Forbidden for u")
     assert report_dict(build_report(denied))["fleet"]["members"] is None
+
+
+def test_a_client_read_again_gets_one_timeout_wrapper_not_one_more_each_time():
+    """A --watch, or a test polling the tier, builds a reader per read over one client: one wrapper, the newest
+    timeout (a wrapper per read would nest without end)."""
+    from kubernetes import client
+
+    from ops.status.snapshot import ClusterReader
+
+    api_client = client.ApiClient()
+    ClusterReader(api_client, 5)
+    wrapped = api_client.rest_client.request
+    for _ in range(3):
+        ClusterReader(api_client, 7)
+    assert api_client.rest_client.request is wrapped and api_client.rest_client.status_request_timeout == 7

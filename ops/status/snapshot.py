@@ -87,14 +87,18 @@ DEFAULT_REQUEST_TIMEOUT = 30.0  # seconds a call may take before the server coun
 def with_request_timeout(api_client: client.ApiClient, seconds: float) -> client.ApiClient:
     """Every call of this client times out after `seconds`: the client's default is to wait forever, and its discovery
     takes no timeout argument, so a server that accepts but does not answer (stopped, partitioned) would hang us."""
-    request = api_client.rest_client.request
+    rest = api_client.rest_client
     # One retry, not urllib3's three: a server that does not answer is reported within twice the timeout.
-    api_client.rest_client.pool_manager.connection_pool_kw["retries"] = urllib3.Retry(total=1, redirect=False)
+    rest.pool_manager.connection_pool_kw["retries"] = urllib3.Retry(total=1, redirect=False)
+    already = getattr(rest, "status_request_timeout", None) is not None
+    rest.status_request_timeout = seconds  # a client read again (a --watch, a test's poll) is wrapped once
+    if not already:
+        request = rest.request
 
-    def bounded(*args, **kwargs):
-        kwargs["_request_timeout"] = kwargs.get("_request_timeout") or seconds
-        return request(*args, **kwargs)
-    api_client.rest_client.request = bounded
+        def bounded(*args, **kwargs):
+            kwargs["_request_timeout"] = kwargs.get("_request_timeout") or rest.status_request_timeout
+            return request(*args, **kwargs)
+        rest.request = bounded
     return api_client
 
 
