@@ -26,6 +26,10 @@ CHART_NAME = "kueue"
 # Another release name makes the controller crash-loop (kubernetes-sigs/kueue#6797).
 RELEASE_NAME = "kueue"
 NAMESPACE = "kueue-system"
+# The chart's manager ConfigMap (`<fullname>-manager-config`) and its key: the configuration Kueue runs with.
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/charts/kueue/templates/manager/manager-config.yaml
+MANAGER_CONFIG_MAP = f"{RELEASE_NAME}-manager-config"
+MANAGER_CONFIG_KEY = "controller_manager_config.yaml"
 # Beta and on since 0.18; set so older allowed charts behave the same. Never ProvisioningACC: removed in 0.15,
 # the manager exits on an unknown gate.
 FEATURE_GATES = ({"name": "ElasticJobsViaWorkloadSlices", "enabled": True},)

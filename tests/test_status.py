@@ -856,7 +856,7 @@ def test_position_priority_evictions_requeues_and_the_eviction_deadline():
                                                               {"reason": "Preempted", "underlyingCause": "",
                                                                "count": 1}]}
     admitted_one["status"]["requeueState"] = {"count": 2}
-    kueue_config = {"data": {jobs.KUEUE_CONFIG_KEY: yaml.safe_dump({"waitForPodsReady": {"timeout": "10m0s"}})}}
+    kueue_config = {"data": {stack_kueue.MANAGER_CONFIG_KEY: yaml.safe_dump({"waitForPodsReady": {"timeout": "10m0s"}})}}
     report = build_report(dev_snapshot(rayjobs=[first, second, urgent, held],
                                        workloads=[later, earlier, high, admitted_one], kueue_config=kueue_config))
     views = {j.name: j for j in report.jobs}
@@ -900,10 +900,10 @@ def test_kueues_durations(text, seconds):
 
 def test_kueues_pods_ready_timeout_from_its_configmap():
     def config_map(configuration) -> dict:
-        return {"data": {jobs.KUEUE_CONFIG_KEY: yaml.safe_dump(configuration)}}
+        return {"data": {stack_kueue.MANAGER_CONFIG_KEY: yaml.safe_dump(configuration)}}
     assert jobs.kueue_pods_ready_timeout(config_map({"waitForPodsReady": {"timeout": "120s"}})) == 120
     assert jobs.kueue_pods_ready_timeout(config_map({})) == jobs.KUEUE_DEFAULT_PODS_READY_SECONDS  # Kueue's default
-    assert jobs.kueue_pods_ready_timeout({"data": {jobs.KUEUE_CONFIG_KEY: "{{"}}) is None
+    assert jobs.kueue_pods_ready_timeout({"data": {stack_kueue.MANAGER_CONFIG_KEY: "{{"}}) is None
 
 
 # ---- a fleet's manager ----------------------------------------------------------------------------------------------

@@ -26,14 +26,13 @@ from ops.status import cli, health
 from ops.status import jobs as states
 from ops.status.ladder import FROM_CLUSTER_QUEUES, FROM_CONTROLLER, chain_of_controller
 from ops.status.report import Report, build_report
-from ops.status.snapshot import KUEUE_CONFIG_MAP, ClusterReader
+from ops.status.snapshot import ClusterReader
 from tests.conftest import REPO
 from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.failover_tier import FailoverTier
 from tests.controlplane.kube import wait_for
 from tests.controlplane.stack import release_values
-from tests.controlplane.chart import CONFIG_KEY
 from tests.controlplane.status_states import (NAMESPACE, OTHER_NAMESPACE, PODS_READY_TIMEOUT_SECONDS, REACTION_TIMEOUT,
                                               create_every_state, ladder_plan, play_a_healthy_controller)
 
@@ -69,8 +68,8 @@ def tier(request):
 def install_kueue_config_map(tier: FailoverTier) -> None:
     """The chart's manager ConfigMap, as the release installs it (the tier's Kueue reads the same configuration
     from a file): where `status` reads the pods-ready timeout."""
-    (config_map,) = [c for c in tier.plane.chart.of_kind("ConfigMap") if CONFIG_KEY in (c.get("data") or {})]
-    assert config_map["metadata"]["name"] == KUEUE_CONFIG_MAP  # the name status reads is the chart's
+    (config_map,) = [c for c in tier.plane.chart.of_kind("ConfigMap") if stack_kueue.MANAGER_CONFIG_KEY in (c.get("data") or {})]
+    assert config_map["metadata"]["name"] == stack_kueue.MANAGER_CONFIG_MAP  # the name status reads is the chart's
     namespace = config_map["metadata"]["namespace"] = stack_kueue.NAMESPACE
     if tier.kube.get("v1", "Namespace", namespace) is None:
         tier.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})

@@ -19,7 +19,7 @@ import yaml
 from failover import decisions
 from failover.decisions import (FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
 from failover.fleet import FLEET_ANNOTATION
-from infra.kueue import PROVISIONING_CLASS
+from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
                                 namespace_of, owned_by, quantity)
 
@@ -462,7 +462,6 @@ def ready_pods(pods: Sequence[Mapping]) -> int:
 # Kueue v1beta2 turns waitForPodsReady on, with this timeout when its configuration sets none (no block, or no
 # timeout in it). Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/config/v1beta2/defaults.go (L48, L99-108)
 KUEUE_DEFAULT_PODS_READY_SECONDS = 30 * 60
-KUEUE_CONFIG_KEY = "controller_manager_config.yaml"  # the chart's ConfigMap key (tests/controlplane/chart.py reads it)
 _GO_DURATION = re.compile(r"(\d+(?:\.\d+)?)(h|ms|m|s)")
 _GO_UNITS = {"h": 3600, "m": 60, "s": 1, "ms": 0.001}
 
@@ -478,7 +477,7 @@ def go_duration_seconds(text: str) -> int | None:
 def kueue_pods_ready_timeout(config_map: Mapping) -> int | None:
     """The waitForPodsReady timeout in Kueue's manager ConfigMap; None when the configuration cannot be read."""
     try:
-        configuration = yaml.safe_load(((config_map.get("data") or {}).get(KUEUE_CONFIG_KEY)) or "")
+        configuration = yaml.safe_load(((config_map.get("data") or {}).get(MANAGER_CONFIG_KEY)) or "")
     except yaml.YAMLError:
         return None
     if not isinstance(configuration, dict):

@@ -24,8 +24,9 @@ from failover.controller import EVENT_REASON
 from infra.failover import NAME as CONTROLLER_NAME
 from infra.failover import NAMESPACE as CONTROLLER_NAMESPACE
 from infra.fleet import WATCH_NAME as FLEET_WATCH
-from infra.kueue import KUEUE_API_VERSION
+from infra.kueue import KUEUE_API_VERSION, MANAGER_CONFIG_MAP
 from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
+from ops.status.objects import conditions, is_true, namespace_of
 from ops.status.report import Snapshot
 
 CLUSTER_QUEUE = (KUEUE_API_VERSION, "ClusterQueue")
@@ -41,9 +42,6 @@ DEPLOYMENT = ("apps/v1", "Deployment")
 POD = ("v1", "Pod")
 EVENT = ("v1", "Event")
 CONFIG_MAP = ("v1", "ConfigMap")
-# The chart's manager ConfigMap (name `<fullname>-manager-config`, key controller_manager_config.yaml): where
-# waitForPodsReady's timeout lives. Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/charts/kueue/templates/manager/manager-config.yaml
-KUEUE_CONFIG_MAP = "kueue-manager-config"
 # Kueue's on-demand visibility API: each pending Workload's position in its ClusterQueue (needs the feature gate
 # VisibilityOnDemand and Kueue's aggregated API server). Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/visibility/v1beta2/types.go
 VISIBILITY_PATH = "/apis/visibility.kueue.x-k8s.io/v1beta2/namespaces/{namespace}/localqueues/{name}/pendingworkloads"
@@ -215,7 +213,7 @@ class ClusterReader:
         if snapshot.fleet_watch is not None:
             snapshot.fleet_watch_pods = listed("fleet_watch_pods", POD, CONTROLLER_NAMESPACE,
                                                label_selector=selector_of(snapshot.fleet_watch))
-        snapshot.kueue_config = self._get_into(snapshot, "kueue_config", CONFIG_MAP, KUEUE_CONFIG_MAP, KUEUE_NAMESPACE)
+        snapshot.kueue_config = self._get_into(snapshot, "kueue_config", CONFIG_MAP, MANAGER_CONFIG_MAP, KUEUE_NAMESPACE)
         self._positions(snapshot)
         return snapshot
 
@@ -229,8 +227,8 @@ class ClusterReader:
 
     def _positions(self, snapshot: Snapshot) -> None:
         """Kueue's own queue positions for the LocalQueues that have pending Workloads, where it serves them."""
-        queues = sorted({((w.get("metadata") or {}).get("namespace", ""), (w.get("spec") or {}).get("queueName", ""))
-                         for w in snapshot.workloads if not _holds_quota(w)})
+        queues = sorted({(namespace_of(w), (w.get("spec") or {}).get("queueName", ""))
+                         for w in snapshot.workloads if not is_true(conditions(w).get("QuotaReserved"))})
         for namespace, queue in queues:
             if not queue:
                 continue
@@ -239,11 +237,6 @@ class ClusterReader:
                 return  # not served: the report computes them all
             snapshot.queue_positions.update({(namespace, name): p for name, p in positions.items()})
         snapshot.positions_from_kueue = bool(queues)
-
-
-def _holds_quota(workload: dict) -> bool:
-    return any(c.get("type") == "QuotaReserved" and c.get("status") == "True"
-               for c in (workload.get("status") or {}).get("conditions") or [])
 
 
 def selector_of(deployment: dict) -> str:

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import yaml
 
-from infra.kueue import NAMESPACE, RELEASE_NAME
+from infra.kueue import MANAGER_CONFIG_KEY, NAMESPACE, RELEASE_NAME
 from tests.controlplane import build
 
-CONFIG_KEY = "controller_manager_config.yaml"
+CONFIG_KEY = MANAGER_CONFIG_KEY  # the chart's ConfigMap key
 MANAGER_CONTAINER = "manager"
 # The webhooks that judge our objects. The chart also registers webhooks on Pods, Jobs, Deployments…; no
 # such objects are created here, and no kubelet exists to run them.
