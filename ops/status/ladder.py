@@ -226,13 +226,13 @@ def local_queue_flavors(local_queue: Mapping) -> list[str]:
 def ladder_from_local_queues(local_queues: Sequence[Mapping], unknown: str) -> Ladder:
     """The rungs as a namespace sees them: flavors in the order of the LocalQueue that lists the most, each rung's
     queues those whose first flavor it is. Quota, checks and ClusterQueues stay unknown."""
-    lists = sorted((local_queue_flavors(lq) for lq in sorted(local_queues, key=name_of)), key=lambda f: -len(f))
+    listed = {id(lq): local_queue_flavors(lq) for lq in local_queues}
     flavors: list[str] = []
-    for listed in lists:
-        flavors += [f for f in listed if f not in flavors]
+    for rungs_of_one in sorted((listed[id(lq)] for lq in sorted(local_queues, key=name_of)), key=lambda f: -len(f)):
+        flavors += [f for f in rungs_of_one if f not in flavors]
     rungs = []
     for index, flavor in enumerate(flavors):
-        starting = sorted((lq for lq in local_queues if (local_queue_flavors(lq) or [None])[0] == flavor),
+        starting = sorted((lq for lq in local_queues if (listed[id(lq)] or [None])[0] == flavor),
                           key=lambda lq: (name_of(lq) != conventional_queues(index, flavor)[1], name_of(lq)))
         entry = starting[0] if starting else None
         rungs.append(RungView(index, flavor, None, ((entry or {}).get("spec") or {}).get("clusterQueue"),

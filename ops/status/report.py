@@ -109,29 +109,46 @@ def start_rung(ladder: Ladder, cluster_queue: str | None, local_queue: str | Non
     return rung or next((r for r in ladder.rungs if local_queue and r.local_queue == local_queue), None)
 
 
-def pods_ready_timeout(snapshot: Snapshot) -> int | None:
-    return kueue_pods_ready_timeout(snapshot.kueue_config) if snapshot.kueue_config is not None else None
+@dataclass(frozen=True)
+class Shared:
+    """What every job's view reads, worked out once per report rather than once per job."""
+
+    ladder: Ladder
+    targets: Mapping[tuple[str, str], str]  # (namespace, LocalQueue) -> ClusterQueue
+    positions: Mapping[tuple[str, str], int]  # (namespace, Workload) -> its place among the pending
+    position_source: str
+    pods: job_states.PodIndex
+    pods_ready_timeout: int | None  # Kueue's waitForPodsReady timeout (None: its ConfigMap unread)
+    slice_checks: frozenset[str]  # the checks that wait for a ProvisioningRequest, when those cannot be read
+
+    @classmethod
+    def of(cls, snapshot: Snapshot, ladder: Ladder) -> Shared:
+        targets = local_queue_targets(snapshot.local_queues)
+        if snapshot.positions_from_kueue:
+            positions, source = snapshot.queue_positions, job_states.POSITION_FROM_KUEUE
+        else:
+            positions, source = computed_positions(snapshot, targets), job_states.POSITION_COMPUTED
+        timeout = kueue_pods_ready_timeout(snapshot.kueue_config) if snapshot.kueue_config is not None else None
+        checks = frozenset() if snapshot.readable("provisioning_requests") else provisioning_checks(snapshot)
+        return cls(ladder, targets, positions, source, job_states.PodIndex(snapshot.pods), timeout, checks)
 
 
-def job_view(owner: Mapping, workload: Mapping | None, snapshot: Snapshot, ladder: Ladder,
-             targets: Mapping[tuple[str, str], str], positions: Mapping[tuple[str, str], int],
-             position_source: str | None) -> JobView:
+def job_view(owner: Mapping, workload: Mapping | None, snapshot: Snapshot, shared: Shared) -> JobView:
     """One job: `owner` is the RayJob (or, for other kinds, the Workload's owner reference as a stub object)."""
+    ladder = shared.ladder
     kind = owner.get("kind") or job_states.RAYJOB_KIND
     is_rayjob = kind == job_states.RAYJOB_KIND
-    requests_known = snapshot.readable("provisioning_requests")
     request = request_view(request_of(workload, snapshot.provisioning_requests))
     moves, in_progress = moves_of(owner) if is_rayjob else ((), None)
     if workload is None and is_rayjob and not snapshot.readable("workloads"):
         state = job_states.State(job_states.UNKNOWN, "unknown", None, snapshot.unreadable["workloads"])
     else:
-        slice_checks = () if requests_known else provisioning_checks(snapshot)
-        state = job_state(owner, workload, request, in_progress, moves[-1] if moves else None, slice_checks,
-                          None if requests_known else snapshot.unreadable["provisioning_requests"])
+        state = job_state(owner, workload, request, in_progress, moves[-1] if moves else None, shared.slice_checks,
+                          snapshot.unreadable.get("provisioning_requests"))
     namespace = namespace_of(owner)
     local_queue = ((workload or {}).get("spec") or {}).get("queueName") or labels(owner).get(QUEUE_LABEL)
     admission = ((workload or {}).get("status") or {}).get("admission") or {}
-    cluster_queue = admission.get("clusterQueue") or targets.get((namespace, local_queue or ""))
+    cluster_queue = admission.get("clusterQueue") or shared.targets.get((namespace, local_queue or ""))
     start = start_rung(ladder, cluster_queue, local_queue)
     if cluster_queue is None and start is not None:
         cluster_queue = start.entry_queue
@@ -139,7 +156,7 @@ def job_view(owner: Mapping, workload: Mapping | None, snapshot: Snapshot, ladde
             else current_rung(workload, state.state, start.flavor if start else None))
     active = ((workload or {}).get("spec") or {}).get("active", True) is not False
     size = job_states.size_of(workload)
-    pods_ready = (job_states.ready_pods(job_states.pods_of(kind, name_of(owner), namespace, snapshot.pods, owner))
+    pods_ready = (job_states.ready_pods(job_states.pods_of(kind, name_of(owner), namespace, shared.pods, owner))
                   if snapshot.readable("pods") and size is not None else None)
     priority, priority_class = job_states.priority_of(workload)
     evictions = job_states.evictions_of(workload)
@@ -152,9 +169,10 @@ def job_view(owner: Mapping, workload: Mapping | None, snapshot: Snapshot, ladde
                    job_states.check_states(workload), fleet_of(owner, workload), kind=kind, size=size,
                    pods_ready=pods_ready, priority=priority, priority_class=priority_class,
                    created=created_at(workload) or created_at(owner),
-                   position=positions.get(key), position_source=position_source if key in positions else None,
+                   position=shared.positions.get(key),
+                   position_source=shared.position_source if key in shared.positions else None,
                    evictions=evictions, requeues=job_states.requeues_of(workload),
-                   evict_at=job_states.evict_deadline(workload, state.state, pods_ready_timeout(snapshot)),
+                   evict_at=job_states.evict_deadline(workload, state.state, shared.pods_ready_timeout),
                    looping_on=looping)
 
 
@@ -243,13 +261,9 @@ def build_report(snapshot: Snapshot, only: Sequence[str] = ()) -> Report:
     ladder = build_ladder(snapshot.cluster_queues, snapshot.resource_flavors, snapshot.admission_checks,
                           snapshot.local_queues, snapshot.controller, snapshot.cohorts,
                           unreadable=snapshot.unreadable)
-    targets = local_queue_targets(snapshot.local_queues)
-    if snapshot.positions_from_kueue:
-        positions, source = snapshot.queue_positions, job_states.POSITION_FROM_KUEUE
-    else:
-        positions, source = computed_positions(snapshot, targets), job_states.POSITION_COMPUTED
+    shared = Shared.of(snapshot, ladder)
     pairs = sorted(jobs_and_workloads(snapshot), key=lambda pair: (key_of(pair[0]), pair[0].get("kind", "")))
-    views = [job_view(owner, workload, snapshot, ladder, targets, positions, source) for owner, workload in pairs]
+    views = [job_view(owner, workload, snapshot, shared) for owner, workload in pairs]
     shown = tuple(v for v in views if not only or v.name in only)
     jobs_known = snapshot.readable("workloads") or snapshot.readable("rayjobs")
     missing = tuple(name for name in only if jobs_known and name not in {v.name for v in views})
