@@ -59,22 +59,6 @@ def restarts(pods: Sequence[Mapping]) -> int:
                for s in (pod.get("status") or {}).get("containerStatuses") or [])
 
 
-def deployment_health(deployment: Mapping, pods: Sequence[Mapping]) -> tuple[str, str, int, int, int]:
-    """(state, words, desired, ready, restarts) of a Deployment that exists."""
-    spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
-    desired = int(spec.get("replicas", 1))
-    ready = int(status.get("readyReplicas") or 0)
-    if desired == 0:
-        state, words = SCALED_TO_ZERO, "scaled to 0 replicas"
-    elif ready >= desired:
-        state, words = HEALTHY, "healthy"
-    else:
-        available = conditions(deployment).get("Available")
-        why = f": {available.get('message')}" if available and not is_true(available) and available.get("message") else ""
-        state, words = DEGRADED, f"not ready{why}"
-    return state, words, desired, ready, restarts(pods)
-
-
 def controller_view(deployment: Mapping | None, pods: Sequence[Mapping], events: Sequence[Mapping],
                     readable: bool = True, name: str = NAME, namespace: str = NAMESPACE,
                     absent: str = "not deployed (a one-rung ladder has none)",
@@ -84,8 +68,16 @@ def controller_view(deployment: Mapping | None, pods: Sequence[Mapping], events:
     if deployment is None:
         state, words = (NOT_DEPLOYED, absent) if readable else (UNKNOWN, f"unknown (cannot read {namespace})")
         return ControllerView(namespace, name, state, words, 0, 0, 0, (), move)
-    state, words, desired, ready, restarted = deployment_health(deployment, pods)
-    if state == SCALED_TO_ZERO:
-        words = scaled_to_zero
-    return ControllerView(namespace, name_of(deployment) or name, state, words, desired, ready, restarted,
+    spec, status = deployment.get("spec") or {}, deployment.get("status") or {}
+    desired = int(spec.get("replicas", 1))
+    ready = int(status.get("readyReplicas") or 0)
+    if desired == 0:
+        state, words = SCALED_TO_ZERO, scaled_to_zero
+    elif ready >= desired:
+        state, words = HEALTHY, "healthy"
+    else:
+        available = conditions(deployment).get("Available")
+        why = f": {available.get('message')}" if available and not is_true(available) and available.get("message") else ""
+        state, words = DEGRADED, f"not ready{why}"
+    return ControllerView(namespace, name_of(deployment) or name, state, words, desired, ready, restarts(pods),
                           tuple(sorted(name_of(p) for p in pods)), move)
