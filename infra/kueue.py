@@ -51,6 +51,15 @@ QUEUED_TAINT_KEY = "cloud.google.com/gke-queued"
 COVERED_RESOURCES = ("cpu", "memory", TPU_RESOURCE)
 
 
+# GKE taints every TPU node so; a ResourceFlavor's nodeTaints make Kueue give the flavor only to pod sets that
+# tolerate them, so a Ray head or submitter (no TPU toleration) is never assigned a TPU flavor. Needed with teams:
+# a team's first rung tries every flavor (infra/teams.py FIRST_RUNG_FUNGIBILITY), and without the taint Kueue gave a
+# head whose team's head CPU was in use the idle CPU of the team's TPU share (measured on the tier: head and
+# submitter on `on-demand`, a pod no node can take). Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/tpus
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/flavorassigner/flavorassigner.go#L1208-L1257
+TPU_NODE_TAINT = {"key": TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
+
+
 def tolerate_no_schedule(key: str) -> dict:
     """A toleration of any NoSchedule taint with this key (GKE's TPU and queued-provisioning taints)."""
     return {"key": key, "operator": "Exists", "effect": "NoSchedule"}
@@ -148,8 +157,11 @@ def default_flavor(settings: PlatformSettings) -> dict:
                      {"nodeLabels": {NODEPOOL_LABEL_KEY: settings.system_pool.name}})
 
 
-def plan_flavor(plan: PlanSettings) -> dict:
+def plan_flavor(plan: PlanSettings, shared: bool = False) -> dict:
+    """A rung's flavor; `shared` (a platform with teams) also declares GKE's TPU node taint (see TPU_NODE_TAINT)."""
     spec: dict = {"nodeLabels": {PLAN_LABEL_KEY: plan.flavor}}
+    if shared:
+        spec["nodeTaints"] = [dict(TPU_NODE_TAINT)]
     if plan.kind.spot:
         # GKE's own label on Spot nodes, and the toleration of the taint our Spot pools carry: Kueue adds both to
         # every pod it admits on this flavor. Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/spot-vms
@@ -334,7 +346,7 @@ class Kueue(pulumi.ComponentResource):
                                        settings.kueue_chart_repository, helm_values(settings))
 
         flavors = [self._object(default_flavor(settings))]
-        flavors += [self._object(plan_flavor(plan)) for plan in settings.plans]
+        flavors += [self._object(plan_flavor(plan, shared=bool(settings.teams))) for plan in settings.plans]
         checks = []
         if settings.flex_start is not None:
             config = self._object(provisioning_request_config())

@@ -4,7 +4,8 @@ groups' access; the root Cohort holds what no team is guaranteed (Spot, DWS, wha
 Where the quota sits decides whether a team can take its share back. Measured on Kueue 0.19.2 (Ref:
 ../shared/notes/kueue-multi-team.md, "Measured"): a share on a Cohort is never reclaimed, and a job that borrows
 anything (the Ray head's CPU included) cannot reclaim. So each share, its heads' CPU included, is nominal quota on the
-team's first-rung ClusterQueue, and that queue stops at a flavor it can get by preempting (`MayStopSearch`).
+team's first-rung ClusterQueue, and that queue takes its own share, on any guaranteed rung, before anyone else's
+(FIRST_RUNG_FUNGIBILITY).
 
 Why a DWS (or Spot) job that has its slice is never preempted, the three ways Kueue preempts:
 - reclaim: the victim must use a flavor-resource the preemptor lacks, in a queue over its nominal quota (Ref:
@@ -15,6 +16,13 @@ Why a DWS (or Spot) job that has its slice is never preempted, the three ways Ku
 - borrowWithinCohort: Never, everywhere;
 - withinClusterQueue: Never, everywhere (a team's own jobs never preempt each other).
 Only a guaranteed-flavor job that borrows another team's share can be preempted, which is what a share means.
+
+Which job goes, among the borrowers (Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/
+preemption/common/ordering.go L35-83 and preemption/classical/candidate_generator.go L136-157): a job is a candidate only while its ClusterQueue, and its team's Cohort,
+hold more than their nominal quota of the flavor needed (checked again after each victim, so a team never falls
+below its share); then lower priority first, then the job whose quota was reserved last (QuotaReserved's
+lastTransitionTime, whole seconds), then by UID. A team's own share is taken first, so a job beyond its share is the
+team's last one on that flavor; two reserved within one second are equal to Kueue (quota is per queue, not per job).
 """
 
 from __future__ import annotations
@@ -59,9 +67,22 @@ PREEMPTION = {
     "withinClusterQueue": "Never",
     "borrowWithinCohort": {"policy": "Never"},
 }
-# Measured: without whenCanPreempt MayStopSearch, Kueue skips the reclaim and admits on the next flavor (DWS).
-# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/kueue/v1beta2/clusterqueue_types.go#L453-L479
-FIRST_RUNG_FUNGIBILITY = {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "MayStopSearch"}
+# The first rung tries every flavor and takes the one whose quota is nearest: the team's own share (free first, then
+# reclaimed from a borrower), and only then anyone else's, in ladder order. Kueue ranks a flavor by how far up the
+# Cohort tree its quota comes from (0: the ClusterQueue's own nominal quota, 2: the root) and, with
+# PreemptionOverBorrowing, by that distance before the mode (fit > reclaim); ties keep the earlier flavor.
+# - MayStopSearch for borrowing (Kueue's default) stopped at the first flavor that fits by borrowing: a team whose
+#   share is on-demand only took another team's idle reservation, and was preempted as soon as its owner came
+#   (measured on the tier: evicted 0.2 s after the owner's job was created, re-admitted on its own on-demand share).
+# - whenCanPreempt TryNextFlavor with the default preference (BorrowingOverPreemption) ranks the mode first: a fit
+#   on DWS beat reclaiming the share (measured: no reclaim). PreemptionOverBorrowing ranks the distance first, so
+#   reclaiming the share (distance 0 once the borrower goes) beats borrowing anything (measured: reclaim).
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/flavorassigner/flavorassigner.go#L534-L575
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/flavorassigner/flavorassigner.go#L1170-L1276
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/preemption/classical/hierarchical_preemption.go#L217-L234
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/kueue/v1beta2/clusterqueue_types.go#L453-L494
+FIRST_RUNG_FUNGIBILITY = {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor",
+                          "preference": "PreemptionOverBorrowing"}
 
 
 def team_chain(settings: PlatformSettings, team: TeamSettings) -> tuple[QueueRung, ...]:

@@ -118,9 +118,33 @@ def test_each_teams_queues_admit_its_namespace_only_and_reclaim_without_preempti
             assert spec["cohortName"] == team["name"]
             assert spec["preemption"] == {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never",
                                           "borrowWithinCohort": {"policy": "Never"}}
+        # The first rung weighs every flavor: the team's own share (free, then reclaimed) before anyone's.
         first = queues[(None, f"{team['name']}-cluster-queue")]["spec"]
-        assert first["flavorFungibility"] == {"whenCanBorrow": "MayStopSearch", "whenCanPreempt": "MayStopSearch"}
+        assert first["flavorFungibility"] == {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor",
+                                              "preference": "PreemptionOverBorrowing"}
         assert "flavorFungibility" not in queues[(None, f"{team['name']}-cluster-queue-dws")]["spec"]
+
+
+def test_with_teams_a_tpu_flavor_is_never_given_to_a_ray_head():
+    """A first rung that weighs every flavor would give a head whose team's head CPU is in use the idle CPU of a
+    TPU share (measured on the tier): each TPU flavor declares GKE's TPU taint, which the jobs' TPU pods tolerate
+    and their heads do not. Without teams nothing changes."""
+    taint = {"key": "google.com/tpu", "value": "present", "effect": "NoSchedule"}
+    plan = plan_for(STACK)
+    flavors = {name: f["spec"] for (_, name), f in of_kind(plan, "ResourceFlavor").items()}
+    assert set(flavors) == {"default-cpu", "reservation", "on-demand", "spot", "dws"}
+    assert {name: spec.get("nodeTaints") for name, spec in flavors.items()} == {
+        "default-cpu": None, "reservation": [taint], "on-demand": [taint], "spot": [taint], "dws": [taint]}
+    for name, spec in of_kind(plan_for("dev", TWO_TEAMS), "ResourceFlavor").items():
+        assert spec["spec"].get("nodeTaints") == (None if name[1] == "default-cpu" else [taint])
+    assert all("nodeTaints" not in f["spec"] for f in of_kind(plan_for(), "ResourceFlavor").values())
+    # The stack's own jobs: TPU pods tolerate the taint, the head does not (Kueue checks the pod templates).
+    (job, *_) = [m for m in plan_for().kubernetes_manifests() if m["kind"] == "RayJob"]
+    cluster = job["spec"]["rayClusterSpec"]
+    (worker,) = cluster["workerGroupSpecs"]
+    assert {"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"} in worker["template"]["spec"][
+        "tolerations"]
+    assert not cluster["headGroupSpec"]["template"]["spec"].get("tolerations")
 
 
 def test_shares_sit_on_the_first_rung_with_the_heads_cpu_never_lent_and_the_rest_on_the_root():

@@ -76,13 +76,13 @@ def flavor(tier: FailoverTier, team: dict, name: str) -> str | None:
     return jobs.decision(tier.kube, team["namespace"], name).flavor
 
 
-def evictions(tier: FailoverTier) -> dict[str, str]:
+def evictions(tier: FailoverTier, teams: tuple[dict, ...] = TEAMS) -> dict[str, str]:
     """Every Workload evicted so far, any team: its owner RayJob -> Kueue's eviction reason (Preempted, ...).
     Read from status.schedulingStats.evictions, which lasts: the Evicted condition goes as soon as the victim is
     admitted again (seen: a victim re-admitted on DWS at once left nothing to see, and the reclaim test waited in
     vain). The stats keep no cause for a preemption (underlyingCause is empty): see preemption_cause."""
     found = {}
-    for team in TEAMS:
+    for team in teams:
         for w in tier.kube.list(*jobs.WORKLOAD, namespace=team["namespace"]):
             owner = w["metadata"]["ownerReferences"][0]["name"]
             for record in ((w.get("status") or {}).get("schedulingStats") or {}).get("evictions") or []:
@@ -308,3 +308,79 @@ def test_reclaim_borrowing_limits_and_dws_capacity_across_teams(clean):
     assert condition(workload(tier, TEAM_B, "b-3"), "Evicted") != "True"
     assert condition(workload(tier, TEAM_B, "b-3"), "Admitted") == "True"
     assert set(evictions(tier)) <= {victim}
+
+
+# A second platform's teams on the same tier, with the reservation rung the first one lacks: the shipped example's
+# `prod` (a reservation and an on-demand share) and `interns` (on-demand only). Its objects are the stack's own
+# (infra/teams.py for that config) under a root Cohort of their own, so the two platforms share no quota and the
+# tests above see nothing of it (a second control plane would cost ~20 s more).
+OWNER = {"name": "res-owner", "namespace": "ns-res-owner", "groups": ["o@example.com"],
+         "shares": {"reservation": 1, "onDemand": 1}}
+INTERNS = {"name": "interns", "namespace": "ns-interns", "groups": ["i@example.com"], "shares": {"onDemand": 1}}
+LADDER_ROOT = "ladder-root"
+LADDER_OVERRIDES = {"teams": [OWNER, INTERNS], "googleGroupsDomain": "example.com",
+                    "reservation": {"reservations": [{"name": "r", "slices": 1}]},
+                    "onDemand": {"maxSlices": 3}, "flexStart": {"maxSlices": 2}}
+LADDER_KINDS = ("ResourceFlavor", "Namespace", "Cohort", "ClusterQueue", "LocalQueue")
+
+
+def ladder_objects(tier: FailoverTier) -> list[dict]:
+    """The second platform's team objects, their root renamed; flavors the tier already has are left out."""
+    plan = platform_plan(pods_ready_timeout=600, overrides=LADDER_OVERRIDES)
+    teams = {team["name"] for team in LADDER_OVERRIDES["teams"]}
+    namespaces = {team["namespace"] for team in LADDER_OVERRIDES["teams"]}
+    wanted = []
+    for m in plan.kubernetes_manifests():
+        kind, meta, spec = m["kind"], m["metadata"], m.get("spec") or {}
+        if kind == "ResourceFlavor" and tier.kube.get(m["apiVersion"], kind, meta["name"]) is None:
+            wanted.append(m)
+        elif kind == "Namespace" and meta["name"] in namespaces:
+            wanted.append(m)
+        elif kind == "Cohort":
+            if meta["name"] == "tpu-fallback":
+                wanted.append({**m, "metadata": {**meta, "name": LADDER_ROOT}})
+            else:
+                wanted.append({**m, "spec": {**spec, "parentName": LADDER_ROOT}})
+        elif kind == "ClusterQueue" and spec.get("cohortName") in teams:
+            wanted.append(m)
+        elif kind == "LocalQueue" and meta.get("namespace") in namespaces:
+            wanted.append(m)
+    return sorted(wanted, key=lambda m: LADDER_KINDS.index(m["kind"]))
+
+
+@pytest.fixture(scope="module")
+def ladder(tier):
+    for manifest in ladder_objects(tier):
+        tier.kube.create(manifest)
+        if manifest["kind"] == "ClusterQueue":
+            wait_for(lambda m=manifest: condition(tier.kube.get(m["apiVersion"], "ClusterQueue",
+                                                                m["metadata"]["name"]), "Active") == "True",
+                     REACTION_TIMEOUT, f"{manifest['metadata']['name']} active")
+    return tier
+
+
+def test_a_team_takes_its_own_share_first_and_only_a_borrower_is_reclaimed(ladder):
+    """The interns' first job lands on their own on-demand share while the owner's reservation is idle (Kueue's
+    MayStopSearch took the reservation, and the owner's first job preempted it at once); only a job beyond its
+    team's share borrows, and only such a job is a reclaim victim. The owner, too, takes its free on-demand share
+    before it reclaims its reservation from a borrower."""
+    tier, teams = ladder, (OWNER, INTERNS)
+    submit(tier, INTERNS, "i-own")
+    assert flavor(tier, INTERNS, "i-own") == "on-demand"  # its share, though the reservation is idle and first
+    submit(tier, INTERNS, "i-borrow")  # beyond its share: the idle reservation, the first rung that can lend
+    assert flavor(tier, INTERNS, "i-borrow") == "reservation"
+    submit(tier, OWNER, "o-1")  # its on-demand share is free: no preemption for it
+    assert flavor(tier, OWNER, "o-1") == "on-demand"
+    submit(tier, OWNER, "o-2", wait=False)  # only its reservation is left, held by the borrower: reclaimed
+    evicted = wait_for(lambda: evictions(tier, teams), REACTION_TIMEOUT, "a reclaim")
+    assert evicted == {"i-borrow": "Preempted"}, evicted
+    assert "due to reclamation within the cohort" in wait_for(
+        lambda: preemption_cause(tier, INTERNS, "i-borrow"), REACTION_TIMEOUT, "Kueue's Preempted event")
+    play_kuberay_suspended(tier, INTERNS, "i-borrow")
+    wait_for(lambda: flavor(tier, OWNER, "o-2") is not None, REACTION_TIMEOUT, "o-2 admitted")
+    assert flavor(tier, OWNER, "o-2") == "reservation"
+    # The borrower waits its turn elsewhere; the job within its share was never touched.
+    wait_for(lambda: flavor(tier, INTERNS, "i-borrow") not in (None, "reservation"), REACTION_TIMEOUT,
+             "i-borrow admitted again")
+    assert evictions(tier, teams) == {"i-borrow": "Preempted"}
+    assert flavor(tier, INTERNS, "i-own") == "on-demand"
