@@ -18,8 +18,8 @@ from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
 from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
-PACKAGE_FILES = ("__init__.py", "__main__.py", "controller.py", "decisions.py", "fleet.py", "informer.py",
-                 "metrics.py", "workqueue.py", "requirements.txt")
+PACKAGE_FILES = ("__init__.py", "__main__.py", "controller.py", "credentials.py", "decisions.py", "fleet.py",
+                 "informer.py", "metrics.py", "workqueue.py", "requirements.txt")
 # The image's Python is the one the tests run the controller with (3.11); a patch release, pinned.
 PYTHON_IMAGE = "python:3.11.14-slim"
 NAMESPACE = "tpu-fallback-system"

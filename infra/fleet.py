@@ -17,10 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import pulumi
+import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from failover.credentials import inline_kubeconfig
 from infra import failover
-from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE
+from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_CLUSTER_ROLE
 from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
                          install_release, values_for)
 from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIMEOUT_SECONDS, ConfigReader,
@@ -52,12 +54,21 @@ MANAGER_PODS_READY_SECONDS = MAX_PODS_READY_TIMEOUT_SECONDS  # the longest a mem
 WATCH_NAME = "fleet-watch"
 WATCH_SECONDS = 10
 WATCH_RULES = (
-    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["list"]},
-    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "patch"]},
-    # Only to finish an eviction Kueue cannot finish on a manager (failover/fleet.py eviction_stuck).
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "multikueueclusters"], "verbs": ["list", "watch"]},
+    # Only to repair Kueue's record after a member's return (failover/fleet.py record_to_repair).
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["patch"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
+    # Only to finish an eviction Kueue cannot finish on a manager (failover/fleet.py may_unblock).
     {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
+# The credentials renewer (failover/credentials.py): the manager's Google service account's one-hour tokens, written
+# into the members' kubeconfig Secrets. Its Kubernetes identity is the one Workload Identity maps to that account.
+CREDENTIALS_NAME = "fleet-credentials"
+# What the manager's Google identity needs in a member's project to reach its API server; what it may do there comes
+# from the member's RBAC alone. Ref: https://cloud.google.com/kubernetes-engine/docs/role-based-access-control
+# ("users need at least the container.clusters.get IAM permission in the project that contains the cluster").
+MEMBER_PROJECT_ROLE = "roles/container.clusterViewer"
 _LOCATION = re.compile(r"^[a-z]+(-[a-z]+[0-9]+)?$", re.IGNORECASE)
 
 
@@ -68,6 +79,7 @@ class FleetSettings:
     worker_lost_timeout_seconds: int
     checkpoint_location: str  # "" : the first member's region
     origin: str  # the value of kueue.x-k8s.io/multikueue-origin on the copies this manager makes
+    service_account_id: str  # the manager's Google service account (account_id: 6-30 of [a-z0-9-])
 
     @property
     def cluster_names(self) -> tuple[str, ...]:
@@ -113,7 +125,9 @@ def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> Fl
     reader.check(f"{FLEET_KEY}.checkpointLocation", not location or bool(_LOCATION.match(location)),
                  f"{location!r} is not a Cloud Storage location such as US, EU or us-east5")
     return FleetSettings(tuple(members), raw["dispatcher"], lost or 0, location,
-                         origin=f"tpu-fallback-{this_stack[1]}"[:63].rstrip("-.").lower())
+                         origin=f"tpu-fallback-{this_stack[1]}"[:63].rstrip("-.").lower(),
+                         service_account_id=re.sub(r"[^a-z0-9-]", "-", f"fleet-{this_stack[1]}".lower())[:30]
+                         .rstrip("-"))
 
 
 # ---- the manager's Kueue -------------------------------------------------------------------------------------
@@ -203,6 +217,13 @@ def watch_secret_rule(clusters: Sequence[str]) -> dict:
             "resourceNames": [kubeconfig_secret_name(cluster) for cluster in clusters]}
 
 
+def credentials_secret_rule(clusters: Sequence[str]) -> dict:
+    """The renewer reads and rewrites the members' kubeconfig Secrets and no other; it creates none (the stack
+    does, so `pulumi destroy` removes them)."""
+    return {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "patch"],
+            "resourceNames": [kubeconfig_secret_name(cluster) for cluster in clusters]}
+
+
 def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str) -> dict:
     return failover.controller_deployment(settings, WATCH_NAME, "failover.fleet", configmap, env=[
         {"name": "FLEET_MEMBERS", "value": json.dumps({c: kubeconfig_secret_name(c) for c in fleet.cluster_names})},
@@ -213,23 +234,56 @@ def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap
     ], ports=[{"name": failover.METRICS_PORT_NAME, "containerPort": failover.METRICS_PORT}])
 
 
+def member_access(members: Sequence[MemberHandle]) -> str:
+    """What the renewer reads (FLEET_ACCESS): per member, its Secret here, its server and its CA."""
+    return json.dumps({m.cluster: {"secret": kubeconfig_secret_name(m.cluster), "server": m.access["server"],
+                                   "certificateAuthorityData": m.access["certificateAuthorityData"]}
+                       for m in members}, sort_keys=True)
+
+
+def credentials_deployment(settings: PlatformSettings, configmap: str, members: Sequence[MemberHandle]) -> dict:
+    return failover.controller_deployment(settings, CREDENTIALS_NAME, "failover.credentials", configmap, env=[
+        {"name": "FLEET_ACCESS", "value": member_access(members)},
+        {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
+    ])
+
+
+def tokenless_kubeconfig(member: MemberHandle) -> str:
+    """The Secret as the stack creates it: the member's server and CA, no user yet (the renewer adds the token)."""
+    return inline_kubeconfig(member.cluster, member.access["server"], member.access["certificateAuthorityData"], None)
+
+
+def member_binding(fleet: FleetSettings, email: pulumi.Input[str]) -> dict:
+    """In a member: the manager's Google identity (a user named by its email on GKE) gets the member's MultiKueue
+    worker role. Named after this fleet, so two fleets sharing a member each have their own."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+            "metadata": {"name": f"{MANAGER_CLUSTER_ROLE}-{fleet.origin}"[:253]},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": MANAGER_CLUSTER_ROLE},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": email}]}
+
+
 @dataclass(frozen=True)
 class MemberHandle:
-    """A member as the manager sees it: its cluster name and the secret kubeconfig of its output."""
+    """A member as the manager sees it: its cluster name, where its API server is (`fleetMember.access`), what a
+    fleet job may use there, and how this stack reaches it (its project; a provider with its own kubeconfig)."""
 
     cluster: str
-    kubeconfig: pulumi.Output[str]  # secret, inline token (infra/fleet_member.py)
+    access: Mapping[str, str]  # server, certificateAuthorityData (infra/fleet_member.py); nothing secret
     capacity: Mapping[str, int]
+    project: str
+    provider: k8s.Provider
 
 
 class FleetManager(pulumi.ComponentResource):
     """Kueue as a MultiKueue manager, KubeRay's CRDs (its operator leaves managed jobs alone), one kubeconfig
-    Secret and MultiKueueCluster per member, and the fleet's queue (`tpu-fallback:infra:FleetManager`)."""
+    Secret and MultiKueueCluster per member, the Google identity the manager reaches the members with and the
+    renewer of its tokens, the fleet watch, and the fleet's queue (`tpu-fallback:infra:FleetManager`)."""
 
     release: k8s.helm.v3.Release
     local_queue: k8s.apiextensions.CustomResource
     ready: list[pulumi.Resource]  # what a fleet job waits for
     watch: k8s.apps.v1.Deployment  # the fleet watch, scraped by infra/monitoring.py FleetMonitoring
+    service_account: gcp.serviceaccount.Account  # the manager's identity in every member
 
     def __init__(self, name: str, fleet: FleetSettings, settings: PlatformSettings,
                  members: Sequence[MemberHandle], provider: k8s.Provider,
@@ -245,35 +299,101 @@ class FleetManager(pulumi.ComponentResource):
         kuberay = k8s.helm.v3.Release(
             f"{name}-kuberay", name="kuberay-operator", **KUBERAY_CHART, version=KUBERAY_VERSION,
             namespace=KUBERAY_NAMESPACE, create_namespace=True, timeout=600, opts=on_cluster)
+        grants = self._identity(name, fleet, settings, members)
 
-        clusters = []
+        clusters, secrets = [], []
         for member in members:
-            secret = k8s.core.v1.Secret(
+            # Created without a token; the renewer writes the token, so it never lands in this stack's inputs.
+            secrets.append(k8s.core.v1.Secret(
                 f"{name}-{member.cluster}-kubeconfig",
                 metadata={"name": kubeconfig_secret_name(member.cluster), "namespace": KUEUE_NAMESPACE},
-                string_data={"kubeconfig": member.kubeconfig},
-                opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[self.release])))
-            clusters.append(self._object(multikueue_cluster(member.cluster), after=[secret]))
+                string_data={"kubeconfig": tokenless_kubeconfig(member)},
+                opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
+                    depends_on=[self.release], ignore_changes=["data", "stringData"]))))
+            clusters.append(self._object(multikueue_cluster(member.cluster), after=[secrets[-1]]))
+        system_namespace = k8s.core.v1.Namespace(f"{name}-watch-namespace", metadata={"name": failover.NAMESPACE},
+                                                 opts=on_cluster)
+        sources = failover.package_sources()
+        configmap = failover.code_configmap_name(sources)
+        code = k8s.core.v1.ConfigMap(f"{name}-watch-code", metadata={"name": configmap,
+                                                                     "namespace": failover.NAMESPACE},
+                                     data=sources, opts=self._after(on_cluster, system_namespace))
+        renewer = self._renewer(name, fleet, settings, members, on_cluster, configmap,
+                                after=[code, system_namespace, *secrets, *grants])
         config = self._object(multikueue_config(fleet), after=clusters)
         check = self._object(admission_check(), after=[config])
+        # Active only once a member is connected: after the renewer has written the first tokens.
         queue = self._object(cluster_queue(fleet_quota([m.capacity for m in members])),
-                             after=[self._object(flavor()), check])
+                             after=[self._object(flavor()), check, renewer])
         namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": FLEET_NAMESPACE}, opts=on_cluster)
         self.local_queue = self._object(local_queue(), after=[namespace, queue])
         self.ready = [self.release, kuberay, self.local_queue]
-        self.watch = self._watch(name, fleet, settings, on_cluster, after=[self.release, *clusters])
-        self.register_outputs({"localQueue": FLEET_LOCAL_QUEUE, "members": [m.cluster for m in members]})
+        self.watch = self._watch(name, fleet, settings, on_cluster, configmap,
+                                 after=[self.release, code, system_namespace, *clusters])
+        self.register_outputs({"localQueue": FLEET_LOCAL_QUEUE, "members": [m.cluster for m in members],
+                               "serviceAccount": self.service_account.email})
+
+    @staticmethod
+    def _after(base: pulumi.ResourceOptions, *resources: pulumi.Resource) -> pulumi.ResourceOptions:
+        return pulumi.ResourceOptions.merge(base, pulumi.ResourceOptions(depends_on=list(resources)))
+
+    def _identity(self, name: str, fleet: FleetSettings, settings: PlatformSettings,
+                  members: Sequence[MemberHandle]) -> list[pulumi.Resource]:
+        """The manager's Google service account, usable only by the renewer's Kubernetes identity (Workload
+        Identity), and in each member: the IAM role to reach its API server and the RBAC of a MultiKueue manager."""
+        mine = pulumi.ResourceOptions(parent=self)
+        self.service_account = gcp.serviceaccount.Account(
+            f"{name}-manager-gsa", account_id=fleet.service_account_id, project=settings.project,
+            display_name=f"MultiKueue manager of fleet {fleet.origin}", opts=mine)
+        grants: list[pulumi.Resource] = [gcp.serviceaccount.IAMMember(
+            f"{name}-manager-workload-identity", service_account_id=self.service_account.name,
+            role="roles/iam.workloadIdentityUser",
+            member=f"serviceAccount:{settings.project}.svc.id.goog[{failover.NAMESPACE}/{CREDENTIALS_NAME}]",
+            opts=mine)]
+        email = self.service_account.email
+        for project in dict.fromkeys(member.project for member in members):  # one grant per project
+            grants.append(gcp.projects.IAMMember(
+                f"{name}-manager-viewer-{project}", project=project, role=MEMBER_PROJECT_ROLE,
+                member=pulumi.Output.concat("serviceAccount:", email), opts=mine))
+        binding = member_binding(fleet, email)
+        for member in members:
+            grants.append(k8s.rbac.v1.ClusterRoleBinding(
+                f"{name}-{member.cluster}-manager-binding", metadata=binding["metadata"],
+                role_ref=binding["roleRef"], subjects=binding["subjects"],
+                opts=pulumi.ResourceOptions(parent=self, provider=member.provider)))
+        return grants
+
+    def _renewer(self, name: str, fleet: FleetSettings, settings: PlatformSettings, members: Sequence[MemberHandle],
+                 on_cluster: pulumi.ResourceOptions, configmap: str,
+                 after: Sequence[pulumi.Resource]) -> k8s.apps.v1.Deployment:
+        """The credentials renewer: its ServiceAccount (mapped to the manager's Google service account), the right
+        to rewrite the members' Secrets and nothing else, and its Deployment."""
+        account = k8s.core.v1.ServiceAccount(f"{name}-credentials-account", metadata={
+            "name": CREDENTIALS_NAME, "namespace": failover.NAMESPACE,
+            "annotations": {"iam.gke.io/gcp-service-account": self.service_account.email}},
+            opts=self._after(on_cluster, *after))
+        role_name = f"tpu-fallback-{CREDENTIALS_NAME}"
+        role = k8s.rbac.v1.Role(f"{name}-credentials-secrets",
+                                metadata={"name": role_name, "namespace": KUEUE_NAMESPACE},
+                                rules=[credentials_secret_rule(fleet.cluster_names)],
+                                opts=self._after(on_cluster, self.release))
+        binding = k8s.rbac.v1.RoleBinding(
+            f"{name}-credentials-secrets-binding", metadata={"name": role_name, "namespace": KUEUE_NAMESPACE},
+            subjects=[{"kind": "ServiceAccount", "name": CREDENTIALS_NAME, "namespace": failover.NAMESPACE}],
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
+            opts=self._after(on_cluster, role, account))
+        manifest = credentials_deployment(settings, configmap, members)
+        return k8s.apps.v1.Deployment(f"{name}-credentials", metadata=manifest["metadata"], spec=manifest["spec"],
+                                      opts=self._after(on_cluster, binding, *after))
 
     def _watch(self, name: str, fleet: FleetSettings, settings: PlatformSettings, on_cluster: pulumi.ResourceOptions,
-               after: Sequence[pulumi.Resource]) -> k8s.apps.v1.Deployment:
-        """The fleet watch: its ServiceAccount and RBAC, the failover package's code, the Deployment."""
+               configmap: str, after: Sequence[pulumi.Resource]) -> k8s.apps.v1.Deployment:
+        """The fleet watch: its ServiceAccount and RBAC, and the Deployment (the failover package's code)."""
         def opts(*resources: pulumi.Resource) -> pulumi.ResourceOptions:
-            return pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=list(resources)))
+            return self._after(on_cluster, *resources)
 
-        namespace = k8s.core.v1.Namespace(f"{name}-watch-namespace", metadata={"name": failover.NAMESPACE},
-                                          opts=on_cluster)
         account = k8s.core.v1.ServiceAccount(f"{name}-watch-account", metadata={
-            "name": WATCH_NAME, "namespace": failover.NAMESPACE}, opts=opts(namespace))
+            "name": WATCH_NAME, "namespace": failover.NAMESPACE}, opts=opts(*after))
         subject = [{"kind": "ServiceAccount", "name": WATCH_NAME, "namespace": failover.NAMESPACE}]
         role_name = f"tpu-fallback-{WATCH_NAME}"
         role = k8s.rbac.v1.ClusterRole(f"{name}-watch-role", metadata={"name": role_name},
@@ -288,14 +408,9 @@ class FleetManager(pulumi.ComponentResource):
             f"{name}-watch-secrets-binding", metadata={"name": role_name, "namespace": KUEUE_NAMESPACE},
             subjects=subject, role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
             opts=opts(secrets, account))
-        sources = failover.package_sources()
-        configmap = failover.code_configmap_name(sources)
-        code = k8s.core.v1.ConfigMap(f"{name}-watch-code", metadata={"name": configmap,
-                                                                     "namespace": failover.NAMESPACE},
-                                     data=sources, opts=opts(namespace))
         manifest = watch_deployment(settings, fleet, configmap)
         return k8s.apps.v1.Deployment(f"{name}-watch", metadata=manifest["metadata"], spec=manifest["spec"],
-                                      opts=opts(code, binding, secrets_binding, *after))
+                                      opts=opts(binding, secrets_binding, *after))
 
     def _object(self, manifest: dict, after: Sequence[pulumi.Resource] = ()) -> k8s.apiextensions.CustomResource:
         kind, name = manifest["kind"], manifest["metadata"]["name"]

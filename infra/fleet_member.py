@@ -2,20 +2,19 @@
 
 - the fleet's LocalQueue, in the fleet's own namespace, pointing at the queue where a fleet job starts in this region
   (the DWS rung by default: admitted only once a slice is provisioned, so the first region with TPUs wins);
-- a ServiceAccount for the manager with exactly the RBAC MultiKueue uses in a worker, and a long-lived token;
-- the kubeconfig the manager's Kueue accepts (inline server, CA data and token), a secret output.
+- a ClusterRole with exactly the RBAC MultiKueue uses in a worker, which the fleet stack binds to its manager's Google
+  service account (roles/fleet.py): no ServiceAccount token, nothing long-lived leaves this cluster;
+- where the manager reaches this cluster (`fleetMember.access`: its endpoint and CA, neither secret); the manager's
+  renewer writes them with a short-lived token into the kubeconfig Secret MultiKueue reads (failover/credentials.py).
 
 Ref: ../shared/notes/multikueue.md (Kueue 0.19.2: kubeconfig rules, worker RBAC, dispatch).
 """
 
 from __future__ import annotations
 
-import base64
-
 import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
-import yaml
 
 from infra.kueue import DEFAULT_FLAVOR, KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE, Kueue, queue_chain
 from infra.settings import PlatformSettings
@@ -25,11 +24,8 @@ from infra.settings import PlatformSettings
 # and a namespace of its own keeps the fleet's ServiceAccount and script apart from the region's own jobs.
 FLEET_NAMESPACE = "tpu-fleet"
 FLEET_LOCAL_QUEUE = "fleet-queue"
-MANAGER_SERVICE_ACCOUNT = "multikueue-manager"
-MANAGER_TOKEN_SECRET = "multikueue-manager-token"
 MANAGER_CLUSTER_ROLE = "tpu-fallback-multikueue-manager"
 FLEET_MEMBER_OUTPUT = "fleetMember"
-FLEET_KUBECONFIG_OUTPUT = "fleetKubeconfig"  # secret
 
 _WRITE = ["create", "delete", "get", "list", "patch", "update", "watch"]
 _READ = ["get", "list", "watch"]
@@ -51,14 +47,6 @@ def manager_rules() -> list[dict]:
 def manager_cluster_role() -> dict:
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": MANAGER_CLUSTER_ROLE}, "rules": manager_rules()}
-
-
-def manager_token_secret() -> dict:
-    """A long-lived token of the manager's ServiceAccount, filled in by the cluster's token controller.
-    Ref: https://kubernetes.io/docs/tasks/configure-pod-container/configure-service-account/#manually-create-a-long-lived-api-token-for-a-serviceaccount"""
-    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
-            "metadata": {"name": MANAGER_TOKEN_SECRET, "namespace": KUEUE_NAMESPACE,
-                         "annotations": {"kubernetes.io/service-account.name": MANAGER_SERVICE_ACCOUNT}}}
 
 
 def fleet_local_queue(settings: PlatformSettings) -> dict:
@@ -98,26 +86,13 @@ def fleet_member_output(settings: PlatformSettings) -> dict:
             "startRung": settings.fleet_member.start_rung, "clusterQueue": start_cluster_queue(settings),
             "flavors": [DEFAULT_FLAVOR, *(plan.flavor for plan in reachable_plans(settings))],
             "capacity": fleet_capacity(settings),
-            "managerServiceAccount": f"{KUEUE_NAMESPACE}/{MANAGER_SERVICE_ACCOUNT}"}
-
-
-def inline_kubeconfig(name: str, server: str, ca_data: str, token: str) -> str:
-    """A kubeconfig that MultiKueue accepts: inline CA data and token. Kueue 0.19.2 refuses exec plugins (GKE's
-    gke-gcloud-auth-plugin), token files, CA file paths and insecure-skip-tls-verify.
-    Ref: kueue v0.19.2 pkg/controller/admissionchecks/multikueue/multikueuecluster.go L958-1040"""
-    return yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": name,
-        "clusters": [{"name": name, "cluster": {"server": server, "certificate-authority-data": ca_data}}],
-        "users": [{"name": name, "user": {"token": token}}],
-        "contexts": [{"name": name, "context": {"cluster": name, "user": name}}],
-    }, sort_keys=False)
+            "managerClusterRole": MANAGER_CLUSTER_ROLE}
 
 
 class FleetMember(pulumi.ComponentResource):
-    """The manager's access to this cluster and the fleet's queue here (`tpu-fallback:infra:FleetMember`)."""
+    """The fleet's queue here, and what the fleet's manager is granted here (`tpu-fallback:infra:FleetMember`)."""
 
-    kubeconfig: pulumi.Output[str]  # secret
-    output: dict
+    output: dict  # plain: the fleet stack awaits it before declaring anything (roles/fleet.py)
 
     def __init__(self, name: str, settings: PlatformSettings, kueue: Kueue, cluster: gcp.container.Cluster,
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None):
@@ -135,31 +110,11 @@ class FleetMember(pulumi.ComponentResource):
             spec=queue["spec"],
             opts=after(namespace, kueue.release, kueue.cluster_queues[queue["spec"]["clusterQueue"]]))
 
-        # The manager's identity, in Kueue's namespace (made by the Kueue component, before its release).
-        account = k8s.core.v1.ServiceAccount(
-            f"{name}-manager-sa", metadata={"name": MANAGER_SERVICE_ACCOUNT, "namespace": KUEUE_NAMESPACE},
-            opts=after(kueue.release))
+        # What MultiKueue may do here; the fleet stack binds it to its manager's Google identity.
         role = manager_cluster_role()
-        cluster_role = k8s.rbac.v1.ClusterRole(f"{name}-manager-role", metadata=role["metadata"],
-                                               rules=role["rules"], opts=on_cluster)
-        k8s.rbac.v1.ClusterRoleBinding(
-            f"{name}-manager-binding", metadata={"name": MANAGER_CLUSTER_ROLE},
-            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": MANAGER_CLUSTER_ROLE},
-            subjects=[{"kind": "ServiceAccount", "name": MANAGER_SERVICE_ACCOUNT, "namespace": KUEUE_NAMESPACE}],
-            opts=after(account, cluster_role))
-        token = manager_token_secret()
-        # pulumi-kubernetes waits until the token controller has filled `data.token` (its Secret awaiter for this
-        # type) and keeps `data` secret. Ref: https://github.com/pulumi/pulumi-kubernetes/pull/2048
-        secret = k8s.core.v1.Secret(f"{name}-manager-token", metadata=token["metadata"], type=token["type"],
-                                    opts=after(account))
-        self.kubeconfig = pulumi.Output.secret(pulumi.Output.all(
-            cluster.name, cluster.endpoint, cluster.master_auth.cluster_ca_certificate, secret.data,
-        ).apply(lambda parts: inline_kubeconfig(parts[0], f"https://{parts[1]}", parts[2],
-                                                _decoded((parts[3] or {}).get("token", "")))))
-        self.output = fleet_member_output(settings)
-        self.register_outputs({FLEET_MEMBER_OUTPUT: self.output, FLEET_KUBECONFIG_OUTPUT: self.kubeconfig})
-
-
-def _decoded(data: str) -> str:
-    """A Secret's `data` value is base64; the kubeconfig takes the token itself."""
-    return base64.b64decode(data).decode() if data else ""
+        k8s.rbac.v1.ClusterRole(f"{name}-manager-role", metadata=role["metadata"], rules=role["rules"],
+                                opts=on_cluster)
+        self.output = {**fleet_member_output(settings), "access": {
+            "server": pulumi.Output.concat("https://", cluster.endpoint),
+            "certificateAuthorityData": cluster.master_auth.cluster_ca_certificate}}
+        self.register_outputs({FLEET_MEMBER_OUTPUT: self.output})

@@ -3,8 +3,8 @@
 A fleet stack sets `tpu-fallback:fleet: {members: [<org>/<project>/<stack>, ...]}`. It declares a small CPU-only
 manager cluster with Kueue as a MultiKueue manager (infra/fleet.py), reads each member (a platform stack with
 `fleetMember` enabled, infra/fleet_member.py) through a StackReference, and submits the training RayJobs to the
-fleet queue. The jobs' pods run on the members: their ServiceAccount and script are declared there, through each
-member's own (secret) kubeconfig.
+fleet queue. Through each member's own (secret) kubeconfig it declares there what is the fleet's: the manager's
+access (its Google identity bound to the member's MultiKueue role) and the jobs' ServiceAccount and script.
 
 Settings → members (read, checked) → manager cluster → MultiKueue → jobs → outputs.
 """
@@ -21,7 +21,7 @@ import pulumi_kubernetes as k8s
 from infra.cluster import GkeCluster
 from infra.fleet import (FLEET_KEY, FleetManager, FleetSettings, MemberHandle,
                          member_cluster_name, read_fleet_settings)
-from infra.fleet_member import (FLEET_KUBECONFIG_OUTPUT, FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE)
+from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE
 from infra.monitoring import FleetMonitoring
 from infra.settings import (DEFAULTS, ClusterKeys, ConfigReader, ControllerRuntime, MonitoringSettings,
                             PlatformSettings, read_cluster_keys, read_controller_runtime, read_monitoring_settings)
@@ -67,6 +67,11 @@ def read_member(reader: ConfigReader, where: str, stack: str, reference: pulumi.
     if not reader.check(where, fits, f"{stack}'s fleet queue is {queue.get('namespace')}/{queue.get('localQueue')}, "
                                      f"not {FLEET_NAMESPACE}/{FLEET_LOCAL_QUEUE}: it runs another version of "
                                      "tpu-fallback; run `pulumi up` on it"):
+        return None
+    access = queue.get("access")
+    if not reader.check(where, isinstance(access, Mapping) and {"server", "certificateAuthorityData"} <= set(access),
+                        f"{stack} publishes no `{FLEET_MEMBER_OUTPUT}.access` (where the manager reaches it): it "
+                        "was last deployed by an older version of tpu-fallback; run `pulumi up` on it"):
         return None
     return Member(stack, member_cluster_name(stack), settings, queue, reference)
 
@@ -165,20 +170,23 @@ def deploy() -> None:
         workloads = dataclasses.replace(workloads, namespace=FLEET_NAMESPACE)
 
         cluster = GkeCluster("fleet", settings, ray_operator=False)
+        # Each member's own kubeconfig (secret, the one its `pulumi up` used): what this stack declares there (the
+        # manager's access, the jobs' ServiceAccount and script) is removed with this stack.
+        providers = {member.cluster: k8s.Provider(
+            f"{member.cluster}-k8s", kubeconfig=member.reference.require_output(KUBECONFIG_OUTPUT),
+            cluster_identifier=cluster_id(member.settings)) for member in members}
         manager = FleetManager("fleet", fleet, settings, [
-            MemberHandle(member.cluster, member.reference.require_output(FLEET_KUBECONFIG_OUTPUT),
-                         member.queue["capacity"]) for member in members], cluster.provider)
+            MemberHandle(member.cluster, member.queue["access"], member.queue["capacity"], member.settings.project,
+                         providers[member.cluster]) for member in members], cluster.provider)
         # Managed Prometheus on the manager (infra/cluster.py): Kueue and the fleet watch scraped, a dashboard, alerts.
         metrics = (FleetMonitoring("monitoring", settings, manager, cluster.provider) if monitoring.enabled
                        else None)
 
         jobs = None
         if workloads.enabled and workloads.jobs > 0:
-            # The jobs' pods run on the members: their ServiceAccount and script go there, through each member's
-            # own kubeconfig (secret, the one its `pulumi up` used), and are removed with this stack.
-            sites = tuple(JobSite(member.cluster, k8s.Provider(
-                f"{member.cluster}-k8s", kubeconfig=member.reference.require_output(KUBECONFIG_OUTPUT),
-                cluster_identifier=cluster_id(member.settings)), member.settings.project) for member in members)
+            # The jobs' pods run on the members: their ServiceAccount and script go there.
+            sites = tuple(JobSite(member.cluster, providers[member.cluster], member.settings.project)
+                          for member in members)
             handles = PlatformHandles(settings, cluster.provider, cluster.cluster, None,
                                       TeamNamespace("fleet", FLEET_NAMESPACE, FLEET_LOCAL_QUEUE), sites=sites,
                                       ready=tuple(manager.ready),
@@ -193,6 +201,8 @@ def deploy() -> None:
             "localQueue": {"namespace": FLEET_NAMESPACE, "name": FLEET_LOCAL_QUEUE},
             "dispatcher": fleet.dispatcher,
             "workerLostTimeoutSeconds": fleet.worker_lost_timeout_seconds,
+            # The identity the manager reaches every member with; its tokens last an hour (failover/credentials.py).
+            "managerServiceAccount": manager.service_account.email,
             "trainingJobs": jobs.job_names if jobs else [],
             "checkpointBucket": jobs.bucket.url if jobs else None,
             "dashboardUrl": metrics.dashboard_url if metrics else None,

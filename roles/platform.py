@@ -9,7 +9,7 @@ import pulumi
 from infra.cluster import GkeCluster
 from infra.commands import next_steps
 from infra.failover import FailoverController
-from infra.fleet_member import FLEET_KUBECONFIG_OUTPUT, FLEET_MEMBER_OUTPUT, FleetMember
+from infra.fleet_member import FLEET_MEMBER_OUTPUT, FleetMember
 from infra.kueue import Kueue
 from infra.monitoring import Monitoring
 from infra.settings import DEFAULTS, ConfigReader, read_platform_settings, tpu_quota
@@ -43,7 +43,7 @@ def deploy() -> None:
     # Kueue: the release and the chain of queues that try plan A, then plan B.
     kueue = Kueue("kueue", platform, cluster.provider)
     teams = Teams("teams", platform, kueue, cluster.provider) if platform.teams else None  # per team its chain
-    # A member of a fleet (plan C): the fleet's queue here, and the fleet manager's access to this cluster.
+    # A member of a fleet (plan C): the fleet's queue here, and what the fleet's manager may do here.
     member = (FleetMember("fleet-member", platform, kueue, cluster.cluster, cluster.provider)
               if platform.fleet_member else None)
     # The failover controller moves a job down the chain when its rung's TPUs never come (a stockout).
@@ -74,9 +74,8 @@ def deploy() -> None:
         pulumi.export("teams", teams.output)
     if teams or member:  # the settings team stacks and fleets build on
         pulumi.export(PLATFORM_OUTPUT, platform_output(platform))
-    if member:  # read by the fleet stack: its queue here, and (secret) the manager's kubeconfig
+    if member:  # read by the fleet stack: its queue here, and where its manager reaches this cluster (no secret)
         pulumi.export(FLEET_MEMBER_OUTPUT, member.output)
-        pulumi.export(FLEET_KUBECONFIG_OUTPUT, member.kubeconfig)
     pulumi.export("trainingJobs", jobs.job_names if jobs else [])
     pulumi.export("checkpointBucket", jobs.bucket.url if jobs else None)
     pulumi.export("dashboardUrl", monitoring.dashboard_url if monitoring else None)

@@ -13,11 +13,12 @@ import functools
 import pytest
 import yaml
 
+from failover.credentials import inline_kubeconfig
+from infra import failover as failover_objects
 from infra import fleet as fleet_objects
-from infra.fleet_member import (FLEET_KUBECONFIG_OUTPUT, FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE,
-                                MANAGER_CLUSTER_ROLE, MANAGER_TOKEN_SECRET, inline_kubeconfig, manager_rules)
-from infra.offline import (SECRET_MARK, OfflineEngine, Plan, StackOutputs, referenced_stacks,
-                           render_manifests, render_tree)
+from infra.fleet_member import (FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE, MANAGER_CLUSTER_ROLE,
+                                manager_rules)
+from infra.offline import SECRET_MARK, OfflineEngine, Plan, StackOutputs, referenced_stacks, render_tree
 from infra.offline import main as offline_main
 from infra.settings import MAX_PODS_READY_TIMEOUT_SECONDS, SettingsError
 from tests.conftest import FLEET_STACKS, REPO, config_with, namespaced, plan_for
@@ -84,23 +85,32 @@ def test_a_member_declares_the_fleet_queue_and_the_managers_access():
         "create", "delete", "get", "list", "patch", "update", "watch"}
     assert verbs[("ray.io", "rayjobs/status")] == {"get"}
     assert not any("*" in rule["verbs"] or "secrets" in rule["resources"] for rule in role["rules"])
-    token = manifests(plan, "Secret")[MANAGER_TOKEN_SECRET]
-    assert token["type"] == "kubernetes.io/service-account-token"
-    assert plan.outputs[FLEET_MEMBER_OUTPUT]["capacity"] == {"cpu": 48 + 4 * 180, "memoryGi": 192 + 4 * 720,
-                                                            "tpuChips": 16, "slices": 1}
-    assert FLEET_KUBECONFIG_OUTPUT in plan.secret_outputs and "kubeconfig" in plan.secret_outputs
-    # The queue waits for its ClusterQueue; the kubeconfig output for the filled token.
+    # No credential is made for the manager here: no ServiceAccount, no token Secret, no secret output but the
+    # admin kubeconfig `pulumi up` uses (gke-gcloud-auth-plugin: no token in it).
+    member = plan.only("tpu-fallback:infra:FleetMember")
+    assert sorted(r.type.rsplit(":", 1)[-1] for r in plan.resources if r.parent == member.urn) == [
+        "ClusterRole", "LocalQueue", "Namespace"]
+    assert not [m for m in plan.kubernetes_manifests() if m["kind"] == "ServiceAccount"
+                and "multikueue" in m["metadata"]["name"]]
+    assert set(plan.secret_outputs) == {"kubeconfig"}
+    published = plan.outputs[FLEET_MEMBER_OUTPUT]
+    assert published["capacity"] == {"cpu": 48 + 4 * 180, "memoryGi": 192 + 4 * 720, "tpuChips": 16, "slices": 1}
+    assert published["managerClusterRole"] == MANAGER_CLUSTER_ROLE
+    assert published["access"]["server"].startswith("https://") and published["access"]["certificateAuthorityData"]
+    # The queue waits for its ClusterQueue.
     local = plan.named("fleet-member-localqueue")
     assert plan.named("kueue-clusterqueue-cluster-queue-dws").urn in local.dependencies
 
 
 def test_the_members_kubeconfig_is_one_kueue_accepts():
-    """Inline CA data and token; no exec plugin, token file or CA path (all refused by Kueue 0.19.2)."""
+    """Inline CA data and token; no exec plugin, token file or CA path (all refused by Kueue 0.19.2). Before the
+    renewer's first token, no user at all."""
     config = yaml.safe_load(inline_kubeconfig("w1", "https://203.0.113.10", "Q0E=", "tok"))
     user = config["users"][0]["user"]
     assert user == {"token": "tok"}
     cluster = config["clusters"][0]["cluster"]
     assert cluster == {"server": "https://203.0.113.10", "certificate-authority-data": "Q0E="}
+    assert yaml.safe_load(inline_kubeconfig("w1", "https://203.0.113.10", "Q0E=", None))["users"][0]["user"] == {}
 
 
 @pytest.mark.parametrize("overrides, key", [
@@ -128,7 +138,7 @@ def test_a_member_may_start_fleet_jobs_on_a_higher_rung():
 
 def test_a_platform_that_is_not_a_member_is_unchanged():
     plan = plan_for("dev")
-    assert FLEET_MEMBER_OUTPUT not in plan.outputs and FLEET_KUBECONFIG_OUTPUT not in plan.outputs
+    assert FLEET_MEMBER_OUTPUT not in plan.outputs
     assert not plan.of_type("tpu-fallback:infra:FleetMember")
 
 
@@ -167,21 +177,29 @@ def test_the_managers_kueue_has_multikueue_and_only_the_rayjob_integration():
 def test_each_member_is_a_secret_kubeconfig_and_a_multikueue_cluster():
     plan = cached_fleet_plan()
     secrets = {r.inputs["metadata"]["name"]: r for r in plan.of_type(SECRET)}
-    reads = {r.name: r for r in plan.of_type("pulumi:pulumi:StackReference")}
-    assert set(reads) == set(MEMBERS)
+    assert {r.name for r in plan.of_type("pulumi:pulumi:StackReference")} == set(MEMBERS)
     for member in MEMBERS:
         secret = secrets[f"{member}-kubeconfig"]
         assert secret.inputs["metadata"]["namespace"] == "kueue-system"
-        assert secret.inputs["stringData"] == SECRET_MARK  # secret in state and preview
-        assert reads[member].urn in secret.property_dependencies["stringData"]
+        # The stack writes the member's server and CA with no user; the renewer adds the token, which the stack
+        # never sees or reverts.
+        # (pulumi-kubernetes keeps a Secret's data secret in state and preview, whatever it holds.)
+        assert secret.inputs["stringData"] == SECRET_MARK and {"data", "stringData"} <= set(secret.options["ignoreChanges"])
+        access = member_outputs(member).outputs[FLEET_MEMBER_OUTPUT]["access"]
+        handle = fleet_objects.MemberHandle(member, access, {}, "example-project", None)
+        config = yaml.safe_load(fleet_objects.tokenless_kubeconfig(handle))
+        assert config["clusters"][0]["cluster"] == {"server": access["server"],
+                                                     "certificate-authority-data": access["certificateAuthorityData"]}
+        assert config["users"][0]["user"] == {}
         cluster = manifests(plan, "MultiKueueCluster")[member]
         assert cluster["spec"] == {"clusterSource": {"kubeConfig": {"locationType": "Secret",
                                                                     "location": f"{member}-kubeconfig"}}}
     assert manifests(plan, "MultiKueueConfig")["fleet"]["spec"] == {"clusters": list(MEMBERS)}
-    # The fixture holds the members' real (mock) kubeconfigs; none of their text reaches a resource or the plan.
-    assert "certificate-authority-data" in member_outputs(MEMBERS[0]).outputs[FLEET_KUBECONFIG_OUTPUT]
-    for rendered in (render_tree(plan), render_manifests(plan), str([r.inputs for r in plan.resources])):
-        assert "certificate-authority-data" not in rendered and "gke-gcloud-auth-plugin" not in rendered
+    # The members' own kubeconfigs (the providers') stay secret; no token is in any input (the code ConfigMaps
+    # aside: the renewer's source names the plugin it cannot use).
+    inputs = str([r.inputs for r in plan.resources if r.type != "kubernetes:core/v1:ConfigMap"])
+    for rendered in (render_tree(plan), inputs):
+        assert "gke-gcloud-auth-plugin" not in rendered and "token:" not in rendered
 
 
 def test_the_fleet_queue_holds_the_members_capacity_and_only_the_multikueue_check():
@@ -239,8 +257,9 @@ def test_the_jobs_are_queued_on_the_manager_and_their_pods_prepared_on_every_mem
     assert worker["template"]["spec"]["nodeSelector"]["cloud.google.com/gke-tpu-topology"] == "4x4"
     bucket = plan.named("training-checkpoints")
     assert bucket.inputs["location"] == "US"
-    # One Workload Identity binding: both members are in the placeholder project.
-    assert [r.name for r in plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")] == ["training-workload-identity"]
+    # One Workload Identity binding for the jobs: both members are in the placeholder project (and the manager's).
+    assert sorted(r.name for r in plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")) == [
+        "fleet-manager-workload-identity", "training-workload-identity"]
 
 
 def test_preview_declares_the_same_resources():
@@ -256,6 +275,7 @@ def test_the_fleet_outputs_say_where_jobs_can_go():
     assert outputs["localQueue"] == {"namespace": FLEET_NAMESPACE, "name": FLEET_LOCAL_QUEUE}
     assert outputs["trainingJobs"] == ["fleet-v6e-1"] and outputs["workerLostTimeoutSeconds"] == 900
     assert "kubeconfig" in cached_fleet_plan().secret_outputs
+    assert outputs["managerServiceAccount"] == "fleet-fleet@example-project.iam.gserviceaccount.com"
 
 
 # ---- the fleet's rules: a failing config each, nothing declared ----------------------------------------------
@@ -313,7 +333,9 @@ def test_fleet_rules_before_any_member_is_read(overrides, message):
     (references(member_asia_northeast1_b=_changed_member(MEMBERS[1], _set(("platform", "systemPool"), {
         "machineType": "e2-highcpu-2", "nodeCount": 3}))),
      "workloads.headMemory: 4Gi does not fit one e2-highcpu-2 (2 GiB) (against my-org/tpu-fallback/member-asia"),
-], ids=["not-a-member", "same-zone", "other-slice", "other-kueue", "other-queue", "head-does-not-fit"])
+    (references(member_asia_northeast1_b=_changed_member(MEMBERS[1], _set(("fleetMember", "access"), None))),
+     "my-org/tpu-fallback/member-asia-northeast1-b publishes no `fleetMember.access`"),
+], ids=["not-a-member", "same-zone", "other-slice", "other-kueue", "other-queue", "head-does-not-fit", "no-access"])
 def test_fleet_rules_on_what_the_members_publish(answers, message):
     engine = OfflineEngine(FLEET, False, answers)
     with pytest.raises(SettingsError) as failure:
@@ -357,3 +379,46 @@ def test_the_fleet_watch_runs_on_the_manager_with_the_members_secrets_only():
     assert not any("secrets" in rule["resources"] for rule in cluster_role["rules"])
     code = manifests(plan, "ConfigMap")[watch["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]]
     assert "fleet.py" in code["data"]
+
+
+def test_the_manager_reaches_the_members_with_one_hour_google_tokens_and_no_key():
+    """The manager's Google service account, usable only by the renewer's ServiceAccount (Workload Identity); in each
+    member's project the IAM role to reach its API server, and in each member the RBAC of a MultiKueue manager for
+    that identity; the renewer may rewrite the members' Secrets and nothing else."""
+    plan = cached_fleet_plan()
+    account = plan.named("fleet-manager-gsa")
+    email = account.outputs["email"]
+    assert account.inputs["accountId"] == "fleet-fleet"
+    assert not plan.of_type("gcp:serviceaccount/key:Key")  # no key: tokens come from the metadata server
+    identity = plan.named("fleet-manager-workload-identity")
+    assert identity.inputs["role"] == "roles/iam.workloadIdentityUser"
+    assert identity.inputs["member"] == (f"serviceAccount:example-project.svc.id.goog[{failover_objects.NAMESPACE}/"
+                                         f"{fleet_objects.CREDENTIALS_NAME}]")
+    viewer = plan.named("fleet-manager-viewer-example-project")
+    assert (viewer.inputs["role"], viewer.inputs["member"]) == ("roles/container.clusterViewer",
+                                                                f"serviceAccount:{email}")
+    for member in MEMBERS:
+        binding = plan.named(f"fleet-{member}-manager-binding")
+        assert binding.provider_urn == plan.named(f"{member}-k8s").urn  # declared in the member
+        assert binding.inputs["roleRef"]["name"] == MANAGER_CLUSTER_ROLE
+        assert binding.inputs["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User",
+                                               "name": email}]
+    renewer = manifests(plan, "Deployment")[fleet_objects.CREDENTIALS_NAME]
+    container = renewer["spec"]["template"]["spec"]["containers"][0]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    access = json.loads(env["FLEET_ACCESS"])
+    assert set(access) == set(MEMBERS)
+    assert access[MEMBERS[0]] == {"secret": f"{MEMBERS[0]}-kubeconfig",
+                                  **member_outputs(MEMBERS[0]).outputs[FLEET_MEMBER_OUTPUT]["access"]}
+    assert "python -m failover.credentials" in container["command"][-1]
+    assert renewer["spec"]["template"]["spec"]["serviceAccountName"] == fleet_objects.CREDENTIALS_NAME
+    ksa = manifests(plan, "ServiceAccount")[fleet_objects.CREDENTIALS_NAME]
+    assert ksa["metadata"]["annotations"] == {"iam.gke.io/gcp-service-account": email}
+    role = manifests(plan, "Role")[f"tpu-fallback-{fleet_objects.CREDENTIALS_NAME}"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "patch"],
+                              "resourceNames": [f"{m}-kubeconfig" for m in MEMBERS]}]
+    assert not [b for b in manifests(plan, "ClusterRoleBinding").values()
+                if any(s.get("name") == fleet_objects.CREDENTIALS_NAME for s in b["subjects"])]
+    # The fleet's queue is Active only once a member is connected: after the renewer wrote the first tokens.
+    queue = plan.named(f"fleet-clusterqueue-{fleet_objects.CLUSTER_QUEUE}")
+    assert plan.named("fleet-credentials").urn in queue.dependencies

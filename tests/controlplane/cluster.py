@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from infra import fleet_member
+from failover import credentials
 from infra import kueue as stack_kueue
 from tests import upstream
 from tests.controlplane import build, chart, pki
@@ -35,7 +35,7 @@ PROVISIONING_REQUEST_CRD = "autoscaling.x-k8s.io_provisioningrequests.yaml"
 SERVICE_CIDR = "10.0.0.0/24"
 # What deletion needs (the garbage collector removes `foregroundDeletion` finalizers and cascades to dependents; the
 # namespace controller empties and removes deleted namespaces), and what fills a `kubernetes.io/service-account-token`
-# Secret with `token` and `ca.crt` (the token a MultiKueue manager reaches a member with), and what fills the
+# Secret with `token` and `ca.crt` (the scrape token of infra/monitoring.py), and what fills the
 # user-facing ClusterRoles (`edit`, `view`, `admin`: the API server creates them with an aggregation rule and no
 # rules) from the ClusterRoles labelled to aggregate into them, the Kueue chart's among them, as on GKE.
 # Ref: https://kubernetes.io/docs/reference/access-authn-authz/rbac/#aggregated-clusterroles
@@ -58,9 +58,11 @@ class Timings:
 class ControlPlane:
     """Start with `start()`, stop with `stop()`; `kube` is an admin client, `kubeconfig` its file."""
 
-    def __init__(self, kueue_values: dict, workdir: Path | None = None):
-        """`kueue_values`: the values a stack's Helm release passes (stack.release_values(plan))."""
+    def __init__(self, kueue_values: dict, workdir: Path | None = None, apiserver_args: tuple[str, ...] = ()):
+        """`kueue_values`: the values a stack's Helm release passes (stack.release_values(plan)); `apiserver_args`:
+        more flags for kube-apiserver (a fleet member's: the Google-like token issuer it trusts)."""
         self.kueue_values = kueue_values
+        self.apiserver_args = tuple(apiserver_args)
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="tpu-fallback-cp-")) if workdir is None else workdir
         self.supervisor = Supervisor(self.workdir / "logs")
@@ -133,7 +135,8 @@ class ControlPlane:
             "--service-account-issuer=https://127.0.0.1", f"--service-account-key-file={self.sa_keys.cert}",
             f"--service-account-signing-key-file={self.sa_keys.key}",
             "--authorization-mode=RBAC", "--disable-admission-plugins=ServiceAccount",
-            "--endpoint-reconciler-type=none", f"--cert-dir={self.workdir / 'apiserver-certs'}"])
+            "--endpoint-reconciler-type=none", f"--cert-dir={self.workdir / 'apiserver-certs'}",
+            *self.apiserver_args])
         context = ssl.create_default_context(cafile=str(self.ca.cert))
         self.supervisor.wait_until(process, lambda: http_ok(f"{self.server}/readyz", context), 90, "/readyz")
         self.apiserver = process
@@ -162,20 +165,16 @@ class ControlPlane:
         """A new admin client: one per thread (a Kube must not be shared across threads)."""
         return Kube(self.kubeconfig)
 
-    def inline_kubeconfig(self, token: str, name: str = "tier") -> str:
-        """A kubeconfig text as a fleet member's stack builds it for the manager (infra/fleet_member.py), for this
-        plane: its server by IP (the serving certificate names 127.0.0.1, so the CA alone verifies it)."""
-        return fleet_member.inline_kubeconfig(name, self.server, base64.b64encode(self.ca.cert_pem).decode(), token)
+    @property
+    def access(self) -> dict[str, str]:
+        """Where a fleet's manager reaches this plane, as a member publishes it (`fleetMember.access`): its server
+        by IP (the serving certificate names 127.0.0.1, so the CA alone verifies it) and its CA."""
+        return {"server": self.server, "certificateAuthorityData": base64.b64encode(self.ca.cert_pem).decode()}
 
-    def token_from_secret(self, namespace: str, name: str, timeout: float = 30.0) -> str:
-        """The decoded token of a `kubernetes.io/service-account-token` Secret, once the token controller has
-        filled it. The controller deletes such a Secret whose ServiceAccount does not exist (tokens_controller.go), as
-        GKE's does: create the ServiceAccount first."""
-        def filled() -> str | None:
-            secret = self.kube.get("v1", "Secret", name, namespace) or {}
-            data = secret.get("data") or {}
-            return data.get("token") if data.get("ca.crt") else None
-        return base64.b64decode(wait_for(filled, timeout, f"token in Secret {namespace}/{name}")).decode()
+    def inline_kubeconfig(self, token: str, name: str = "tier") -> str:
+        """A kubeconfig text as the fleet's renewer writes it for the manager (failover/credentials.py)."""
+        return credentials.inline_kubeconfig(name, self.access["server"], self.access["certificateAuthorityData"],
+                                             token)
 
     def _start_controller_manager(self, binary: Path) -> None:
         port = free_port()
