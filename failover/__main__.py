@@ -21,8 +21,7 @@ import sys
 import threading
 import time
 
-from kubernetes import client, config
-
+from failover.cluster_client import api_client
 from failover.controller import Controller
 from failover.decisions import Chain
 from failover.metrics import Metrics
@@ -59,13 +58,6 @@ class Health:
 
         server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
         threading.Thread(target=server.serve_forever, daemon=True).start()
-
-
-def api_client() -> client.ApiClient:
-    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-        config.load_incluster_config()
-        return client.ApiClient()
-    return config.new_client_from_config(config_file=os.environ.get("KUBECONFIG"))
 
 
 def main() -> int:

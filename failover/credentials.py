@@ -1,5 +1,6 @@
-"""The fleet's credentials renewer, on a fleet's manager cluster: short-lived tokens for MultiKueue, never a key.
+"""Short-lived tokens kept in the Secrets that need one, renewed before they expire: no long-lived credential.
 
+1. A fleet's manager (FLEET_ACCESS set): the manager's tokens for MultiKueue, never a key.
 Kueue 0.19.2's MultiKueue reaches a member only through a kubeconfig Secret with an inline token or client
 certificate (no exec plugin, no token file: multikueuecluster.go L958-1040), and rebuilds its client when that
 Secret changes (its Secret watch, multikueuecluster.go L1261; updateConfigAndRefreshWatchers L301). So this loop
@@ -13,8 +14,15 @@ one is still valid, so the manager never sees a gap:
 - the next check comes before the token has lived half its life (GKE's metadata server hands out a fresh token
   well before the old one expires), and at least every CHECK_SECONDS.
 
+2. Any cluster with monitoring (SCRAPE_SERVICE_ACCOUNT set): the token Google Managed Prometheus scrapes Kueue's
+/metrics with. GMP reads a scrape token only from a Secret (infra/monitoring.py); instead of a never-expiring
+`kubernetes.io/service-account-token` Secret, this asks the API server for a one-hour token of the scrape
+ServiceAccount (TokenRequest) and writes it into that Secret, again before half its life.
+
     python -m failover.credentials   # FLEET_ACCESS ({member: {secret, server, certificateAuthorityData}}),
-                                     # FLEET_SECRETS_NAMESPACE, GCE_METADATA_HOST (as google-auth reads it)
+                                     # FLEET_SECRETS_NAMESPACE, GCE_METADATA_HOST (as google-auth reads it);
+                                     # or SCRAPE_SERVICE_ACCOUNT, SCRAPE_SECRET (namespace/name each),
+                                     # SCRAPE_TOKEN_SECONDS
 """
 
 from __future__ import annotations
@@ -27,8 +35,9 @@ import os
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import yaml
 from kubernetes import client
@@ -44,6 +53,8 @@ CHECK_SECONDS = 300.0  # the longest between two checks, whatever the token's li
 MIN_CHECK_SECONDS = 1.0
 RETRY_SECONDS = (2.0, 5.0, 15.0, 30.0, 60.0)  # after a failed renewal: the old token still has time left
 KUBECONFIG_KEY = "kubeconfig"  # the key MultiKueue reads (MultiKueueConfigSecretKey)
+TOKEN_KEY = "token"  # the key a scrape Secret holds the bare token in (infra/monitoring.py)
+SCRAPE_TOKEN_SECONDS = 3600
 
 
 @dataclass(frozen=True)
@@ -76,6 +87,10 @@ def inline_kubeconfig(name: str, server: str, ca_data: str, token: str | None) -
     }, sort_keys=False)
 
 
+class TokenSource(Protocol):
+    def token(self) -> Token: ...
+
+
 class MetadataTokenSource:
     """The access token of the Pod's Google service account, from GKE's metadata server (Workload Identity)."""
 
@@ -90,39 +105,76 @@ class MetadataTokenSource:
         return Token(body["access_token"], self.clock() + datetime.timedelta(seconds=int(body["expires_in"])))
 
 
-class Renewer:
-    """`renew()` once: every member's Secret holds the current token; returns the seconds until the next check."""
+@dataclass(frozen=True)
+class Target:
+    """A Secret that holds a token: under `key`, as `render(token)` gives it."""
 
-    def __init__(self, core: client.CoreV1Api, members: Mapping[str, MemberAccess], namespace: str,
-                 source: MetadataTokenSource, clock: Callable[[], datetime.datetime] | None = None):
-        self.core, self.members, self.namespace, self.source = core, dict(members), namespace, source
+    secret: str
+    key: str
+    render: Callable[[str], str]
+
+
+class ServiceAccountTokenSource:
+    """A token of a ServiceAccount in this cluster, from the API server (TokenRequest), valid `seconds`."""
+
+    def __init__(self, core: client.CoreV1Api, namespace: str, name: str, seconds: int = SCRAPE_TOKEN_SECONDS):
+        self.core, self.namespace, self.name, self.seconds = core, namespace, name, seconds
+
+    def token(self) -> Token:
+        request = client.AuthenticationV1TokenRequest(
+            spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=self.seconds))
+        review = self.core.create_namespaced_service_account_token(self.name, self.namespace, request)
+        return Token(review.status.token, review.status.expiration_timestamp)
+
+
+class Renewer:
+    """`renew()` once: every target Secret holds the current token; returns the seconds until the next check."""
+
+    def __init__(self, core: client.CoreV1Api, targets: Sequence[Target], namespace: str, source: TokenSource,
+                 clock: Callable[[], datetime.datetime] | None = None):
+        self.core, self.targets, self.namespace, self.source = core, tuple(targets), namespace, source
         self.clock = clock or _now
-        self.written: dict[str, str] = {}  # member -> the kubeconfig last seen in its Secret
+        self.written: dict[str, str] = {}  # Secret -> what was last seen in it
+        self.current: Token | None = None
+        self.lifetime = 0.0  # the current token's, when it was handed out
 
     def renew(self) -> float:
-        token = self.source.token()
+        """Ask the source again once the token in hand has lived half its life (a TokenRequest makes a new token
+        each time; the metadata server gives the same one until it renews it itself, and is asked again sooner)."""
         now = self.clock()
-        if token.left(now) <= 0:
-            raise ValueError(f"the token source gave a token that expired at {token.expires.isoformat()}")
-        for member, access in self.members.items():
-            self._write(member, access, token)
-        return max(MIN_CHECK_SECONDS, min(CHECK_SECONDS, token.left(now) / 2))
+        if self.current is None or self.current.left(now) <= self.lifetime / 2:
+            token = self.source.token()
+            if token.left(now) <= 0:
+                raise ValueError(f"the token source gave a token that expired at {token.expires.isoformat()}")
+            if self.current is None or token.value != self.current.value:
+                self.current, self.lifetime = token, token.left(now)
+        for target in self.targets:
+            self._write(target, self.current)
+        return max(MIN_CHECK_SECONDS, min(CHECK_SECONDS, self.current.left(now) / 2))
 
-    def _write(self, member: str, access: MemberAccess, token: Token) -> None:
-        wanted = inline_kubeconfig(member, access.server, access.certificate_authority_data, token.value)
-        if self.written.get(member) == wanted:
+    def _write(self, target: Target, token: Token) -> None:
+        wanted = target.render(token.value)
+        if self.written.get(target.secret) == wanted:
             return
-        secret = self.core.read_namespaced_secret(access.secret, self.namespace)
-        current = base64.b64decode((secret.data or {}).get(KUBECONFIG_KEY, "")).decode()
+        secret = self.core.read_namespaced_secret(target.secret, self.namespace)
+        current = base64.b64decode((secret.data or {}).get(target.key, "")).decode()
         if current != wanted:
             # Guarded by resourceVersion: a concurrent writer (a second replica in a rollout) makes this a 409, and
             # the next check writes again.
-            self.core.patch_namespaced_secret(access.secret, self.namespace, {
+            self.core.patch_namespaced_secret(target.secret, self.namespace, {
                 "metadata": {"resourceVersion": secret.metadata.resource_version},
-                "data": {KUBECONFIG_KEY: base64.b64encode(wanted.encode()).decode()}})
-            log.info("member %s: token renewed in %s/%s, valid until %s", member, self.namespace, access.secret,
+                "data": {target.key: base64.b64encode(wanted.encode()).decode()}})
+            log.info("%s/%s: token renewed, valid until %s", self.namespace, target.secret,
                      token.expires.isoformat(timespec="seconds"))
-        self.written[member] = wanted
+        self.written[target.secret] = wanted
+
+
+def member_targets(members: Mapping[str, MemberAccess]) -> list[Target]:
+    """A fleet manager's: each member's kubeconfig Secret, with its server, its CA and the token."""
+    return [Target(access.secret, KUBECONFIG_KEY,
+                   lambda token, m=member, a=access: inline_kubeconfig(m, a.server, a.certificate_authority_data,
+                                                                       token))
+            for member, access in members.items()]
 
 
 def members_from_env(text: str) -> dict[str, MemberAccess]:
@@ -148,14 +200,28 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
+def _split(value: str) -> tuple[str, str]:
+    namespace, _, name = value.partition("/")
+    return namespace, name
+
+
 def main() -> int:
-    from failover.__main__ import api_client  # the same credentials rule as the failover controller
+    from failover.cluster_client import api_client
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
-    members = members_from_env(os.environ["FLEET_ACCESS"])
-    namespace = os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")
-    renewer = Renewer(client.CoreV1Api(api_client()), members, namespace, MetadataTokenSource())
-    log.info("renewing the manager's tokens for %s from %s", ", ".join(members), renewer.source.url)
+    core = client.CoreV1Api(api_client())
+    if "FLEET_ACCESS" in os.environ:
+        members = members_from_env(os.environ["FLEET_ACCESS"])
+        source = MetadataTokenSource()
+        renewer = Renewer(core, member_targets(members), os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system"),
+                          source)
+        log.info("renewing the manager's tokens for %s from %s", ", ".join(members), source.url)
+    else:
+        account, (namespace, secret) = _split(os.environ["SCRAPE_SERVICE_ACCOUNT"]), _split(os.environ["SCRAPE_SECRET"])
+        seconds = int(os.environ.get("SCRAPE_TOKEN_SECONDS", str(SCRAPE_TOKEN_SECONDS)))
+        renewer = Renewer(core, [Target(secret, TOKEN_KEY, lambda token: token)], namespace,
+                          ServiceAccountTokenSource(core, *account, seconds))
+        log.info("renewing %s/%s with %d s tokens of %s/%s", namespace, secret, seconds, *account)
     run(renewer)
     return 0
 

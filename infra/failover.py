@@ -18,8 +18,10 @@ from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
 from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
-PACKAGE_FILES = ("__init__.py", "__main__.py", "controller.py", "credentials.py", "decisions.py", "fleet.py",
-                 "informer.py", "metrics.py", "workqueue.py", "requirements.txt")
+PACKAGE_FILES = ("__init__.py", "__main__.py", "cluster_client.py", "controller.py", "credentials.py", "decisions.py",
+                 "fleet.py", "informer.py", "metrics.py", "workqueue.py", "requirements.txt")
+# What the token renewer alone needs (a scrape token's, infra/monitoring.py): shipped where the package is not.
+RENEWER_FILES = ("__init__.py", "cluster_client.py", "credentials.py", "requirements.txt")
 # The image's Python is the one the tests run the controller with (3.11); a patch release, pinned.
 PYTHON_IMAGE = "python:3.11.14-slim"
 NAMESPACE = "tpu-fallback-system"
@@ -41,13 +43,13 @@ RBAC_RULES = (
 )
 
 
-def package_sources() -> dict[str, str]:
-    return {name: (PACKAGE_DIR / name).read_text() for name in PACKAGE_FILES}
+def package_sources(files: tuple[str, ...] = PACKAGE_FILES) -> dict[str, str]:
+    return {name: (PACKAGE_DIR / name).read_text() for name in files}
 
 
-def code_configmap_name(sources: dict[str, str]) -> str:
+def code_configmap_name(sources: dict[str, str], prefix: str = NAME) -> str:
     digest = hashlib.sha256(json.dumps(sources, sort_keys=True).encode()).hexdigest()[:10]
-    return f"{NAME}-code-{digest}"
+    return f"{prefix}-code-{digest}"
 
 
 def chain_config(kueue: Kueue, settings: PlatformSettings) -> str:
@@ -83,9 +85,11 @@ def deployment(settings: PlatformSettings, chain: str, configmap: str) -> dict:
 
 
 def controller_deployment(settings: PlatformSettings, name: str, module: str, configmap: str, env: list[dict],
-                          ports: list[dict] | None = None, probe: dict | None = None) -> dict:
+                          ports: list[dict] | None = None, probe: dict | None = None,
+                          namespace: str = NAMESPACE) -> dict:
     """A Deployment running `python -m <module>` from the code ConfigMap, as the ServiceAccount `name`: the
-    failover controller, or a fleet's watch (infra/fleet.py)."""
+    failover controller, a fleet's watch and renewer (infra/fleet.py), a scrape token's renewer
+    (infra/monitoring.py)."""
     run, runtime_env = start_command(settings, module)
     container: dict = {
         "name": "controller",
@@ -107,7 +111,7 @@ def controller_deployment(settings: PlatformSettings, name: str, module: str, co
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NAMESPACE, "labels": {"app": name}},
+        "metadata": {"name": name, "namespace": namespace, "labels": {"app": name}},
         "spec": {
             "replicas": 1,  # its writes are idempotent, so a second replica during a rollout is harmless
             "selector": {"matchLabels": {"app": name}},

@@ -10,8 +10,10 @@ whether it may `get` the non-resource URL /metrics (SubjectAccessReview).
 Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/cmd/kueue/main.go (L184-235)
 Ref: https://github.com/kubernetes-sigs/controller-runtime/blob/v0.24.1/pkg/metrics/filters/filters.go
 GMP's collector reads a scrape token only from a Secret in the PodMonitoring's own namespace, so Kueue's scrape
-identity is a ServiceAccount in kueue-system with one right (get /metrics), whose token Secret the collector may
-read, and nothing else. The failover controller serves plain HTTP inside the cluster: no token.
+identity is a ServiceAccount in kueue-system with one right (get /metrics), and a Secret the collector may read,
+and nothing else. That Secret holds a one-hour token of the ServiceAccount (TokenRequest), which a small renewer
+in kueue-system (failover/credentials.py) replaces before half its life: no never-expiring token Secret, and none
+in the stack's state. The failover controller serves plain HTTP inside the cluster: no token.
 Ref: https://github.com/GoogleCloudPlatform/prometheus-engine/blob/v0.17.2/pkg/operator/apis/monitoring/v1/http_types.go (L90-106)
 """
 
@@ -25,6 +27,8 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from failover import credentials
+from infra import failover as failover_code
 from infra.failover import METRICS_PORT_NAME, FailoverController
 from infra.failover import NAME as FAILOVER_NAME
 from infra.failover import NAMESPACE as FAILOVER_NAMESPACE
@@ -44,11 +48,12 @@ METRICS_PATH = "/metrics"
 KUEUE_POD_LABELS = {"app.kubernetes.io/name": CHART_NAME, "app.kubernetes.io/instance": RELEASE_NAME,
                     "control-plane": "controller-manager"}
 KUEUE_METRICS_PORT = "metrics"
-# Kueue's scrape identity: a ServiceAccount and its long-lived token (GMP reads tokens from Secrets only).
-# Ref: https://kubernetes.io/docs/concepts/configuration/secret/#serviceaccount-token-secrets
+# Kueue's scrape identity: a ServiceAccount, and a Secret that holds its current one-hour token (GMP reads tokens from
+# Secrets only), renewed by SCRAPE_RENEWER. Ref: https://kubernetes.io/docs/reference/kubernetes-api/authentication-resources/token-request-v1/
 KUEUE_READER = "tpu-fallback-kueue-metrics-reader"
 TOKEN_SECRET = f"{KUEUE_READER}-token"
-TOKEN_KEY = "token"
+TOKEN_KEY = credentials.TOKEN_KEY
+SCRAPE_RENEWER = "tpu-fallback-scrape-token"
 # GKE's managed collectors run as this ServiceAccount; Google's own sample grants it a Secret the same way.
 # Ref: https://github.com/GoogleCloudPlatform/prometheus-engine/blob/v0.17.2/examples/inference-optimized-gateway/secret.yaml
 COLLECTOR = {"kind": "ServiceAccount", "name": "collector", "namespace": "gmp-system"}
@@ -111,10 +116,44 @@ def kueue_reader_account() -> dict:
 
 
 def token_secret() -> dict:
-    """The token controller fills `token` for the named ServiceAccount; it stays valid while both exist."""
-    return {"apiVersion": "v1", "kind": "Secret", "type": "kubernetes.io/service-account-token",
-            "metadata": {"name": TOKEN_SECRET, "namespace": KUEUE_NAMESPACE,
-                         "annotations": {"kubernetes.io/service-account.name": KUEUE_READER}}}
+    """Empty as the stack creates it (and ignores its data after): the renewer writes `token`."""
+    return {"apiVersion": "v1", "kind": "Secret", "type": "Opaque",
+            "metadata": {"name": TOKEN_SECRET, "namespace": KUEUE_NAMESPACE}}
+
+
+def scrape_renewer_account() -> dict:
+    return {"apiVersion": "v1", "kind": "ServiceAccount",
+            "metadata": {"name": SCRAPE_RENEWER, "namespace": KUEUE_NAMESPACE}}
+
+
+def scrape_renewer_role() -> dict:
+    """The renewer may ask for tokens of the scrape identity and rewrite its Secret, nothing else."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": SCRAPE_RENEWER, "namespace": KUEUE_NAMESPACE},
+            "rules": [{"apiGroups": [""], "resources": ["serviceaccounts/token"], "resourceNames": [KUEUE_READER],
+                       "verbs": ["create"]},
+                      {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [TOKEN_SECRET],
+                       "verbs": ["get", "patch"]}]}
+
+
+def scrape_renewer_binding() -> dict:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": SCRAPE_RENEWER, "namespace": KUEUE_NAMESPACE},
+            "roleRef": _rbac_ref("Role", SCRAPE_RENEWER),
+            "subjects": [{"kind": "ServiceAccount", "name": SCRAPE_RENEWER, "namespace": KUEUE_NAMESPACE}]}
+
+
+def scrape_renewer_sources() -> dict[str, str]:
+    return failover_code.package_sources(failover_code.RENEWER_FILES)
+
+
+def scrape_renewer_deployment(settings: PlatformSettings) -> dict:
+    configmap = failover_code.code_configmap_name(scrape_renewer_sources(), SCRAPE_RENEWER)
+    return failover_code.controller_deployment(settings, SCRAPE_RENEWER, "failover.credentials", configmap, env=[
+        {"name": "SCRAPE_SERVICE_ACCOUNT", "value": f"{KUEUE_NAMESPACE}/{KUEUE_READER}"},
+        {"name": "SCRAPE_SECRET", "value": f"{KUEUE_NAMESPACE}/{TOKEN_SECRET}"},
+        {"name": "SCRAPE_TOKEN_SECONDS", "value": str(credentials.SCRAPE_TOKEN_SECONDS)},
+    ], namespace=KUEUE_NAMESPACE)
 
 
 def metrics_reader_role() -> dict:
@@ -395,16 +434,30 @@ class _Observed(pulumi.ComponentResource):
         self._name, self._provider = name, provider
         self._monitors: list[dict] = []
 
-    def _scrape_kueue(self, release: pulumi.Resource) -> None:
+    def _scrape_kueue(self, settings: PlatformSettings, release: pulumi.Resource) -> None:
         # Kueue's namespace and pods come with its release; the PodMonitoring CRD with GKE's managed collection.
         account = self._object("reader-account", kueue_reader_account(), [release])
-        token = self._object("reader-token", token_secret(), [account])
+        token = self._object("reader-token", token_secret(), [release], ignore_changes=["data", "stringData"])
         role = self._object("reader-role", metrics_reader_role())
         reader = self._object("reader-binding", metrics_reader_binding(), [role, account])
         collector_role = self._object("collector-role", collector_token_role(), [release])
         collector = self._object("collector-binding", collector_token_binding(), [collector_role])
-        # Scraped once its token is readable and authorized: the first scrapes do not fail.
-        self._scrape("kueue", kueue_pod_monitoring(), [release, token, reader, collector])
+        renewer = self._scrape_renewer(settings, [release, account, token])
+        # Scraped once its token is written and authorized: the first scrapes do not fail.
+        self._scrape("kueue", kueue_pod_monitoring(), [release, token, reader, collector, renewer])
+
+    def _scrape_renewer(self, settings: PlatformSettings, after: list[pulumi.Resource]) -> pulumi.Resource:
+        """The scrape token's renewer: its ServiceAccount and Role, its code (the renewer's files of the failover
+        package), its Deployment, all in Kueue's namespace."""
+        account = self._object("renewer-account", scrape_renewer_account(), after)
+        role = self._object("renewer-role", scrape_renewer_role(), after)
+        binding = self._object("renewer-binding", scrape_renewer_binding(), [role, account])
+        sources = scrape_renewer_sources()
+        code = self._object("renewer-code", {
+            "apiVersion": "v1", "kind": "ConfigMap", "data": sources,
+            "metadata": {"name": failover_code.code_configmap_name(sources, SCRAPE_RENEWER),
+                         "namespace": KUEUE_NAMESPACE}}, after)
+        return self._object("renewer", scrape_renewer_deployment(settings), [binding, code, *after])
 
     def _scrape(self, suffix: str, monitor: dict, after: list[pulumi.Resource]) -> None:
         self._monitors.append(monitor)
@@ -428,14 +481,17 @@ class _Observed(pulumi.ComponentResource):
                                                   for m in self._monitors],
                                "alertPolicies": [alert.title for alert in alerts]})
 
-    def _object(self, suffix: str, manifest: dict, after: list[pulumi.Resource] | None = None) -> pulumi.Resource:
+    def _object(self, suffix: str, manifest: dict, after: list[pulumi.Resource] | None = None,
+                ignore_changes: list[str] | None = None) -> pulumi.Resource:
         """A Kubernetes object from its manifest, on the cluster's provider."""
-        opts = pulumi.ResourceOptions(parent=self, provider=self._provider, depends_on=after or [])
+        opts = pulumi.ResourceOptions(parent=self, provider=self._provider, depends_on=after or [],
+                                      ignore_changes=ignore_changes)
         name, kind = f"{self._name}-{suffix}", manifest["kind"]
         body = {k: v for k, v in manifest.items() if k not in ("apiVersion", "kind")}
         typed = {"ServiceAccount": k8s.core.v1.ServiceAccount, "Secret": k8s.core.v1.Secret,
                  "ClusterRole": k8s.rbac.v1.ClusterRole, "ClusterRoleBinding": k8s.rbac.v1.ClusterRoleBinding,
-                 "Role": k8s.rbac.v1.Role, "RoleBinding": k8s.rbac.v1.RoleBinding}
+                 "Role": k8s.rbac.v1.Role, "RoleBinding": k8s.rbac.v1.RoleBinding,
+                 "ConfigMap": k8s.core.v1.ConfigMap, "Deployment": k8s.apps.v1.Deployment}
         if kind in typed:
             return typed[kind](name, **{_snake(k): v for k, v in body.items()}, opts=opts)
         return k8s.apiextensions.CustomResource(name, api_version=manifest["apiVersion"], kind=kind, **body,
@@ -454,7 +510,7 @@ class Monitoring(_Observed):
     def __init__(self, name: str, settings: PlatformSettings, kueue: Kueue, failover: FailoverController | None,
                  provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-fallback:infra:Monitoring", name, provider, opts)
-        self._scrape_kueue(kueue.release)
+        self._scrape_kueue(settings, kueue.release)
         if failover is not None:  # a one-rung stack runs no controller
             self._scrape("failover", failover_pod_monitoring(), [failover])
         self._publish(settings, dashboard(settings), platform_alerts(settings, failover is not None))
@@ -467,6 +523,6 @@ class FleetMonitoring(_Observed):
     def __init__(self, name: str, settings: PlatformSettings, manager: FleetManager, provider: k8s.Provider,
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-fallback:infra:FleetMonitoring", name, provider, opts)
-        self._scrape_kueue(manager.release)
+        self._scrape_kueue(settings, manager.release)
         self._scrape("watch", fleet_watch_pod_monitoring(), [manager.watch])
         self._publish(settings, dashboard(settings, fleet_widgets(settings), kind="fleet"), fleet_alerts(settings))

@@ -1,6 +1,7 @@
-"""The fleet's credentials renewer (failover/credentials.py), unit by unit: what it writes, when it checks again,
-and what it does when the token source fails. The real renewal against real API servers and Kueue is in
-tests/test_fleet_controlplane.py."""
+"""The credentials renewer (failover/credentials.py), unit by unit: what it writes, when it asks for a new token and
+checks again, and what it does when the token source fails. The real renewals against real API servers are in
+tests/test_fleet_controlplane.py (a fleet's manager and Kueue's MultiKueue) and tests/test_monitoring.py (the
+scrape token, TokenRequest)."""
 
 from __future__ import annotations
 
@@ -25,20 +26,21 @@ MEMBERS = {"w1": MemberAccess("w1-kubeconfig", "https://203.0.113.1", "Q0Ex"),
 class FakeCore:
     """The two calls the renewer makes on the manager's Secrets, with resourceVersion kept as the server does."""
 
-    def __init__(self, texts: dict[str, str]):
+    def __init__(self, texts: dict[str, str], key: str = "kubeconfig"):
+        self.key = key
         self.data = {name: base64.b64encode(text.encode()).decode() for name, text in texts.items()}
         self.versions = dict.fromkeys(texts, 1)
         self.patches: list[tuple[str, dict]] = []
 
     def read_namespaced_secret(self, name, namespace):
         assert namespace == "kueue-system"
-        return SimpleNamespace(data={"kubeconfig": self.data[name]},
+        return SimpleNamespace(data={self.key: self.data[name]},
                                metadata=SimpleNamespace(resource_version=str(self.versions[name])))
 
     def patch_namespaced_secret(self, name, namespace, body):
         assert body["metadata"]["resourceVersion"] == str(self.versions[name])
         self.patches.append((name, body))
-        self.data[name] = body["data"]["kubeconfig"]
+        self.data[name] = body["data"][self.key]
         self.versions[name] += 1
 
     def kubeconfig(self, name: str) -> dict:
@@ -60,9 +62,20 @@ def tokenless(member: str) -> str:
     return credentials.inline_kubeconfig(member, access.server, access.certificate_authority_data, None)
 
 
-def renewer(source: Source, now=NOW) -> tuple[Renewer, FakeCore]:
+class Clock:
+    def __init__(self):
+        self.now = NOW
+
+    def __call__(self) -> datetime.datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += datetime.timedelta(seconds=seconds)
+
+
+def renewer(source: Source, clock=None) -> tuple[Renewer, FakeCore]:
     core = FakeCore({access.secret: tokenless(member) for member, access in MEMBERS.items()})
-    return Renewer(core, MEMBERS, "kueue-system", source, clock=lambda: now), core
+    return Renewer(core, credentials.member_targets(MEMBERS), "kueue-system", source, clock=clock or Clock()), core
 
 
 def test_each_members_secret_gets_the_token_and_keeps_its_server_and_ca():
@@ -76,22 +89,32 @@ def test_each_members_secret_gets_the_token_and_keeps_its_server_and_ca():
     assert [name for name, _ in core.patches] == ["w1-kubeconfig", "w2-kubeconfig"]
 
 
-def test_a_secret_is_rewritten_only_when_the_token_changes():
-    """Every write makes Kueue rebuild that member's client (its Secret watch): no write without a new token."""
+def test_a_new_token_is_asked_for_past_half_its_life_and_written_only_when_it_changed():
+    """Every write makes Kueue rebuild that member's client (its Secret watch): no write without a new token. The
+    metadata server hands out the same token until it renews it: asked again, sooner each time."""
     hour = datetime.timedelta(hours=1)
-    job, core = renewer(Source(Token("t1", NOW + hour), Token("t1", NOW + hour), Token("t2", NOW + 2 * hour)))
-    job.renew()
-    job.renew()
-    assert len(core.patches) == 2
-    job.renew()
+    clock = Clock()
+    source = Source(Token("t1", NOW + hour), Token("t1", NOW + hour), Token("t2", NOW + 2 * hour))
+    job, core = renewer(source, clock)
+    assert job.renew() == credentials.CHECK_SECONDS and len(core.patches) == 2
+    clock.advance(20 * 60)
+    job.renew()  # 40 min left of 60: not asked
+    assert len(source.tokens) == 2 and len(core.patches) == 2
+    clock.advance(15 * 60)
+    assert job.renew() == credentials.CHECK_SECONDS  # 25 min left: asked, the same token (checked again in 5 min)
+    assert len(source.tokens) == 1 and len(core.patches) == 2
+    clock.advance(5 * 60)
+    job.renew()  # asked again: a new token, written to both
     assert len(core.patches) == 4 and core.kubeconfig("w2-kubeconfig")["users"][0]["user"] == {"token": "t2"}
 
 
 def test_a_secret_changed_by_someone_else_is_put_back_at_the_next_new_token():
+    clock = Clock()
     job, core = renewer(Source(Token("t1", NOW + datetime.timedelta(hours=1)),
-                               Token("t2", NOW + datetime.timedelta(hours=1))))
+                               Token("t2", NOW + datetime.timedelta(hours=2))), clock)
     job.renew()
     core.data["w1-kubeconfig"] = base64.b64encode(tokenless("w1").encode()).decode()  # e.g. `pulumi up --refresh`
+    clock.advance(45 * 60)
     job.renew()
     assert core.kubeconfig("w1-kubeconfig")["users"][0]["user"] == {"token": "t2"}
 
@@ -111,18 +134,20 @@ def test_an_expired_token_is_never_written():
 
 def test_a_failing_source_is_retried_with_backoff_and_the_last_token_stays():
     hour = datetime.timedelta(hours=1)
+    clock = Clock()
     job, core = renewer(Source(Token("t1", NOW + hour), OSError("metadata server down"), OSError("still down"),
-                               Token("t2", NOW + hour)))
+                               Token("t2", NOW + 2 * hour)), clock)
     waits = []
 
     def sleep(seconds):
         waits.append(seconds)
+        clock.advance(35 * 60 if len(waits) == 1 else seconds)
         if len(waits) == 4:
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
         credentials.run(job, sleep=sleep)
-    assert waits == [credentials.CHECK_SECONDS, *credentials.RETRY_SECONDS[:2], credentials.CHECK_SECONDS]
+    assert waits[:3] == [credentials.CHECK_SECONDS, *credentials.RETRY_SECONDS[:2]]
     assert core.kubeconfig("w1-kubeconfig")["users"][0]["user"] == {"token": "t2"}
     assert len(core.patches) == 4
 
@@ -158,3 +183,23 @@ def test_the_access_list_is_read_as_the_stack_writes_it():
     handles = [fleet_objects.MemberHandle(m, {"server": a.server, "certificateAuthorityData":
                                               a.certificate_authority_data}, {}, "p", None) for m, a in MEMBERS.items()]
     assert credentials.members_from_env(fleet_objects.member_access(handles)) == MEMBERS
+
+
+def test_a_scrape_token_is_a_one_hour_token_request_of_its_service_account():
+    """The TokenRequest the renewer makes for Kueue's scrape identity, and the bare token it writes."""
+    made = []
+
+    class Core(FakeCore):
+        def create_namespaced_service_account_token(self, name, namespace, body):
+            made.append((namespace, name, body.spec.expiration_seconds, body.spec.audiences))
+            return SimpleNamespace(status=SimpleNamespace(token=f"jwt-{len(made)}",
+                                                          expiration_timestamp=NOW + datetime.timedelta(hours=1)))
+
+    core = Core({"scrape-token": ""}, key=credentials.TOKEN_KEY)
+    source = credentials.ServiceAccountTokenSource(core, "kueue-system", "reader")
+    job = Renewer(core, [credentials.Target("scrape-token", credentials.TOKEN_KEY, lambda token: token)],
+                  "kueue-system", source, clock=Clock())
+    job.renew()
+    job.renew()  # the token in hand is fresh: no second TokenRequest
+    assert made == [("kueue-system", "reader", 3600, [])]
+    assert base64.b64decode(core.data["scrape-token"]).decode() == "jwt-1"

@@ -5,10 +5,13 @@ scrape RBAC on the real tier's authorizer. Each check has a case it must reject.
 
 from __future__ import annotations
 
+import base64
 import copy
 import json
 import os
 import re
+import sys
+import time
 
 import pytest
 
@@ -19,7 +22,7 @@ from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
 from infra.offline import OfflineEngine
 from infra.settings import SettingsError
 from tests import upstream
-from tests.conftest import SHIPPED_STACKS, config_with, plan_for
+from tests.conftest import REPO, SHIPPED_STACKS, config_with, plan_for
 from tests.gcp_schema import check_resource
 from tests.k8s_schema import validation_errors
 
@@ -90,7 +93,7 @@ def test_every_child_is_the_components_and_kubernetes_ones_use_the_cluster_provi
     children = [r for r in plan.resources if r.parent == component.urn]
     assert {r.name for r in children} == {f"monitoring-{suffix}" for suffix in (
         "reader-account", "reader-token", "reader-role", "reader-binding", "collector-role", "collector-binding",
-        "kueue", "failover", "api", "dashboard", "alert-waiting-ondemand", "alert-waiting-flexstart", "alert-moves",
+        "renewer-account", "renewer-role", "renewer-binding", "renewer-code", "renewer", "kueue", "failover", "api", "dashboard", "alert-waiting-ondemand", "alert-waiting-flexstart", "alert-moves",
         "alert-failover-controller-down")}
     provider = plan.only("pulumi:providers:kubernetes").urn
     assert all(r.provider_urn == provider for r in children if r.type.startswith("kubernetes:"))
@@ -104,7 +107,7 @@ def test_kueue_scrape_objects_wait_for_the_release_and_the_monitoring_for_its_to
         assert release in plan.ancestors_and_dependencies(plan.named(name)), name
     direct = {index[urn].name for urn in plan.named("monitoring-kueue").dependencies}
     assert direct == {"kueue-release", "monitoring-reader-token", "monitoring-reader-binding",
-                      "monitoring-collector-binding"}
+                      "monitoring-collector-binding", "monitoring-renewer"}
 
 
 def test_the_controllers_monitoring_waits_for_it_and_selects_its_pods_and_metrics_port():
@@ -112,7 +115,8 @@ def test_the_controllers_monitoring_waits_for_it_and_selects_its_pods_and_metric
     monitor = pod_monitorings(plan)[mon.FAILOVER_NAME]
     controller = plan.named("failover-deployment")
     assert controller.urn in plan.named("monitoring-failover").dependencies
-    (deployment,) = [m for m in plan.kubernetes_manifests() if m["kind"] == "Deployment"]
+    (deployment,) = [m for m in plan.kubernetes_manifests()
+                     if m["kind"] == "Deployment" and m["metadata"]["name"] == mon.FAILOVER_NAME]
     template = deployment["spec"]["template"]
     assert monitor["metadata"]["namespace"] == deployment["metadata"]["namespace"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
@@ -170,9 +174,25 @@ def test_the_scrape_token_reads_metrics_only_and_the_collector_reads_that_token_
     assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "resourceNames": [mon.TOKEN_SECRET],
                               "verbs": ["get", "watch"]}]
     assert manifests[("RoleBinding", mon.COLLECTOR_ROLE)]["subjects"] == [mon.COLLECTOR]
+    # No never-expiring token: the Secret is created empty and the renewer writes a one-hour TokenRequest token.
     secret = manifests[("Secret", mon.TOKEN_SECRET)]
-    assert secret["type"] == "kubernetes.io/service-account-token" and "data" not in secret  # no token in the state
-    assert secret["metadata"]["annotations"] == {"kubernetes.io/service-account.name": mon.KUEUE_READER}
+    assert secret["type"] == "Opaque" and "data" not in secret and "annotations" not in secret["metadata"]
+    assert {"data", "stringData"} <= set(plan_for().named("monitoring-reader-token").options["ignoreChanges"])
+    assert not [m for m in manifests.values() if m.get("type") == "kubernetes.io/service-account-token"]
+    renewer = manifests[("Role", mon.SCRAPE_RENEWER)]
+    assert renewer["metadata"]["namespace"] == KUEUE_NAMESPACE
+    assert renewer["rules"] == [
+        {"apiGroups": [""], "resources": ["serviceaccounts/token"], "resourceNames": [mon.KUEUE_READER],
+         "verbs": ["create"]},
+        {"apiGroups": [""], "resources": ["secrets"], "resourceNames": [mon.TOKEN_SECRET], "verbs": ["get", "patch"]}]
+    deployment = manifests[("Deployment", mon.SCRAPE_RENEWER)]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert (env["SCRAPE_SERVICE_ACCOUNT"], env["SCRAPE_SECRET"], env["SCRAPE_TOKEN_SECONDS"]) == (
+        f"{KUEUE_NAMESPACE}/{mon.KUEUE_READER}", f"{KUEUE_NAMESPACE}/{mon.TOKEN_SECRET}", "3600")
+    assert "python -m failover.credentials" in container["command"][-1]
+    code = manifests[("ConfigMap", deployment["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"])]
+    assert sorted(code["data"]) == sorted(("__init__.py", "cluster_client.py", "credentials.py", "requirements.txt"))
 
 
 def test_the_kueue_monitoring_reads_its_token_from_its_own_namespace():
@@ -191,7 +211,8 @@ def test_the_kueue_monitoring_reads_its_token_from_its_own_namespace():
 def test_every_pod_monitoring_validates_strictly_against_gmps_crd(stack, podmonitoring_crd):
     plan = plan_for(stack)
     found = pod_monitorings(plan)
-    controller = [mon.FAILOVER_NAME] if any(m["kind"] == "Deployment" for m in plan.kubernetes_manifests()) else []
+    controller = [mon.FAILOVER_NAME] if any(m["kind"] == "Deployment" and m["metadata"]["name"] == mon.FAILOVER_NAME
+                                            for m in plan.kubernetes_manifests()) else []
     assert sorted(found) == sorted(["kueue-controller-manager", *controller])
     for name, manifest in found.items():
         assert validation_errors(manifest, podmonitoring_crd) == [], name
@@ -440,7 +461,7 @@ def test_the_fleet_manager_runs_managed_prometheus_and_shares_the_platforms_kueu
     children = {r.name for r in plan.resources if r.parent == component.urn}
     assert children == {f"monitoring-{suffix}" for suffix in (
         "reader-account", "reader-token", "reader-role", "reader-binding", "collector-role", "collector-binding",
-        "kueue", "watch", "api", "dashboard", "alert-waiting-fleet", "alert-fleet-watch-down",
+        "renewer-account", "renewer-role", "renewer-binding", "renewer-code", "renewer", "kueue", "watch", "api", "dashboard", "alert-waiting-fleet", "alert-fleet-watch-down",
         "alert-member-unreachable")}
     manifests = {(m["kind"], m["metadata"]["name"]): m for m in plan.kubernetes_manifests()}
     # The very objects a platform declares, from the same builders.
@@ -622,7 +643,7 @@ def _review(kube, user: str, **attributes) -> bool:
 def test_on_the_tier_the_objects_apply_the_token_reads_metrics_only_and_the_collector_that_token_only(
         control_plane):
     from infra.offline import Plan
-    from tests.controlplane.kube import Rejected
+    from tests.controlplane.kube import Rejected, wait_for
     from tests.controlplane.stack import deploy, destroy
 
     plan = plan_for()
@@ -630,8 +651,39 @@ def test_on_the_tier_the_objects_apply_the_token_reads_metrics_only_and_the_coll
     wanted = {r.urn for r in plan.resources if r.parent == component} | {plan.named("kueue-namespace").urn,
                                                                          plan.named("failover-namespace").urn}
     kube = control_plane.kube
-    deployed = deploy(kube, Plan([r for r in plan.resources if r.urn in wanted], {}, set()))
+    renewers = []
+
+    def run_renewer(step) -> None:
+        """The scrape token's renewer, as its Deployment runs it (no kubelet here), with its own rights."""
+        if step.manifest["kind"] == "Deployment" and step.manifest["metadata"]["name"] == mon.SCRAPE_RENEWER:
+            (container,) = step.manifest["spec"]["template"]["spec"]["containers"]
+            env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("SCRAPE_")}
+            kubeconfig = control_plane.kubeconfig_for_service_account(KUEUE_NAMESPACE, mon.SCRAPE_RENEWER)
+            renewers.append(control_plane.supervisor.start("scrape-token", [
+                sys.executable, "-m", "failover.credentials"], env={**os.environ, **env,
+                                                                    "KUBECONFIG": str(kubeconfig)}, cwd=REPO))
+
+    deployed = deploy(kube, Plan([r for r in plan.resources if r.urn in wanted], {}, set()), after_create=run_renewer)
     try:
+        # The renewer wrote a token of the scrape identity that expires within the hour, and the API server says
+        # whose it is: what Kueue's filter will ask (TokenReview).
+        def written() -> str | None:
+            data = (kube.get("v1", "Secret", mon.TOKEN_SECRET, KUEUE_NAMESPACE) or {}).get("data") or {}
+            return base64.b64decode(data[mon.TOKEN_KEY]).decode() if data.get(mon.TOKEN_KEY) else None
+        token = wait_for(written, 60, "the scrape token written by the renewer")
+        claims = json.loads(base64.urlsafe_b64decode(token.split(".")[1] + "=="))
+        assert claims["exp"] - claims["iat"] == 3600 and claims["exp"] > time.time()
+        review = kube.create({"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview", "metadata": {},
+                              "spec": {"token": token}})["status"]
+        assert review["authenticated"] and review["user"]["username"] == (
+            f"system:serviceaccount:{KUEUE_NAMESPACE}:{mon.KUEUE_READER}")
+        renewer = f"system:serviceaccount:{KUEUE_NAMESPACE}:{mon.SCRAPE_RENEWER}"
+        tokens = {"namespace": KUEUE_NAMESPACE, "resource": "serviceaccounts", "subresource": "token",
+                  "verb": "create"}
+        assert _review(kube, renewer, resourceAttributes={**tokens, "name": mon.KUEUE_READER})
+        assert not _review(kube, renewer, resourceAttributes={**tokens, "name": "kueue-controller-manager"})
+        assert not _review(kube, renewer, resourceAttributes={"namespace": KUEUE_NAMESPACE, "resource": "secrets",
+                                                              "verb": "get", "name": "kueue-webhook-server-cert"})
         reader = f"system:serviceaccount:{KUEUE_NAMESPACE}:{mon.KUEUE_READER}"
         collector = f"system:serviceaccount:{mon.COLLECTOR['namespace']}:{mon.COLLECTOR['name']}"
         secret = {"namespace": KUEUE_NAMESPACE, "resource": "secrets", "version": "v1"}
@@ -650,6 +702,8 @@ def test_on_the_tier_the_objects_apply_the_token_reads_metrics_only_and_the_coll
         with pytest.raises(Rejected, match="has\\(self.authorization\\)"):
             kube.create(both, dry_run=True)
     finally:
+        for process in renewers:
+            control_plane.supervisor.stop(process)
         assert destroy(kube, deployed.steps).stuck == {}
 
 
