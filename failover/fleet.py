@@ -6,29 +6,37 @@ cannot change that record once set, nor set it to a member it did not nominate. 
 another member runs the job; when the first member comes back, Kueue keeps its older admission, deletes the newer
 run, and keeps naming the other member, or none. The job then runs where the manager's record says it does not.
 
-Each pass, this watch lists the manager's Workloads and RayJobs and, in every member it can reach (through the
-kubeconfig Secrets MultiKueue uses), the copies and RayJobs that this manager made. Per job it writes what is true
-on the manager's RayJob (annotation `tpu-fallback/fleet`: state, where it runs, Kueue's record, members that do not
-answer or cannot admit it) and an Event when that changes: `FleetRunning`, `FleetRecordStale`, `FleetRunningTwice`
-(a partition's overlap; each run checkpoints under its own run id), `FleetMemberLost`, `FleetMemberCannotAdmit`,
-`FleetWaiting`, `FleetFinished`. Its one write to what Kueue reads: an evicted job's RayJob status is marked `Suspended` when Kueue
-waits for it to stop and cannot see it (`eviction_stuck`, Event `FleetEvictionUnblocked`).
+The watch keeps, through informers (failover/informer.py), the manager's Workloads, RayJobs and MultiKueueClusters
+and, in every member it can reach (through the kubeconfig Secrets MultiKueue uses, re-read every period), the copies
+and RayJobs this manager made; every change queues the jobs it touches. Per job it writes what is true on the
+manager's RayJob (annotation `tpu-fallback/fleet`: state, where it runs, Kueue's record, members that do not answer or
+cannot admit it) and an Event when that changes: `FleetRunning`, `FleetRecordStale`, `FleetRunningTwice` (a
+partition's overlap; each run checkpoints under its own run id), `FleetMemberLost`, `FleetMemberCannotAdmit`,
+`FleetWaiting`, `FleetFinished`. Its two writes to what Kueue reads (README "Plan C", multikueue-ladder.md §8):
+- an evicted job's RayJob status is marked `Suspended` when Kueue waits for it to stop, cannot see it, and no member
+  that answers runs it (`may_unblock`, Event `FleetEvictionUnblocked`): never where it runs, so never after a return;
+- Kueue's record is repaired when Kueue adopted a returning member's copy but cannot record it (`record_to_repair`,
+  a server-side apply of the Workload's status as Kueue's own field manager, Event `FleetRecordRepaired`).
 
-    python -m failover.fleet     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS, FLEET_SECRETS_NAMESPACE,
-                                 # FLEET_METRICS_PORT (Prometheus /metrics, default 9090; 0 turns it off)
+    python -m failover.fleet     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS (the period: kubeconfigs re-read,
+                                 # members asked for an answer), FLEET_RESYNC_SECONDS (every job again, default 300),
+                                 # FLEET_SECRETS_NAMESPACE, FLEET_METRICS_PORT (Prometheus /metrics, default 9090;
+                                 # 0 turns it off)
 """
 
 from __future__ import annotations
 
 import base64
+import copy as copy_module
 import dataclasses
 import datetime
 import json
 import logging
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import yaml
@@ -37,7 +45,9 @@ from kubernetes.client.rest import ApiException
 
 from failover.controller import rayjob_event
 from failover.decisions import MULTIKUEUE_ORIGIN_LABEL, WorkloadView, format_time
+from failover.informer import METADATA_ONLY_LIST, Informer, RawClient, Watched
 from failover.metrics import FleetMetrics
+from failover.workqueue import WorkQueue
 
 log = logging.getLogger("tpu-fallback.fleet")
 
@@ -45,7 +55,13 @@ FLEET_ANNOTATION = "tpu-fallback/fleet"
 COMPONENT = "tpu-fallback-fleet-watch"
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 RAY = ("ray.io", "v1")
-REQUEST_TIMEOUT_SECONDS = 5  # a member that does not answer in this long counts as unreachable for this pass
+REQUEST_TIMEOUT_SECONDS = 5  # a member that does not answer a probe in this long does not answer
+WATCH_SECONDS = 10.0  # the period: kubeconfigs re-read, members asked for an answer
+RESYNC_SECONDS = 300.0  # every job evaluated again, the safety net for anything a watch missed
+SETTLE_SECONDS = 1.0  # a warning is published once it has held this long
+REPAIR_SETTLE_SECONDS = 2.0  # a record to repair must stay so this long (Kueue records ordinary admissions itself)
+REPAIR_RETRY_SECONDS = 5.0  # a repair Kueue did not take is applied again after this long
+Key = tuple[str, str]  # (namespace, name)
 RUNNING, RECORD_STALE, RUNNING_TWICE, MEMBER_LOST = "Running", "RecordStale", "RunningTwice", "MemberLost"
 MEMBER_CANNOT_ADMIT = "MemberCannotAdmit"
 WAITING = "Waiting"  # runs nowhere, no member refuses it: published only over an earlier finding
@@ -53,6 +69,15 @@ FINISHED = "Finished"  # the manager's Workload finished: published only over an
 WARNINGS = frozenset({RECORD_STALE, RUNNING_TWICE, MEMBER_LOST, MEMBER_CANNOT_ADMIT})
 STATES = (RUNNING, RECORD_STALE, RUNNING_TWICE, MEMBER_LOST, MEMBER_CANNOT_ADMIT, WAITING, FINISHED)
 EVICTION_UNBLOCKED = "FleetEvictionUnblocked"
+RECORD_REPAIRED = "FleetRecordRepaired"
+DEACTIVATION_TARGET = "DeactivationTarget"  # the manager asks a member to deactivate its copy (MultiKueue 6b)
+KUEUE_ADMISSION = "kueue-admission"  # Kueue's field manager for a Workload's admission status
+APPLY_PATCH = "application/apply-patch+yaml"
+WATCHED_MANAGER_WORKLOADS = Watched("workloads", "/apis/kueue.x-k8s.io/v1beta2/workloads")
+WATCHED_MANAGER_RAYJOBS = Watched("rayjobs", "/apis/ray.io/v1/rayjobs")
+WATCHED_CLUSTERS = Watched("multikueueclusters", "/apis/kueue.x-k8s.io/v1beta2/multikueueclusters")
+WATCHED_MEMBER_WORKLOADS = Watched("member-workloads", "/apis/kueue.x-k8s.io/v1beta2/workloads")  # + origin label
+WATCHED_MEMBER_RAYJOBS = Watched("member-rayjobs", "/apis/ray.io/v1/rayjobs")
 INADMISSIBLE = "Inadmissible"  # Kueue's QuotaReserved=False reason for a Workload its queues cannot take
 # KubeRay's "not running" states: Kueue's RayJob.IsActive() is false only in these (rayjob_controller.go L107-110).
 INACTIVE = frozenset({"Suspended", "New"})
@@ -155,134 +180,505 @@ def changed(previous: str | None, finding: Finding) -> bool:
         finding.state, list(finding.runs_in), finding.record, dict(finding.blocked))
 
 
+def _true(obj: Mapping | None, kind: str) -> bool:
+    return any(c.get("type") == kind and c.get("status") == "True"
+               for c in ((obj or {}).get("status") or {}).get("conditions") or [])
+
+
+def live(copy: Mapping | None, rayjob: Mapping | None) -> bool:
+    """Whether the job runs, or is about to, in a member: its RayJob there is not suspended (the member's Kueue
+    unsuspends it once the copy is admitted there), or its copy there is admitted and neither evicted nor marked for
+    deactivation by the manager. The RayJob MultiKueue makes for an evicted copy stays suspended: no run."""
+    if rayjob is not None and not (rayjob.get("spec") or {}).get("suspend"):
+        return True
+    return (copy is not None and _true(copy, "Admitted") and not _true(copy, "Evicted")
+            and not _true(copy, DEACTIVATION_TARGET) and (copy.get("spec") or {}).get("active") is not False)
+
+
+def may_unblock(workload: Mapping, rayjob: Mapping, live_in: Iterable[str]) -> bool:
+    """Mark the manager's RayJob Suspended only where Kueue's eviction waits for it (`eviction_stuck`) and no member
+    that answers runs the job, nor has it admitted. Measured on Kueue 0.19.2 (README "Plan C"): the mark finishes the
+    eviction, and a finished eviction deletes every copy and run in the members Kueue reaches; so never while the
+    job runs in one (the member that took over, or the lost member once it answers again: after the return)."""
+    return eviction_stuck(workload, rayjob) and not any(True for _ in live_in)
+
+
+def lost_admission(workload: Mapping, rayjob: Mapping, connected: Mapping[str, bool],
+                   answering: Iterable[str]) -> str | None:
+    """The member where Kueue admitted the job, once Kueue has lost it (its MultiKueueCluster not Active) and the
+    watch cannot reach it either, while the manager's RayJob still shows that member's last status, a run. Kueue
+    will evict the job after workerLostTimeout and wait for that status to stop, which it never will (`eviction_stuck`);
+    meanwhile it dispatches the job again, and a member that provisions then has its copy deactivated and its slice
+    request deleted (multikueue-ladder.md §8.5). Marked Suspended beforehand, the eviction finishes at once (Kueue
+    reads the RayJob's status only to finish an eviction: jobframework reconciler step 6)."""
+    record = (workload.get("status") or {}).get("clusterName")
+    deployment = (rayjob.get("status") or {}).get("jobDeploymentStatus") or "New"
+    if (not record or not _true(workload, "Admitted") or _true(workload, "Evicted") or _true(workload, "Finished")
+            or connected.get(record) is not False or record in set(answering) or deployment in INACTIVE):
+        return None
+    return record
+
+
+def record_to_repair(workload: Mapping, admitted_in: Iterable[str], connected: Iterable[str]) -> str | None:
+    """The member whose admission Kueue cannot record, if any: the manager's Workload holds quota, is neither evicted
+    nor admitted nor finished, records no member, and its MultiKueue check waits (Pending) while exactly one member
+    has the copy admitted, a member Kueue is connected to again but did not nominate. Kueue adopted that member's
+    copy on its return, and its webhook refuses `clusterName` outside `nominatedClusterNames` (multikueue-ladder.md
+    §5(b), §8.5): it stays so for good unless the nomination names the member (`repaired_status`)."""
+    status = workload.get("status") or {}
+    if (not _true(workload, "QuotaReserved") or any(_true(workload, kind) for kind in ("Evicted", "Admitted", "Finished"))
+            or status.get("clusterName")):
+        return None
+    checks = status.get("admissionChecks") or []
+    if not checks or any(check.get("state") != "Pending" for check in checks):
+        return None
+    members = sorted(set(admitted_in))
+    if len(members) != 1 or members[0] in (status.get("nominatedClusterNames") or []) \
+            or members[0] not in set(connected):
+        return None
+    return members[0]
+
+
+def repaired_status(workload: Mapping, member: str) -> dict:
+    """The Workload's whole current status with `member` added to `nominatedClusterNames`: applied (server-side,
+    forced) as Kueue's own field manager, Kueue's next reconcile records `clusterName: member` (measured 0.2-0.5 s,
+    multikueue-ladder.md §8.6). A merge patch of the list alone is refused by CEL once Kueue writes again."""
+    status = copy_module.deepcopy(dict(workload.get("status") or {}))
+    status["nominatedClusterNames"] = sorted(set(status.get("nominatedClusterNames") or []) | {member})
+    return status
+
+
 def _owner_rayjob(workload: Mapping) -> str | None:
     return next((o["name"] for o in workload["metadata"].get("ownerReferences") or [] if o.get("kind") == "RayJob"),
                 None)
 
 
+def _key(obj: Mapping) -> Key:
+    return obj["metadata"].get("namespace", ""), obj["metadata"]["name"]
+
+
+class _Member:
+    """One member as the watch sees it: this manager's copies and RayJobs there (informers through the kubeconfig
+    MultiKueue uses), and whether it answers. A new kubeconfig, or an answer after none, starts a new generation of
+    informers; events from an older one are dropped."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.api: client.ApiClient | None = None
+        self.generation = 0
+        self.informers: list[Informer] = []
+        self.copies: dict[Key, dict] = {}  # (namespace, Workload name) -> the copy
+        self.rayjobs: dict[Key, dict] = {}  # (namespace, RayJob name) -> the member's RayJob
+        self.answers = False  # the last probe was answered
+        self.probe_failed_at: float | None = None
+
+    def synced(self) -> bool:
+        return bool(self.informers) and all(informer.synced.is_set() for informer in self.informers)
+
+    def stop(self) -> None:
+        for informer in self.informers:
+            informer.stop()
+        self.informers = []
+
+
 class FleetWatch:
-    """One pass with `reconcile()`; `members` gives a client per member name (None: unreachable)."""
+    """Event-driven: informers on the manager's Workloads, RayJobs and MultiKueueClusters and, in each member, on the
+    copies and RayJobs this manager made; every change queues the jobs it touches, and one worker decides for each
+    (`evaluate`). `members` gives a client per member name (None: no usable kubeconfig); `tick()`, every period,
+    re-reads it (a changed kubeconfig rebuilds that member's informers), asks each member for an answer, and queues
+    every job again every `resync_seconds`."""
 
     def __init__(self, manager: client.ApiClient, members: Callable[[], Mapping[str, client.ApiClient | None]],
                  origin: str, clock: Callable[[], datetime.datetime] | None = None,
-                 metrics: FleetMetrics | None = None):
+                 metrics: FleetMetrics | None = None, resync_seconds: float = RESYNC_SECONDS,
+                 settle_seconds: float = SETTLE_SECONDS):
+        self.manager_api = manager
         self.custom = client.CustomObjectsApi(manager)
-        self.metrics = metrics
         self.core = client.CoreV1Api(manager)
+        self.raw = RawClient(manager)
+        self.metrics = metrics
         self.members, self.origin = members, origin
         self.clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
-        # A warning is published only when the previous pass found the same: Kueue records a dispatch and creates
-        # the RayJob in one reconcile, and a pass between the two must not cry RecordStale.
-        self.seen: dict[tuple[str, str], Finding] = {}
+        self.resync_seconds, self.settle_seconds = resync_seconds, settle_seconds
+        self.queue = WorkQueue()
+        self._lock = threading.RLock()
+        self._workloads: dict[Key, dict] = {}  # manager Workloads by (namespace, name)
+        self._rayjobs: dict[Key, dict] = {}  # manager RayJobs by (namespace, name)
+        self._job_of: dict[Key, Key] = {}  # (namespace, Workload) -> (namespace, RayJob)
+        self._workload_of: dict[Key, Key] = {}  # (namespace, RayJob) -> (namespace, Workload)
+        self._connected: dict[str, bool] = {}  # Kueue's MultiKueueCluster Active, per member
+        self._members: dict[str, _Member] = {}
+        self._manager_informers: list[Informer] = []
+        # A warning is published only once it has held for `settle_seconds`: Kueue records a dispatch and creates
+        # the RayJob in one reconcile, but as two writes, and an evaluation between the two must not cry RecordStale.
+        self._first_seen: dict[Key, tuple[Finding, float]] = {}
+        self._repair_seen: dict[Key, tuple[str, float]] = {}  # the member to record, since when
+        self._repaired_at: dict[Key, float] = {}
+        self.findings: dict[Key, Finding] = {}
+        self._next_resync = 0.0
+        self._stopping = threading.Event()
+        self._worker: threading.Thread | None = None
 
-    def _member_state(self, api: client.ApiClient) -> tuple[set[tuple[str, str]], dict[tuple[str, str], str],
-                                                            dict[tuple[str, str], str]]:
-        """This manager's RayJobs in a member, its Workload copies there that Kueue finds inadmissible (a missing
-        fleet LocalQueue, say) with Kueue's message, and the TPU flavor (the member's rung) each admitted copy holds;
-        copies share the manager Workload's name."""
-        custom, selector = client.CustomObjectsApi(api), f"{MULTIKUEUE_ORIGIN_LABEL}={self.origin}"
-        jobs = custom.list_cluster_custom_object(*RAY, "rayjobs", label_selector=selector,
-                                                 _request_timeout=REQUEST_TIMEOUT_SECONDS)["items"]
-        copies = custom.list_cluster_custom_object(*KUEUE, "workloads", label_selector=selector,
-                                                   _request_timeout=REQUEST_TIMEOUT_SECONDS)["items"]
-        inadmissible, flavors = {}, {}
-        for copy in copies:
-            flavor = WorkloadView.from_object(copy).flavor  # while it holds quota there
-            if flavor:
-                flavors[(copy["metadata"]["namespace"], copy["metadata"]["name"])] = flavor
-            reserved = next((c for c in (copy.get("status") or {}).get("conditions") or []
+    # ---- informers ---------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Start the manager's informers and the worker; members start with the first `tick()`."""
+        self._manager_informers = [
+            Informer(self.raw, WATCHED_MANAGER_WORKLOADS, self._workloads_listed, self._workload_changed),
+            Informer(self.raw, WATCHED_MANAGER_RAYJOBS, self._rayjobs_listed, self._rayjob_changed),
+            Informer(self.raw, WATCHED_CLUSTERS, self._clusters_listed, self._cluster_changed)]
+        for informer in self._manager_informers:
+            informer.start()
+        self._worker = threading.Thread(target=self._work, name="fleet-worker", daemon=True)
+        self._worker.start()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self.queue.close()
+        for informer in self._manager_informers:
+            informer.stop()
+        for member in self._members.values():
+            member.stop()
+
+    def synced(self) -> bool:
+        return all(informer.synced.is_set() for informer in self._manager_informers)
+
+    def _workloads_listed(self, items: list[dict]) -> None:
+        with self._lock:
+            self._workloads.clear()
+            self._job_of.clear()
+            self._workload_of.clear()
+        for item in items:
+            self._workload_changed("ADDED", item)
+
+    def _workload_changed(self, event_type: str, obj: dict) -> None:
+        key, job = _key(obj), _owner_rayjob(obj)
+        with self._lock:
+            if event_type == "DELETED":
+                self._workloads.pop(key, None)
+                job = self._job_of.pop(key, None)
+                if job is not None and self._workload_of.get(job) == key:
+                    self._workload_of.pop(job, None)
+            elif job is not None:
+                job = (key[0], job)
+                self._workloads[key] = obj
+                self._job_of[key], self._workload_of[job] = job, key
+        if job is not None:
+            self.queue.add(job)
+
+    def _rayjobs_listed(self, items: list[dict]) -> None:
+        with self._lock:
+            self._rayjobs.clear()
+        for item in items:
+            self._rayjob_changed("ADDED", item)
+
+    def _rayjob_changed(self, event_type: str, obj: dict) -> None:
+        key = _key(obj)
+        with self._lock:
+            if event_type == "DELETED":
+                self._rayjobs.pop(key, None)
+            else:
+                self._rayjobs[key] = obj
+        self.queue.add(key)
+
+    def _clusters_listed(self, items: list[dict]) -> None:
+        with self._lock:
+            self._connected.clear()
+        for item in items:
+            self._cluster_changed("ADDED", item)
+
+    def _cluster_changed(self, event_type: str, obj: dict) -> None:
+        name = obj["metadata"]["name"]
+        with self._lock:
+            before = self._connected.get(name)
+            if event_type == "DELETED":
+                self._connected.pop(name, None)
+            else:
+                self._connected[name] = _true(obj, "Active")
+            now = self._connected.get(name)
+        if before != now:
+            self._queue_all()
+
+    def _member_handlers(self, member: _Member, generation: int):
+        def current() -> bool:
+            return member.generation == generation
+
+        def copies_listed(items: list[dict]) -> None:
+            with self._lock:
+                if not current():
+                    return
+                member.copies = {_key(item): item for item in items}
+            self._queue_all()
+
+        def copy_changed(event_type: str, obj: dict) -> None:
+            key = _key(obj)
+            with self._lock:
+                if not current():
+                    return
+                if event_type == "DELETED":
+                    member.copies.pop(key, None)
+                else:
+                    member.copies[key] = obj
+                job = self._job_of.get(key)
+            if job is not None:
+                self.queue.add(job)
+
+        def rayjobs_listed(items: list[dict]) -> None:
+            with self._lock:
+                if not current():
+                    return
+                member.rayjobs = {_key(item): item for item in items}
+            self._queue_all()
+
+        def rayjob_changed(event_type: str, obj: dict) -> None:
+            key = _key(obj)
+            with self._lock:
+                if not current():
+                    return
+                if event_type == "DELETED":
+                    member.rayjobs.pop(key, None)
+                else:
+                    member.rayjobs[key] = obj
+            self.queue.add(key)
+
+        return copies_listed, copy_changed, rayjobs_listed, rayjob_changed
+
+    def _restart_member(self, member: _Member) -> None:
+        """New informers for a member (its first, a new kubeconfig, or an answer after none): a fresh list."""
+        member.stop()
+        with self._lock:
+            member.generation += 1
+            member.copies, member.rayjobs = {}, {}
+        if member.api is None:
+            return
+        copies_listed, copy_changed, rayjobs_listed, rayjob_changed = self._member_handlers(member, member.generation)
+        selector = f"{MULTIKUEUE_ORIGIN_LABEL}={self.origin}"
+        raw = RawClient(member.api)
+        member.informers = [
+            Informer(raw, dataclasses.replace(WATCHED_MEMBER_WORKLOADS, label_selector=selector), copies_listed,
+                     copy_changed),
+            Informer(raw, dataclasses.replace(WATCHED_MEMBER_RAYJOBS, label_selector=selector), rayjobs_listed,
+                     rayjob_changed)]
+        for informer in member.informers:
+            informer.name = f"{informer.name}-{member.name}"
+            informer.start()
+
+    # ---- the period: kubeconfigs, answers, resync --------------------------------------------------------------
+    def tick(self) -> None:
+        """Re-read the members' kubeconfigs, ask each member for an answer (in parallel, `REQUEST_TIMEOUT_SECONDS`
+        each), and queue every job again when the resync is due. A member answers when it answered this probe and
+        its informers have listed since it last did not."""
+        clients = self.members()
+        for name, api in clients.items():
+            with self._lock:
+                member = self._members.setdefault(name, _Member(name))
+            if api is not member.api:
+                member.api = api
+                self._restart_member(member)
+        with self._lock:
+            gone = [self._members.pop(name) for name in set(self._members) - set(clients)]
+            members = list(self._members.values())
+        for member in gone:
+            member.stop()
+        threads = [threading.Thread(target=self._probe, args=(member,), daemon=True) for member in members]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(REQUEST_TIMEOUT_SECONDS + 5)
+        if time.monotonic() >= self._next_resync:
+            self._next_resync = time.monotonic() + self.resync_seconds
+            self._queue_all()
+
+    def _probe(self, member: _Member) -> None:
+        answered = False
+        if member.api is not None:
+            try:
+                RawClient(member.api).request(
+                    "GET", WATCHED_MEMBER_WORKLOADS.path, serialize=False, _request_timeout=REQUEST_TIMEOUT_SECONDS,
+                    query_params=[("limit", 1), ("labelSelector", f"{MULTIKUEUE_ORIGIN_LABEL}={self.origin}")],
+                    header_params={"Accept": METADATA_ONLY_LIST}).release_conn()
+                answered = True
+            except Exception as error:  # noqa: BLE001 - any failure to answer is "does not answer"
+                log.warning("member %s does not answer: %s", member.name, str(error).splitlines()[0][:200])
+        before = member.answers
+        if answered and not before and member.probe_failed_at is not None:
+            self._restart_member(member)  # back: what its informers hold may be stale
+        member.answers = answered
+        member.probe_failed_at = None if answered else time.monotonic()
+        if answered != before:
+            self._queue_all()
+
+    def _queue_all(self) -> None:
+        with self._lock:
+            keys = set(self._workload_of) | set(self._rayjobs)
+        for key in keys:
+            self.queue.add(key)
+
+    # ---- the worker --------------------------------------------------------------------------------------------
+    def _work(self) -> None:
+        while not self._stopping.is_set():
+            key = self.queue.get(timeout=1.0)
+            if key is None:
+                continue
+            started = time.monotonic()
+            try:
+                self.evaluate(key)
+            except ApiException as error:
+                if error.status in (404, 409):  # gone, or written meanwhile: the watch brings the news
+                    self.queue.add(key, delay=0.2)
+                else:
+                    log.warning("%s/%s: %s; queued again", *key, str(error).splitlines()[0][:300])
+                    self._failed()
+                    self.queue.add(key, delay=2.0)
+            except Exception:  # noqa: BLE001 - one bad object must not end the worker
+                log.exception("%s/%s: evaluation failed; queued again", *key)
+                self._failed()
+                self.queue.add(key, delay=5.0)
+            finally:
+                self.queue.done(key)
+            if self.metrics is not None and not len(self.queue):
+                self._record(time.monotonic() - started)  # the findings as they stand once nothing waits
+
+    def _failed(self) -> None:
+        if self.metrics is not None:
+            self.metrics.pass_failures.inc()
+
+    def _record(self, seconds: float) -> None:
+        with self._lock:
+            states = [f.state for f in self.findings.values()]
+            answered = {name: self._answers(member) for name, member in self._members.items()}
+        self.metrics.record_pass(states, answered, seconds)
+
+    @staticmethod
+    def _answers(member: _Member) -> bool:
+        return member.api is not None and member.answers and member.synced()
+
+    def evaluate(self, key: Key) -> Finding | None:
+        """Decide for one job from the caches: mark its eviction finished (`may_unblock`), repair Kueue's record
+        (`record_to_repair`), and say where it runs (annotation and Event); the finding, None if no such job."""
+        with self._lock:
+            workload_key = self._workload_of.get(key)
+            workload = self._workloads.get(workload_key) if workload_key else None
+            rayjob = self._rayjobs.get(key)
+            answering = {name: m for name, m in self._members.items() if self._answers(m)}
+            unreachable = frozenset(set(self._members) - set(answering))
+            copies = {name: m.copies.get(workload_key) for name, m in answering.items()} if workload_key else {}
+            jobs = {name: m.rayjobs.get(key) for name, m in answering.items()}
+            connected_map = dict(self._connected)
+            connected = {name for name, active in connected_map.items() if active}
+        if workload is None:
+            with self._lock:
+                self.findings.pop(key, None)
+                self._first_seen.pop(key, None)
+                self._repair_seen.pop(key, None)
+                self._repaired_at.pop(key, None)
+            return None
+        lost = lost_admission(workload, rayjob, connected_map, answering) if rayjob is not None else None
+        if lost is not None:
+            self._mark_suspended(rayjob, (
+                f"Kueue lost {lost}, where it admitted the job, and will evict it after workerLostTimeout, then wait "
+                "for a stop the manager's copy of its status never shows (MultiKueue jobs are left alone by the "
+                "manager's KubeRay): marked Suspended now, so the eviction releases the quota at once and the job's "
+                f"dispatch to the other members is not undone; the run in {lost} may go on until Kueue reaches it "
+                "again"))
+        elif rayjob is not None and eviction_stuck(workload, rayjob):
+            live_in = sorted(name for name in answering if live(copies.get(name), jobs.get(name)))
+            if may_unblock(workload, rayjob, live_in):
+                lost = f"; a run may go on in {', '.join(sorted(unreachable))}, which does not answer" \
+                    if unreachable else ""
+                self._mark_suspended(rayjob, (
+                    "Kueue evicted the job and waits for it to stop, which the manager's copy of its status never "
+                    "shows (MultiKueue jobs are left alone by the manager's KubeRay), and no member that answers runs "
+                    f"it: marked Suspended, so Kueue releases its quota and dispatches it again{lost}"))
+            else:
+                log.info("%s/%s: Kueue's eviction waits, and the job runs in %s: left to Kueue", *key,
+                         " and ".join(live_in))
+        self._repair(key, workload, copies, connected)
+        blocked, flavors = {}, {}
+        for name, found in copies.items():
+            if found is None:
+                continue
+            reserved = next((c for c in (found.get("status") or {}).get("conditions") or []
                              if c["type"] == "QuotaReserved"), {})
             if reserved.get("status") == "False" and reserved.get("reason") == INADMISSIBLE:
-                inadmissible[(copy["metadata"]["namespace"], copy["metadata"]["name"])] = reserved.get("message", "")
-        return {(job["metadata"]["namespace"], job["metadata"]["name"]) for job in jobs}, inadmissible, flavors
+                blocked[name] = reserved.get("message", "")
+            flavor = WorkloadView.from_object(found).flavor  # while it holds quota there
+            if flavor:
+                flavors[name] = flavor
+        record = (workload.get("status") or {}).get("clusterName")
+        finding = assess(record, {name: job is not None for name, job in jobs.items()}, unreachable, blocked,
+                         _true(workload, "Finished"), flavors)
+        now = time.monotonic()
+        with self._lock:
+            self.findings[key] = finding
+            first = self._first_seen.get(key)
+            if first is None or first[0] != finding:
+                first = self._first_seen[key] = (finding, now)
+        if rayjob is None:
+            return finding
+        noted = FLEET_ANNOTATION in (rayjob["metadata"].get("annotations") or {})
+        if finding.state in (WAITING, FINISHED) and not noted:
+            return finding  # nothing said about it before: nothing to correct
+        if finding.state in WARNINGS and now - first[1] < self.settle_seconds:
+            self.queue.add(key, delay=first[1] + self.settle_seconds - now + 0.01)
+            return finding
+        self._publish(rayjob, finding)
+        return finding
 
-    def reconcile(self) -> dict[tuple[str, str], Finding]:  # noqa: C901 - one pass, read top to bottom
-        """One pass over every fleet job: the findings by (namespace, RayJob)."""
-        started = time.monotonic()
-        reachable: dict[str, set[tuple[str, str]]] = {}
-        refused: dict[str, dict[tuple[str, str], str]] = {}
-        rungs: dict[str, dict[tuple[str, str], str]] = {}
-        unreachable: set[str] = set()
-        for name, api in self.members().items():
-            try:
-                if api is None:
-                    raise ConnectionError("no client")
-                reachable[name], refused[name], rungs[name] = self._member_state(api)
-            except Exception as error:  # noqa: BLE001 - any failure to answer is "unreachable" for this pass
-                log.warning("member %s unreachable: %s", name, str(error).splitlines()[0][:200])
-                unreachable.add(name)
-        findings = {}
-        rayjobs = {(j["metadata"]["namespace"], j["metadata"]["name"]): j
-                   for j in self.custom.list_cluster_custom_object(*RAY, "rayjobs")["items"]}
-        for workload in self.custom.list_cluster_custom_object(*KUEUE, "workloads")["items"]:
-            job = _owner_rayjob(workload)
-            if job is None:
-                continue
-            key = (workload["metadata"]["namespace"], job)
-            if key in rayjobs and eviction_stuck(workload, rayjobs[key]):
-                try:
-                    self._unblock_eviction(rayjobs[key], sorted(unreachable))
-                except ApiException as error:
-                    if error.status != 409:
-                        raise
-                    log.info("%s/%s changed while being unblocked; next pass", *key)
-            record = (workload.get("status") or {}).get("clusterName")
-            copy = (workload["metadata"]["namespace"], workload["metadata"]["name"])
-            finished = any(c["type"] == "Finished" and c.get("status") == "True"
-                           for c in (workload.get("status") or {}).get("conditions") or [])
-            finding = assess(record, {member: key in jobs for member, jobs in reachable.items()},
-                             frozenset(unreachable),
-                             {member: why[copy] for member, why in refused.items() if copy in why}, finished,
-                             {member: held[copy] for member, held in rungs.items() if copy in held})
-            findings[key] = finding
-            noted = FLEET_ANNOTATION in (rayjobs.get(key, {}).get("metadata", {}).get("annotations") or {})
-            if finding.state in (WAITING, FINISHED) and not noted:
-                continue  # nothing said about it before: nothing to correct
-            if finding.state not in WARNINGS or self.seen.get(key) == finding:
-                try:
-                    self._publish(key, finding)
-                except ApiException as error:
-                    if error.status != 409:
-                        raise
-                    log.info("%s/%s changed while being annotated; next pass", *key)  # routine: Kueue writes too
-        self.seen = findings
-        if self.metrics is not None:
-            answered = {member: True for member in reachable} | {member: False for member in unreachable}
-            self.metrics.record_pass([f.state for f in findings.values()], answered, time.monotonic() - started)
-        return findings
-
-    def _unblock_eviction(self, rayjob: Mapping, unreachable: list[str]) -> None:
-        """Say on the manager's RayJob what KubeRay would say of a suspended job it managed: Suspended. Kueue then
-        finishes the eviction, and dispatches the job again."""
+    # ---- the writes --------------------------------------------------------------------------------------------
+    def _mark_suspended(self, rayjob: Mapping, message: str) -> None:
+        """Say on the manager's RayJob what KubeRay would say of a suspended job it managed: Suspended; Kueue's
+        eviction then finishes (`lost_admission`, `may_unblock`)."""
         meta = rayjob["metadata"]
         self.custom.patch_namespaced_custom_object_status(*RAY, meta["namespace"], "rayjobs", meta["name"], {
             "status": {"jobDeploymentStatus": "Suspended"}, "metadata": {"resourceVersion": meta["resourceVersion"]}})
-        lost = f"; a run may go on in {', '.join(unreachable)}, which does not answer" if unreachable else ""
-        message = ("Kueue evicted the job and waits for it to stop, which the manager's copy of its status never "
-                   "shows (MultiKueue jobs are left alone by the manager's KubeRay): marked Suspended, so Kueue "
-                   f"dispatches it again{lost}")
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
         self._event(rayjob, EVICTION_UNBLOCKED, message, "Warning")
+
+    def _repair(self, key: Key, workload: Mapping, copies: Mapping[str, dict | None], connected: set[str]) -> None:
+        admitted_in = [name for name, found in copies.items() if live(found, None)]
+        member = record_to_repair(workload, admitted_in, connected)
+        now = time.monotonic()
+        with self._lock:
+            if member is None:
+                self._repair_seen.pop(key, None)
+                return
+            seen = self._repair_seen.get(key)
+            if seen is None or seen[0] != member:
+                seen = self._repair_seen[key] = (member, now)
+            due = max(seen[1] + REPAIR_SETTLE_SECONDS, self._repaired_at.get(key, -1e9) + REPAIR_RETRY_SECONDS)
+        if now < due:  # Kueue records an ordinary admission itself, within a reconcile; a repair takes 0.2-0.5 s
+            self.queue.add(key, delay=due - now + 0.01)
+            return
+        meta = workload["metadata"]
+        body = {"apiVersion": "/".join(KUEUE), "kind": "Workload", "metadata": {
+            "name": meta["name"], "namespace": meta["namespace"], "resourceVersion": meta["resourceVersion"]},
+            "status": repaired_status(workload, member)}
+        self.raw.request("PATCH", f"/apis/{'/'.join(KUEUE)}/namespaces/{meta['namespace']}/workloads/{meta['name']}"
+                                  "/status", body=json.dumps(body), serialize=False, content_type=APPLY_PATCH,
+                         query_params=[("fieldManager", KUEUE_ADMISSION), ("force", "true")]).release_conn()
+        with self._lock:
+            self._repaired_at[key] = now
+        self.queue.add(key, delay=REPAIR_RETRY_SECONDS + 0.01)  # recorded by then, or tried again
+        rayjob = self._rayjobs.get(key)
+        message = (f"runs in {member}, whose copy Kueue adopted when it answered again but cannot record (it was not "
+                   f"nominated): named it in the Workload's nominatedClusterNames, so Kueue records {member}")
+        log.info("%s/%s: %s", *key, message)
+        if rayjob is not None:
+            self._event(rayjob, RECORD_REPAIRED, message, "Normal")
 
     def _event(self, rayjob: Mapping, reason: str, message: str, kind: str) -> None:
         rayjob_event(self.core, rayjob["metadata"], COMPONENT, reason, message, kind, self.clock())
 
-    def _publish(self, key: tuple[str, str], finding: Finding) -> None:
-        namespace, name = key
-        try:
-            job = self.custom.get_namespaced_custom_object(*RAY, namespace, "rayjobs", name)
-        except ApiException as error:
-            if error.status == 404:
-                return
-            raise
-        previous = (job["metadata"].get("annotations") or {}).get(FLEET_ANNOTATION)
+    def _publish(self, rayjob: Mapping, finding: Finding) -> None:
+        meta = rayjob["metadata"]
+        previous = (meta.get("annotations") or {}).get(FLEET_ANNOTATION)
         if not changed(previous, finding):
             return
-        self.custom.patch_namespaced_custom_object(*RAY, namespace, "rayjobs", name, {"metadata": {
+        self.custom.patch_namespaced_custom_object(*RAY, meta["namespace"], "rayjobs", meta["name"], {"metadata": {
             "annotations": {FLEET_ANNOTATION: finding.annotation(format_time(self.clock()))},
-            "resourceVersion": job["metadata"]["resourceVersion"]}})
-        log.info("%s/%s: %s", namespace, name, finding.message())
-        self._event(job, f"Fleet{finding.state}", finding.message(),
+            "resourceVersion": meta["resourceVersion"]}})
+        log.info("%s/%s: %s", meta["namespace"], meta["name"], finding.message())
+        self._event(rayjob, f"Fleet{finding.state}", finding.message(),
                     "Warning" if finding.state in WARNINGS else "Normal")
 
 
@@ -312,27 +708,31 @@ def member_clients(core: client.CoreV1Api, secrets: Mapping[str, str],
 
 
 def main() -> int:
-    from failover.__main__ import api_client  # the same credentials rule as the failover controller
+    from failover.cluster_client import api_client  # the same credentials rule as the failover controller
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     manager = api_client()
     secrets = json.loads(os.environ["FLEET_MEMBERS"])  # {member: kubeconfig Secret name}
     namespace = os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")
-    period = float(os.environ.get("FLEET_WATCH_SECONDS", "10"))
+    period = float(os.environ.get("FLEET_WATCH_SECONDS", str(WATCH_SECONDS)))
     metrics = FleetMetrics(STATES)
     metrics_port = int(os.environ.get("FLEET_METRICS_PORT", "9090"))
     if metrics_port:
         metrics.serve(metrics_port)
     watch = FleetWatch(manager, member_clients(client.CoreV1Api(manager), secrets, namespace),
-                       os.environ["FLEET_ORIGIN"], metrics=metrics)
-    log.info("watching fleet jobs of origin %s over %s every %.0f s", watch.origin, ", ".join(secrets), period)
+                       os.environ["FLEET_ORIGIN"], metrics=metrics,
+                       resync_seconds=float(os.environ.get("FLEET_RESYNC_SECONDS", str(RESYNC_SECONDS))))
+    watch.start()
+    log.info("watching fleet jobs of origin %s over %s (members asked every %.0f s)", watch.origin,
+             ", ".join(secrets), period)
     while True:
+        began = time.monotonic()
         try:
-            watch.reconcile()
-        except Exception:  # noqa: BLE001 - the manager unreachable for a pass: try again next one
+            watch.tick()
+        except Exception:  # noqa: BLE001 - the manager unreachable for a period: try again next one
             metrics.pass_failures.inc()
-            log.exception("fleet watch pass failed")
-        time.sleep(period)
+            log.exception("fleet watch period failed")
+        time.sleep(max(0.0, period - (time.monotonic() - began)))
 
 
 if __name__ == "__main__":

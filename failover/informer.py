@@ -38,12 +38,23 @@ class Watched:
     path: str  # e.g. /apis/kueue.x-k8s.io/v1beta2/workloads
     field_selector: str | None = None
     metadata_only: bool = False
+    label_selector: str | None = None
+
+
+class RawClient:
+    """The one call an Informer makes (`DynamicClient.request`), on a plain ApiClient: without the dynamic client's
+    discovery, which a cluster that does not answer (a fleet member cut off) would block at construction."""
+
+    request = dynamic.DynamicClient.request
+
+    def __init__(self, api_client):
+        self.client = api_client
 
 
 class Informer(threading.Thread):
     """Calls `on_list(items)` after each (re)list and `on_event(type, object)` for each change, in order."""
 
-    def __init__(self, api: dynamic.DynamicClient, watched: Watched, on_list: Callable[[list[dict]], None],
+    def __init__(self, api: dynamic.DynamicClient | RawClient, watched: Watched, on_list: Callable[[list[dict]], None],
                  on_event: Callable[[str, dict], None], on_error: Callable[[Exception], None] = lambda _: None):
         super().__init__(name=f"informer-{watched.resource}", daemon=True)
         self.api, self.watched = api, watched
@@ -82,9 +93,13 @@ class Informer(threading.Thread):
         return self.api.request("GET", self.watched.path, query_params=query, header_params={"Accept": accept},
                                 serialize=False, _request_timeout=(10, read_timeout))
 
+    def _selectors(self) -> list[tuple[str, object]]:
+        return ([("fieldSelector", self.watched.field_selector)] if self.watched.field_selector else []) + (
+            [("labelSelector", self.watched.label_selector)] if self.watched.label_selector else [])
+
     def _list(self) -> str:
         items: list[dict] = []
-        query_base = [("fieldSelector", self.watched.field_selector)] if self.watched.field_selector else []
+        query_base = self._selectors()
         continue_token = None
         while True:
             query = [*query_base, ("limit", PAGE_SIZE)] + ([("continue", continue_token)] if continue_token else [])
@@ -99,9 +114,7 @@ class Informer(threading.Thread):
 
     def _watch(self, resource_version: str) -> str:
         query = [("watch", "true"), ("resourceVersion", resource_version), ("allowWatchBookmarks", "true"),
-                 ("timeoutSeconds", WATCH_SECONDS + random.randint(0, 60))]
-        if self.watched.field_selector:
-            query.append(("fieldSelector", self.watched.field_selector))
+                 ("timeoutSeconds", WATCH_SECONDS + random.randint(0, 60)), *self._selectors()]
         response = self._request(query, METADATA_ONLY if self.watched.metadata_only else "application/json",
                                  WATCH_SECONDS + 120)
         try:

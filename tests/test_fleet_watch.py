@@ -101,58 +101,121 @@ def test_a_run_where_members_answer_names_the_member_that_does_not():
     assert (finding.state, finding.message()) == (RUNNING, "runs in w1; w2 does not answer (a run there may go on)")
 
 
-# ---- the watch's metrics (failover/metrics.py FleetMetrics), from a pass over fake clusters ----------------------
+# ---- the watch's decisions over its caches (FleetWatch.evaluate), with fake clusters ----------------------------
 
 class _Manager:
-    """The manager's API as the watch calls it: lists, a get and patches of RayJobs; writes recorded."""
+    """The manager's API as the watch calls it: patches of RayJobs and their status, server-side applies of a
+    Workload's status, Events; writes recorded."""
 
-    def __init__(self, workloads: list[dict], rayjobs: list[dict]):
-        self.items = {"workloads": workloads, "rayjobs": rayjobs}
+    def __init__(self):
         self.patches: list[tuple[str, dict]] = []
-        self.events: list[str] = []
-
-    def list_cluster_custom_object(self, group, version, plural, **_):
-        return {"items": self.items[plural]}
-
-    def get_namespaced_custom_object(self, group, version, namespace, plural, name):
-        return next(j for j in self.items[plural] if j["metadata"]["name"] == name)
+        self.status_patches: list[tuple[str, dict]] = []
+        self.applies: list[tuple[str, dict, list]] = []
+        self.events: list[tuple[str, str]] = []
 
     def patch_namespaced_custom_object(self, group, version, namespace, plural, name, body):
         self.patches.append((name, body))
 
+    def patch_namespaced_custom_object_status(self, group, version, namespace, plural, name, body):
+        self.status_patches.append((name, body))
+
     def create_namespaced_event(self, namespace, event):
-        self.events.append(event.reason)
+        self.events.append((event.reason, event.message))
+
+    def request(self, method, path, body=None, **params):  # the raw client: only the repair's apply
+        assert method == "PATCH" and params["content_type"] == "application/apply-patch+yaml"
+        self.applies.append((path, json.loads(body), params["query_params"]))
+
+        class Response:
+            def release_conn(self):
+                pass
+        return Response()
 
 
-def _fleet_job(name: str, record: str | None) -> tuple[dict, dict]:
-    meta = {"namespace": "tpu-fleet", "uid": f"uid-{name}", "resourceVersion": "1"}
-    workload = {"metadata": {**meta, "name": f"rayjob-{name}", "ownerReferences": [{"kind": "RayJob", "name": name}]},
-                "status": {"clusterName": record} if record else {}}
-    return workload, {"metadata": {**meta, "name": name}, "spec": {}, "status": {}}
+class _Synced:
+    class synced:  # noqa: N801 - an Informer's Event, always set
+        @staticmethod
+        def is_set():
+            return True
+
+    def stop(self):
+        pass
+
+
+def _condition(kind: str, status: str = "True") -> dict:
+    return {"type": kind, "status": status, "lastTransitionTime": "2026-12-01T00:00:00Z"}
+
+
+def _manager_workload(name: str, *, record: str | None = None, true: tuple[str, ...] = (), checks: str = "Ready",
+                      nominated: tuple[str, ...] = ()) -> dict:
+    status = {"conditions": [_condition(kind) for kind in true], "admissionChecks": [
+        {"name": "fleet-multikueue", "state": checks, "lastTransitionTime": "2026-12-01T00:00:00Z"}]}
+    if record:
+        status["clusterName"] = record
+    if nominated:
+        status["nominatedClusterNames"] = list(nominated)
+    return {"metadata": {"namespace": "tpu-fleet", "name": f"rayjob-{name}", "uid": f"wl-{name}",
+                         "resourceVersion": "7", "ownerReferences": [{"kind": "RayJob", "name": name}]},
+            "status": status}
+
+
+def _manager_rayjob(name: str, *, suspend: bool = False, deployment: str | None = "Running") -> dict:
+    return {"metadata": {"namespace": "tpu-fleet", "name": name, "uid": f"uid-{name}", "resourceVersion": "3"},
+            "spec": {"suspend": suspend}, "status": {"jobDeploymentStatus": deployment} if deployment else {}}
+
+
+def _copy(name: str, *true: str) -> dict:
+    return {"metadata": {"namespace": "tpu-fleet", "name": f"rayjob-{name}"}, "spec": {"active": True},
+            "status": {"conditions": [_condition(kind) for kind in true]}}
+
+
+def _member_rayjob(name: str, suspend: bool = False) -> dict:
+    return {"metadata": {"namespace": "tpu-fleet", "name": name}, "spec": {"suspend": suspend}}
+
+
+def _watch(members: dict[str, tuple[list[dict], list[dict]] | None], workloads: list[dict], rayjobs: list[dict],
+           connected: dict[str, bool] | None = None, settle: float = 1.0, metrics=None):
+    """A FleetWatch whose caches hold `workloads` and `rayjobs` (the manager's), Kueue's MultiKueueClusters
+    (`connected`), and per member (copies, RayJobs), or None for a member that does not answer."""
+    from kubernetes import client
+
+    from failover.fleet import FleetWatch, _Member
+
+    manager = _Manager()
+    watch = FleetWatch(client.ApiClient(), lambda: {}, "tpu-fallback-fleet", metrics=metrics, settle_seconds=settle)
+    watch.custom, watch.core, watch.raw = manager, manager, manager
+    for workload in workloads:
+        watch._workload_changed("ADDED", workload)
+    for rayjob in rayjobs:
+        watch._rayjob_changed("ADDED", rayjob)
+    for name, active in (connected or {}).items():
+        watch._cluster_changed("ADDED", {"metadata": {"name": name}, "status": {
+            "conditions": [_condition("Active", "True" if active else "False")]}})
+    for name, state in members.items():
+        member = watch._members[name] = _Member(name)
+        member.api, member.answers, member.informers = object(), state is not None, [_Synced()]
+        if state is not None:
+            member.copies = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in state[0]}
+            member.rayjobs = {(j["metadata"]["namespace"], j["metadata"]["name"]): j for j in state[1]}
+    return watch, manager
 
 
 def _pass(runs: dict[str, set[str]], lost: set[str], jobs: dict[str, str | None]):
-    """One reconcile over a manager with `jobs` (name: Kueue's record) and members: `runs` (member: the jobs it
-    runs) answer, `lost` do not."""
-    from kubernetes import client
+    """Every job evaluated once over a manager with `jobs` (name: Kueue's record) and members: `runs` (member: the
+    jobs it runs) answer, `lost` do not."""
     from prometheus_client import CollectorRegistry
 
-    from failover.fleet import STATES, FleetWatch
+    from failover.fleet import STATES
     from failover.metrics import FleetMetrics
 
-    made = [_fleet_job(name, record) for name, record in jobs.items()]
-    manager = _Manager([w for w, _ in made], [j for _, j in made])
-    members = {member: object() for member in runs} | {member: None for member in lost}  # None: no client
-
-    class Watch(FleetWatch):
-        def _member_state(self, api):
-            member = next(name for name, each in members.items() if each is api)
-            return {("tpu-fleet", job) for job in runs[member]}, {}, {}
-
     metrics = FleetMetrics(STATES, CollectorRegistry())
-    watch = Watch(client.ApiClient(), lambda: members, "tpu-fallback-fleet", metrics=metrics)
-    watch.custom, watch.core = manager, manager
-    return watch.reconcile(), metrics.registry, manager
+    watch, manager = _watch({member: ([], [_member_rayjob(job) for job in names]) for member, names in runs.items()}
+                            | {member: None for member in lost},
+                            [_manager_workload(name, record=record) for name, record in jobs.items()],
+                            [_manager_rayjob(name, deployment=None) for name in jobs], metrics=metrics)
+    findings = {("tpu-fleet", name): watch.evaluate(("tpu-fleet", name)) for name in jobs}
+    watch._record(0.2)
+    return findings, metrics.registry, manager
 
 
 def test_a_pass_sets_the_findings_by_state_the_members_reachable_and_its_duration():
@@ -170,7 +233,129 @@ def test_a_pass_sets_the_findings_by_state_the_members_reachable_and_its_duratio
         "w1": 1, "w2": 1, "w3": 0}
     assert value("tpu_fallback_fleet_pass_duration_seconds_count") == 1
     assert 0 <= value("tpu_fallback_fleet_pass_duration_seconds_sum") < 5
-    assert [name for name, _ in manager.patches] == ["a", "b"]  # the pass ran whole: Running published at once
+    # Running is published at once; a warning only once it has held for a second (queued to look again then).
+    assert [name for name, _ in manager.patches] == ["a", "b"]
+
+
+def test_a_warning_is_published_once_it_has_held():
+    """Kueue creates the member's RayJob and records the member as two writes: a look between them must not cry
+    RecordStale; the same finding a settle period later is published."""
+    jobs = [_manager_workload("c", record="w1")], [_manager_rayjob("c", deployment=None)]
+    watch, manager = _watch({"w1": ([], []), "w2": ([], [_member_rayjob("c")])}, *jobs)
+    assert watch.evaluate(("tpu-fleet", "c")).state == RECORD_STALE and manager.patches == []
+    assert len(watch.queue) == 1  # looked at again once the settle period is over
+    settled, manager = _watch({"w1": ([], []), "w2": ([], [_member_rayjob("c")])}, *jobs, settle=0.0)
+    settled.evaluate(("tpu-fleet", "c"))
+    assert [name for name, _ in manager.patches] == ["c"] and manager.events[0][0] == "FleetRecordStale"
+
+
+# ---- when the watch may mark an evicted job Suspended, and when it repairs Kueue's record -------------------------
+
+def test_a_run_in_a_member_is_one_that_is_not_suspended_or_an_admitted_copy():
+    from failover.fleet import live
+
+    assert live(None, _member_rayjob("j"))
+    # MultiKueue makes a suspended RayJob for a copy evicted on the manager's word: no run.
+    assert not live(_copy("j", "QuotaReserved", "Evicted"), _member_rayjob("j", suspend=True))
+    assert live(_copy("j", "QuotaReserved", "Admitted"), None)  # about to run: the member unsuspends it
+    assert not live(_copy("j", "QuotaReserved", "Admitted", "DeactivationTarget"), None)  # being deactivated
+    assert not live(_copy("j", "QuotaReserved"), None) and not live(None, None)
+
+
+def test_an_eviction_is_never_unblocked_where_the_job_runs():
+    """QA's failing inputs (issue 19): the watch marked the job Suspended while the member that took over ran it
+    (Kueue then deleted that run), and again after the lost member's return (both runs deleted). Only where no
+    member that answers runs it."""
+    from failover.fleet import may_unblock
+
+    stuck = _manager_workload("j", true=("QuotaReserved", "Evicted"), checks="Pending")
+    suspended = _manager_rayjob("j", suspend=True)
+    assert may_unblock(stuck, suspended, [])
+    assert not may_unblock(stuck, suspended, ["w1"])  # the takeover runs
+    assert not may_unblock(stuck, suspended, ["w2"])  # back: its run goes on
+    assert not may_unblock(_manager_workload("j", true=("QuotaReserved",)), suspended, [])  # not evicted
+
+
+def test_the_watch_leaves_a_stuck_eviction_to_kueue_while_a_member_runs_the_job():
+    stuck = [_manager_workload("j", true=("QuotaReserved", "Evicted"), checks="Pending", nominated=("w1",))]
+    suspended = [_manager_rayjob("j", suspend=True)]
+    # The takeover's run in w1 while w2 is cut off.
+    watch, manager = _watch({"w1": ([_copy("j", "QuotaReserved", "Admitted")], [_member_rayjob("j")]), "w2": None},
+                            stuck, suspended, {"w1": True, "w2": False})
+    watch.evaluate(("tpu-fleet", "j"))
+    assert manager.status_patches == []
+    # After the return, before Kueue reconnects: w2 answers and its run goes on.
+    watch, manager = _watch({"w1": ([_copy("j", "QuotaReserved")], []),
+                             "w2": ([_copy("j", "QuotaReserved", "Admitted")], [_member_rayjob("j")])},
+                            stuck, suspended, {"w1": True, "w2": False})
+    watch.evaluate(("tpu-fleet", "j"))
+    assert manager.status_patches == []
+    # Nothing runs where members answer: marked, and said so.
+    watch, manager = _watch({"w1": ([_copy("j", "QuotaReserved")], []), "w2": None}, stuck, suspended,
+                            {"w1": True, "w2": False})
+    watch.evaluate(("tpu-fleet", "j"))
+    assert manager.status_patches == [("j", {"status": {"jobDeploymentStatus": "Suspended"},
+                                             "metadata": {"resourceVersion": "3"}})]
+    assert manager.events[0][0] == "FleetEvictionUnblocked"
+    assert manager.events[0][1].endswith("dispatches it again; a run may go on in w2, which does not answer")
+
+
+def test_a_job_whose_member_kueue_lost_is_marked_before_kueue_evicts_it():
+    """Kueue lost w2, where it admitted the job; its eviction after workerLostTimeout would wait for a stop it cannot
+    see, and undo the dispatch to w1 meanwhile. Marked at once, only when Kueue and the watch both lose w2."""
+    from failover.fleet import lost_admission
+
+    admitted = _manager_workload("j", record="w2", true=("QuotaReserved", "Admitted"))
+    running = _manager_rayjob("j")
+    assert lost_admission(admitted, running, {"w1": True, "w2": False}, ["w1"]) == "w2"
+    assert lost_admission(admitted, running, {"w1": True, "w2": True}, ["w1"]) is None  # Kueue reaches it
+    assert lost_admission(admitted, running, {"w1": True}, ["w1"]) is None  # Kueue's view not known yet
+    assert lost_admission(admitted, running, {"w2": False}, ["w1", "w2"]) is None  # the watch reaches it
+    assert lost_admission(admitted, _manager_rayjob("j", deployment="Suspended"), {"w2": False}, []) is None
+    evicted = _manager_workload("j", true=("QuotaReserved", "Evicted"), checks="Pending")
+    assert lost_admission(evicted, running, {"w2": False}, []) is None
+    watch, manager = _watch({"w1": ([], []), "w2": None}, [admitted], [running], {"w1": True, "w2": False})
+    watch.evaluate(("tpu-fleet", "j"))
+    assert [name for name, _ in manager.status_patches] == ["j"]
+    assert manager.events[0][0] == "FleetEvictionUnblocked" and manager.events[0][1].startswith("Kueue lost w2")
+
+
+def test_kueues_record_is_repaired_only_when_it_cannot_record_the_member_it_adopted():
+    from failover.fleet import record_to_repair, repaired_status
+
+    broken = _manager_workload("j", true=("QuotaReserved",), checks="Pending", nominated=("w1",))
+    assert record_to_repair(broken, ["w2"], {"w1", "w2"}) == "w2"
+    assert record_to_repair(broken, ["w1"], {"w1", "w2"}) is None  # nominated: Kueue records it itself
+    assert record_to_repair(broken, ["w2"], {"w1"}) is None  # Kueue does not reach w2 yet: it would nominate w1 again
+    assert record_to_repair(broken, ["w1", "w2"], {"w1", "w2"}) is None  # two admitted: Kueue keeps the older
+    assert record_to_repair(broken, [], {"w1", "w2"}) is None
+    for other in (_manager_workload("j", record="w1", true=("QuotaReserved",), checks="Pending"),
+                  _manager_workload("j", true=("QuotaReserved", "Evicted"), checks="Pending"),
+                  _manager_workload("j", true=("QuotaReserved", "Admitted"), checks="Ready"),
+                  _manager_workload("j", checks="Pending")):
+        assert record_to_repair(other, ["w2"], {"w1", "w2"}) is None
+    status = repaired_status(broken, "w2")
+    assert status == {**broken["status"], "nominatedClusterNames": ["w1", "w2"]}  # the whole status, plus w2
+    assert broken["status"]["nominatedClusterNames"] == ["w1"]  # not changed in place
+
+
+def test_the_repair_is_a_forced_apply_of_the_whole_status_as_kueue_after_it_held():
+    broken = _manager_workload("j", true=("QuotaReserved",), checks="Pending", nominated=("w1",))
+    members = {"w1": ([_copy("j", "QuotaReserved")], []),
+               "w2": ([_copy("j", "QuotaReserved", "Admitted")], [_member_rayjob("j")])}
+    watch, manager = _watch(members, [broken], [_manager_rayjob("j")], {"w1": True, "w2": True})
+    watch.evaluate(("tpu-fleet", "j"))
+    assert manager.applies == []  # Kueue may record it itself within a reconcile: looked at again later
+    watch._repair_seen[("tpu-fleet", "j")] = ("w2", -1e9)  # as if it had held since long ago
+    watch.evaluate(("tpu-fleet", "j"))
+    ((path, body, query),) = manager.applies
+    assert path == "/apis/kueue.x-k8s.io/v1beta2/namespaces/tpu-fleet/workloads/rayjob-j/status"
+    assert query == [("fieldManager", "kueue-admission"), ("force", "true")]
+    assert body["metadata"] == {"name": "rayjob-j", "namespace": "tpu-fleet", "resourceVersion": "7"}
+    assert body["status"] == {**broken["status"], "nominatedClusterNames": ["w1", "w2"]}
+    assert [reason for reason, _ in manager.events if reason == "FleetRecordRepaired"] == ["FleetRecordRepaired"]
+    watch.evaluate(("tpu-fleet", "j"))
+    assert len(manager.applies) == 1  # not again before the retry period
 
 
 def test_the_next_pass_replaces_the_last_ones_numbers():
