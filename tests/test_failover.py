@@ -9,10 +9,11 @@ from infra import failover
 from tests.conftest import plan_for
 
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+CONTROLLER = "failover-deployment"  # the controller's (monitoring adds the scrape token's renewer)
 
 
 def _container(plan) -> dict:
-    (container,) = plan.only(DEPLOYMENT).inputs["spec"]["template"]["spec"]["containers"]
+    (container,) = plan.named(CONTROLLER).inputs["spec"]["template"]["spec"]["containers"]
     return container
 
 
@@ -22,8 +23,8 @@ def _env(plan) -> dict[str, str]:
 
 def test_dev_deploys_the_controller_on_the_cpu_pool_with_its_own_account():
     plan = plan_for()
-    spec = plan.only(DEPLOYMENT).inputs["spec"]["template"]["spec"]
-    assert plan.only(DEPLOYMENT).inputs["metadata"]["namespace"] == failover.NAMESPACE
+    spec = plan.named(CONTROLLER).inputs["spec"]["template"]["spec"]
+    assert plan.named(CONTROLLER).inputs["metadata"]["namespace"] == failover.NAMESPACE
     assert spec["nodeSelector"] == {"cloud.google.com/gke-nodepool": "default-pool"}
     assert spec["serviceAccountName"] == failover.NAME
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -52,7 +53,7 @@ def test_the_controller_runs_the_repositorys_failover_package_at_the_pinned_vers
     plan = plan_for()
     code = plan.named("failover-code").inputs
     assert code["data"] == {name: (failover.PACKAGE_DIR / name).read_text() for name in failover.PACKAGE_FILES}
-    volumes = plan.only(DEPLOYMENT).inputs["spec"]["template"]["spec"]["volumes"]
+    volumes = plan.named(CONTROLLER).inputs["spec"]["template"]["spec"]["volumes"]
     assert volumes == [{"name": "code", "configMap": {"name": code["metadata"]["name"]}}]
     container = _container(plan)
     assert container["image"] == failover.PYTHON_IMAGE and ":" in container["image"]
@@ -89,13 +90,13 @@ def test_the_controller_gets_the_chain_and_the_grace_period_from_the_stack():
 
 def test_the_controller_waits_for_kueue_its_code_and_its_rights():
     plan = plan_for()
-    deployment = plan.only(DEPLOYMENT)
+    deployment = plan.named(CONTROLLER)
     for name in ("kueue-release", "failover-code", "failover-binding"):
         assert plan.named(name).urn in deployment.dependencies, name
 
 
 def test_a_single_rung_stack_has_no_controller():
-    assert plan_for("team-c-us-west4-a").of_type(DEPLOYMENT) == []
+    assert [d.name for d in plan_for("team-c-us-west4-a").of_type(DEPLOYMENT)] == ["monitoring-renewer"]
 
 
 def test_metrics_are_served_on_a_named_port_the_stack_declares():
@@ -127,7 +128,7 @@ def test_a_prebuilt_image_installs_nothing_at_start():
     assert container["command"] == ["sh", "-c", "exec python -m failover"]
     assert not {"PYTHONPATH", "PIP_INDEX_URL"} & set(_env(plan))
     # The code still comes from the stack, so the image need not change with it.
-    volumes = plan.only(DEPLOYMENT).inputs["spec"]["template"]["spec"]["volumes"]
+    volumes = plan.named(CONTROLLER).inputs["spec"]["template"]["spec"]["volumes"]
     assert volumes == [{"name": "code", "configMap": {"name": plan.named("failover-code").inputs["metadata"]["name"]}}]
 
 
@@ -136,5 +137,5 @@ def test_the_dockerfile_builds_on_the_stacks_python_and_installs_the_pins():
     assert f"ARG PYTHON_IMAGE={failover.PYTHON_IMAGE}\n" in dockerfile
     assert "COPY requirements.txt" in dockerfile and "pip install --no-cache-dir -r /tmp/requirements.txt" in dockerfile
     # The Deployment's user: the image must not need root.
-    user = plan_for().only(DEPLOYMENT).inputs["spec"]["template"]["spec"]["securityContext"]
+    user = plan_for().named(CONTROLLER).inputs["spec"]["template"]["spec"]["securityContext"]
     assert f"USER {user['runAsUser']}:{user['runAsGroup']}" in dockerfile

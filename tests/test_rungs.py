@@ -90,7 +90,8 @@ def test_only_flex_start_has_the_admission_check_and_the_failover_knows_it():
     for queue in _manifests(plan, "ClusterQueue").values():
         checks = queue["spec"].get("admissionChecksStrategy", {}).get("admissionChecks", [])
         assert all(check["onFlavors"] == ["dws"] for check in checks)
-    (deployment,) = [m for m in plan.kubernetes_manifests() if m["kind"] == "Deployment"]
+    (deployment,) = [m for m in plan.kubernetes_manifests()
+                     if m["kind"] == "Deployment" and m["metadata"]["name"] == "failover-controller"]
     env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert [(r["flavor"], r["admissionCheck"]) for r in json.loads(env["FAILOVER_CHAIN"])] == [
         ("reservation", False), ("on-demand", False), ("spot", False), ("dws", True)]
