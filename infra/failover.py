@@ -19,7 +19,7 @@ from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
 PACKAGE_FILES = ("__init__.py", "__main__.py", "cluster_client.py", "controller.py", "credentials.py", "decisions.py",
-                 "fleet.py", "informer.py", "metrics.py", "workqueue.py", "requirements.txt")
+                 "fleet.py", "informer.py", "ladder.py", "metrics.py", "workqueue.py", "requirements.txt")
 # What the token renewer alone needs (a scrape token's, infra/monitoring.py): shipped where the package is not.
 RENEWER_FILES = ("__init__.py", "cluster_client.py", "credentials.py", "requirements.txt")
 # The image's Python is the one the tests run the controller with (3.11); a patch release, pinned.

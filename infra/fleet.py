@@ -30,7 +30,11 @@ from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIM
 
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = {"members": [], "dispatcher": "AllAtOnce", "workerLostTimeout": "15m",
-                           "checkpointLocation": ""}
+                           "checkpointLocation": "", "memberOrder": [], "rungOrder": []}
+# The fleet's ladder (README "The fleet's ladder"): the steps the members offer (fleetMember.rungs), rung by rung in
+# this order (what is paid for first, then on-demand, then Spot), each rung member by member in `memberOrder`; then
+# DWS in every member at once, the last step, which is the fleet queue as before.
+LADDER_RUNGS = ("reservation", "onDemand", "spot")
 DISPATCHERS = {"AllAtOnce": "kueue.x-k8s.io/multikueue-dispatcher-all-at-once",
                "Incremental": "kueue.x-k8s.io/multikueue-dispatcher-incremental"}
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
@@ -62,6 +66,16 @@ WATCH_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
+# The ladder controller (failover/ladder.py): moves a fleet job down the ladder's steps (route D on the manager).
+# Only in the fleet's namespace: its Workloads (deactivate, repoint), its RayJobs (relabel, the move's record, the
+# Suspended mark that lets Kueue finish an eviction) and Events there.
+LADDER_NAME = "fleet-ladder"
+LADDER_RULES = (
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
+    {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["patch"]},
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
+)
 # The credentials renewer (failover/credentials.py): the manager's Google service account's one-hour tokens, written
 # into the members' kubeconfig Secrets. Its Kubernetes identity is the one Workload Identity maps to that account.
 CREDENTIALS_NAME = "fleet-credentials"
@@ -80,6 +94,8 @@ class FleetSettings:
     checkpoint_location: str  # "" : the first member's region
     origin: str  # the value of kueue.x-k8s.io/multikueue-origin on the copies this manager makes
     service_account_id: str  # the manager's Google service account (account_id: 6-30 of [a-z0-9-])
+    member_order: tuple[str, ...] = ()  # cluster names, the order of a rung's steps; () : the members' order
+    rung_order: tuple[str, ...] = LADDER_RUNGS  # config keys, the order of the ladder's rungs
 
     @property
     def cluster_names(self) -> tuple[str, ...]:
@@ -124,10 +140,71 @@ def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> Fl
     location = raw["checkpointLocation"]
     reader.check(f"{FLEET_KEY}.checkpointLocation", not location or bool(_LOCATION.match(location)),
                  f"{location!r} is not a Cloud Storage location such as US, EU or us-east5")
+    member_order = _read_member_order(reader, raw["memberOrder"], members)
+    rung_order = raw["rungOrder"] or list(LADDER_RUNGS)
+    reader.check(f"{FLEET_KEY}.rungOrder", sorted(map(str, rung_order)) == sorted(LADDER_RUNGS),
+                 f"{raw['rungOrder']!r} must list {', '.join(LADDER_RUNGS)}, each once, in the order the fleet tries "
+                 "them (DWS everywhere is always the last step)")
     return FleetSettings(tuple(members), raw["dispatcher"], lost or 0, location,
-                         origin=f"tpu-fallback-{this_stack[1]}"[:63].rstrip("-.").lower(),
+                         member_order=member_order, rung_order=tuple(rung_order), origin=f"tpu-fallback-{this_stack[1]}"[:63].rstrip("-.").lower(),
                          service_account_id=re.sub(r"[^a-z0-9-]", "-", f"fleet-{this_stack[1]}".lower())[:30]
                          .rstrip("-"))
+
+
+def _read_member_order(reader: ConfigReader, order: list, members: list) -> tuple[str, ...]:
+    """`fleet.memberOrder`: the members again (as listed in `members`), in the order a rung's steps are tried."""
+    if not order:
+        return tuple(member_cluster_name(m) for m in members if isinstance(m, str))
+    ok = all(isinstance(m, str) for m in order) and sorted(order) == sorted(m for m in members if isinstance(m, str))
+    reader.check(f"{FLEET_KEY}.memberOrder", ok,
+                 "must list every stack of fleet.members once, as written there, in the order a rung's steps are "
+                 "tried; leave it out for the members' order")
+    return tuple(member_cluster_name(m) for m in order) if ok else ()
+
+
+# ---- the fleet's ladder ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FleetStep:
+    """One step of the fleet's ladder: a manager LocalQueue and ClusterQueue (the step's quota) with its own
+    MultiKueue AdmissionCheck and MultiKueueConfig (the step's members). A member declares the same LocalQueue name
+    at the step's rung (MultiKueue copies the manager's queue name verbatim, multikueue/workload.go L1348-1366)."""
+
+    local_queue: str
+    cluster_queue: str
+    admission_check: str
+    config: str
+    rung: str  # the config key of the members' rung; "" for the last step (each member's start rung)
+    members: tuple[str, ...]
+    quota: Mapping[str, str]
+
+    def as_output(self) -> dict:
+        return {"localQueue": self.local_queue, "clusterQueue": self.cluster_queue,
+                "admissionCheck": self.admission_check, "rung": self.rung, "members": list(self.members)}
+
+
+def ladder_steps(fleet: FleetSettings, members: Sequence[MemberHandle]) -> tuple[FleetStep, ...]:
+    """Every step the members offer, rung by rung (`rungOrder`), member by member (`memberOrder`), then the last
+    step: every member at its start rung (DWS by default), today's fleet queue."""
+    by_cluster = {member.cluster: member for member in members}
+    order = [c for c in fleet.member_order if c in by_cluster] or list(by_cluster)
+    steps = []
+    for rung in fleet.rung_order:
+        for cluster in order:
+            for offered in by_cluster[cluster].steps:
+                if offered["rung"] == rung:
+                    name = offered["localQueue"]
+                    steps.append(FleetStep(name, name, name, name, rung, (cluster,),
+                                           fleet_quota([offered["capacity"]])))
+    steps.append(FleetStep(FLEET_LOCAL_QUEUE, CLUSTER_QUEUE, ADMISSION_CHECK, MULTIKUEUE_CONFIG, "",
+                           tuple(fleet.cluster_names), fleet_quota([m.capacity for m in members])))
+    return tuple(steps)
+
+
+def ladder_json(steps: Sequence[FleetStep]) -> str:
+    """What the ladder controller reads (FLEET_LADDER): the steps in order, the last one DWS everywhere."""
+    return json.dumps([step.as_output() for step in steps], sort_keys=True)
 
 
 # ---- the manager's Kueue -------------------------------------------------------------------------------------
@@ -171,14 +248,16 @@ def multikueue_cluster(cluster: str) -> dict:
         "locationType": "Secret", "location": kubeconfig_secret_name(cluster)}}})
 
 
-def multikueue_config(fleet: FleetSettings) -> dict:
-    return _manifest("MultiKueueConfig", MULTIKUEUE_CONFIG, {"clusters": list(fleet.cluster_names)})
+def multikueue_config(fleet: FleetSettings, name: str = MULTIKUEUE_CONFIG,
+                      clusters: Sequence[str] | None = None) -> dict:
+    return _manifest("MultiKueueConfig", name, {"clusters": list(fleet.cluster_names if clusters is None
+                                                                 else clusters)})
 
 
-def admission_check() -> dict:
-    return _manifest("AdmissionCheck", ADMISSION_CHECK, {
+def admission_check(name: str = ADMISSION_CHECK, config: str = MULTIKUEUE_CONFIG) -> dict:
+    return _manifest("AdmissionCheck", name, {
         "controllerName": MULTIKUEUE_CONTROLLER,
-        "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": MULTIKUEUE_CONFIG}})
+        "parameters": {"apiGroup": "kueue.x-k8s.io", "kind": "MultiKueueConfig", "name": config}})
 
 
 def flavor() -> dict:
@@ -193,22 +272,22 @@ def fleet_quota(capacities: Sequence[Mapping[str, int]]) -> dict[str, str]:
     return dict(zip(COVERED_RESOURCES, (str(total["cpu"]), f"{total['memoryGi']}Gi", str(total["tpuChips"]))))
 
 
-def cluster_queue(quota: Mapping[str, str]) -> dict:
+def cluster_queue(quota: Mapping[str, str], name: str = CLUSTER_QUEUE, check: str = ADMISSION_CHECK) -> dict:
     """Only the MultiKueue check: a ClusterQueue with a ProvisioningRequest check too goes inactive
     (pkg/cache/scheduler/clusterqueue.go L334-347); the DWS checks are the members'."""
-    manifest = _manifest("ClusterQueue", CLUSTER_QUEUE, {
+    manifest = _manifest("ClusterQueue", name, {
         "namespaceSelector": {},
         "resourceGroups": [{"coveredResources": list(COVERED_RESOURCES), "flavors": [{"name": FLAVOR, "resources": [
             {"name": resource, "nominalQuota": quota[resource]} for resource in COVERED_RESOURCES]}]}],
-        "admissionChecksStrategy": {"admissionChecks": [{"name": ADMISSION_CHECK}]},
+        "admissionChecksStrategy": {"admissionChecks": [{"name": check}]},
     })
     # Active once the check is: at least one member connected. Ref: multikueue/admissioncheck.go
     manifest["metadata"]["annotations"] = {"pulumi.com/waitFor": "condition=Active"}
     return manifest
 
 
-def local_queue() -> dict:
-    return _manifest("LocalQueue", FLEET_LOCAL_QUEUE, {"clusterQueue": CLUSTER_QUEUE}, namespace=FLEET_NAMESPACE)
+def local_queue(name: str = FLEET_LOCAL_QUEUE, cluster_queue_name: str = CLUSTER_QUEUE) -> dict:
+    return _manifest("LocalQueue", name, {"clusterQueue": cluster_queue_name}, namespace=FLEET_NAMESPACE)
 
 
 def watch_secret_rule(clusters: Sequence[str]) -> dict:
@@ -232,6 +311,13 @@ def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap
         {"name": "FLEET_WATCH_SECONDS", "value": str(WATCH_SECONDS)},
         {"name": "FLEET_METRICS_PORT", "value": str(failover.METRICS_PORT)},
     ], ports=[{"name": failover.METRICS_PORT_NAME, "containerPort": failover.METRICS_PORT}])
+
+
+def ladder_deployment(settings: PlatformSettings, configmap: str, steps: Sequence[FleetStep]) -> dict:
+    return failover.controller_deployment(settings, LADDER_NAME, "failover.ladder", configmap, env=[
+        {"name": "FLEET_LADDER", "value": ladder_json(steps)},
+        {"name": "FLEET_NAMESPACE", "value": FLEET_NAMESPACE},
+    ])
 
 
 def member_access(members: Sequence[MemberHandle]) -> str:
@@ -272,6 +358,7 @@ class MemberHandle:
     capacity: Mapping[str, int]
     project: str
     provider: k8s.Provider
+    steps: Sequence[Mapping] = ()  # the ladder's steps it offers (`fleetMember.steps`), none by default
 
 
 class FleetManager(pulumi.ComponentResource):
@@ -280,7 +367,10 @@ class FleetManager(pulumi.ComponentResource):
     renewer of its tokens, the fleet watch, and the fleet's queue (`tpu-fallback:infra:FleetManager`)."""
 
     release: k8s.helm.v3.Release
-    local_queue: k8s.apiextensions.CustomResource
+    local_queue: k8s.apiextensions.CustomResource  # the first step's, where jobs are submitted
+    local_queue_name: str
+    steps: tuple[FleetStep, ...]  # the ladder, the last step DWS everywhere (the fleet queue)
+    ladder: k8s.apps.v1.Deployment | None  # the ladder controller, when there is a step before the last
     ready: list[pulumi.Resource]  # what a fleet job waits for
     watch: k8s.apps.v1.Deployment  # the fleet watch, scraped by infra/monitoring.py FleetMonitoring
     service_account: gcp.serviceaccount.Account  # the manager's identity in every member
@@ -320,17 +410,37 @@ class FleetManager(pulumi.ComponentResource):
                                      data=sources, opts=self._after(on_cluster, system_namespace))
         renewer = self._renewer(name, fleet, settings, members, on_cluster, configmap,
                                 after=[code, system_namespace, *secrets, *grants])
+        self.steps = ladder_steps(fleet, members)
+        *ladder, last = self.steps
         config = self._object(multikueue_config(fleet), after=clusters)
         check = self._object(admission_check(), after=[config])
         # Active only once a member is connected: after the renewer has written the first tokens.
-        queue = self._object(cluster_queue(fleet_quota([m.capacity for m in members])),
-                             after=[self._object(flavor()), check, renewer])
+        fleet_flavor = self._object(flavor())
+        queue = self._object(cluster_queue(last.quota), after=[fleet_flavor, check, renewer])
         namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": FLEET_NAMESPACE}, opts=on_cluster)
-        self.local_queue = self._object(local_queue(), after=[namespace, queue])
-        self.ready = [self.release, kuberay, self.local_queue]
+        last_queue = self._object(local_queue(), after=[namespace, queue])
+        # The ladder's steps before the last, each with its own check and config (one MultiKueue check per
+        # ClusterQueue: pkg/cache/scheduler/clusterqueue.go L334-347).
+        step_queues = []
+        for step in ladder:
+            step_config = self._object(multikueue_config(fleet, step.config, step.members),
+                                       after=[clusters[fleet.cluster_names.index(c)] for c in step.members])
+            step_check = self._object(admission_check(step.admission_check, step.config), after=[step_config])
+            step_cluster_queue = self._object(cluster_queue(step.quota, step.cluster_queue, step.admission_check),
+                                              after=[fleet_flavor, step_check, renewer])
+            step_queues.append(self._object(local_queue(step.local_queue, step.cluster_queue),
+                                            after=[namespace, step_cluster_queue]))
+        # Jobs are submitted to the first step's queue: the last one's when the members offer no other step.
+        self.local_queue = step_queues[0] if step_queues else last_queue
+        self.local_queue_name = self.steps[0].local_queue
+        self.ready = [self.release, kuberay, last_queue, *step_queues]
         self.watch = self._watch(name, fleet, settings, on_cluster, configmap,
                                  after=[self.release, code, system_namespace, *clusters])
-        self.register_outputs({"localQueue": FLEET_LOCAL_QUEUE, "members": [m.cluster for m in members],
+        # The ladder controller moves a job down the steps; without steps before the last there is nothing to move.
+        self.ladder = (self._ladder(name, settings, on_cluster, configmap, after=[self.release, code, system_namespace,
+                                                                                   namespace, *step_queues])
+                       if ladder else None)
+        self.register_outputs({"localQueue": self.local_queue_name, "members": [m.cluster for m in members],
                                "serviceAccount": self.service_account.email})
 
     @staticmethod
@@ -411,6 +521,23 @@ class FleetManager(pulumi.ComponentResource):
         manifest = watch_deployment(settings, fleet, configmap)
         return k8s.apps.v1.Deployment(f"{name}-watch", metadata=manifest["metadata"], spec=manifest["spec"],
                                       opts=opts(binding, secrets_binding, *after))
+
+    def _ladder(self, name: str, settings: PlatformSettings, on_cluster: pulumi.ResourceOptions, configmap: str,
+                after: Sequence[pulumi.Resource]) -> k8s.apps.v1.Deployment:
+        """The ladder controller: its ServiceAccount, a Role in the fleet's namespace only, and the Deployment."""
+        account = k8s.core.v1.ServiceAccount(f"{name}-ladder-account", metadata={
+            "name": LADDER_NAME, "namespace": failover.NAMESPACE}, opts=self._after(on_cluster, *after))
+        role_name = f"tpu-fallback-{LADDER_NAME}"
+        role = k8s.rbac.v1.Role(f"{name}-ladder-role", metadata={"name": role_name, "namespace": FLEET_NAMESPACE},
+                                rules=[dict(rule) for rule in LADDER_RULES], opts=self._after(on_cluster, *after))
+        binding = k8s.rbac.v1.RoleBinding(
+            f"{name}-ladder-binding", metadata={"name": role_name, "namespace": FLEET_NAMESPACE},
+            subjects=[{"kind": "ServiceAccount", "name": LADDER_NAME, "namespace": failover.NAMESPACE}],
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
+            opts=self._after(on_cluster, role, account))
+        manifest = ladder_deployment(settings, configmap, self.steps)
+        return k8s.apps.v1.Deployment(f"{name}-ladder", metadata=manifest["metadata"], spec=manifest["spec"],
+                                      opts=self._after(on_cluster, binding, *after))
 
     def _object(self, manifest: dict, after: Sequence[pulumi.Resource] = ()) -> k8s.apiextensions.CustomResource:
         kind, name = manifest["kind"], manifest["metadata"]["name"]

@@ -4,6 +4,11 @@
   (the DWS rung by default: admitted only once a slice is provisioned, so the first region with TPUs wins);
 - a ClusterRole with exactly the RBAC MultiKueue uses in a worker, which the fleet stack binds to its manager's Google
   service account (roles/fleet.py): no ServiceAccount token, nothing long-lived leaves this cluster;
+- with `fleetMember.rungs`, per rung the fleet may use here one member at a time (the fleet's ladder, README "The
+  fleet's ladder"): a ClusterQueue holding only that rung's flavor (and default-cpu for the Ray head), with no quota
+  of its own, borrowing the rung's capacity from the region's cohort, so a fleet job there can never fall through
+  to another rung nor take what the region's own jobs hold; and its LocalQueue `fleet-<flavor>-<this stack>`, the
+  name of the fleet's step (MultiKueue copies the manager's queue name verbatim);
 - where the manager reaches this cluster (`fleetMember.access`: its endpoint and CA, neither secret); the manager's
   renewer writes them with a short-lived token into the kubeconfig Secret MultiKueue reads (failover/credentials.py).
 
@@ -16,8 +21,9 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.kueue import DEFAULT_FLAVOR, KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE, Kueue, queue_chain
-from infra.settings import PlatformSettings
+from infra.kueue import (COHORT, COVERED_RESOURCES, DEFAULT_FLAVOR, KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE,
+                         Kueue, no_quota, queue_chain)
+from infra.settings import PlanSettings, PlatformSettings
 
 # The fleet's jobs live in a namespace of their own on the manager and on every member: a MultiKueue worker needs
 # the manager's namespace and LocalQueue name (Ref: https://kueue.sigs.k8s.io/docs/tasks/manage/setup_multikueue/),
@@ -67,12 +73,12 @@ def reachable_plans(settings: PlatformSettings) -> tuple:
     return settings.plans[start:]
 
 
-def fleet_capacity(settings: PlatformSettings) -> dict[str, int]:
+def fleet_capacity(settings: PlatformSettings, reachable: tuple[PlanSettings, ...] | None = None) -> dict[str, int]:
     """What a fleet job can use here: the CPU pool (the Ray heads) and every rung from the start rung down (a job
     evicted there is re-dispatched by the manager, not moved down; see README "Plan C"), derived from the
-    machine types as the region's own flavor quotas are."""
+    machine types as the region's own flavor quotas are; or only the `reachable` rungs (a step of the ladder)."""
     system, tpu = settings.system_pool, settings.tpu
-    reachable = reachable_plans(settings)
+    reachable = reachable_plans(settings) if reachable is None else reachable
     hosts = sum(plan.hosts(tpu) for plan in reachable)
     return {"cpu": system.node_count * system.machine.vcpus + hosts * tpu.machine_type.vcpus,
             "memoryGi": system.node_count * system.machine.memory_gib + hosts * tpu.machine_type.memory_gib,
@@ -80,13 +86,60 @@ def fleet_capacity(settings: PlatformSettings) -> dict[str, int]:
             "slices": sum(plan.max_slices for plan in reachable)}
 
 
-def fleet_member_output(settings: PlatformSettings) -> dict:
-    """What the fleet stack reads of this member (with the `platform` output: its settings)."""
-    return {"namespace": FLEET_NAMESPACE, "localQueue": FLEET_LOCAL_QUEUE,
-            "startRung": settings.fleet_member.start_rung, "clusterQueue": start_cluster_queue(settings),
-            "flavors": [DEFAULT_FLAVOR, *(plan.flavor for plan in reachable_plans(settings))],
-            "capacity": fleet_capacity(settings),
-            "managerClusterRole": MANAGER_CLUSTER_ROLE}
+# ---- the fleet's ladder: the steps this member offers ------------------------------------------------------------
+
+
+def step_name(flavor: str, member: str) -> str:
+    """A step's LocalQueue here and on the manager, and the manager's ClusterQueue, AdmissionCheck and
+    MultiKueueConfig of that step: the rung's flavor and the member's MultiKueueCluster name (its stack name)."""
+    return f"fleet-{flavor}-{member}"
+
+
+def step_cluster_queue_name(flavor: str) -> str:
+    return f"fleet-{flavor}"
+
+
+def ladder_plans(settings: PlatformSettings) -> tuple[PlanSettings, ...]:
+    """The rungs the fleet may use here one member at a time (`fleetMember.rungs` less the start rung)."""
+    return tuple(plan for plan in settings.plans if plan.config_key in settings.fleet_member.ladder_rungs)
+
+
+def step_cluster_queue(plan: PlanSettings) -> dict:
+    """Only the rung's flavor (and default-cpu, the Ray head's), none of it owned: everything is borrowed from the
+    region's cohort, where the region's own ClusterQueues own it. So a fleet job here takes only what the region's
+    own jobs leave, and, with no other flavor listed, never falls through to another rung."""
+    manifest = {"apiVersion": KUEUE_API_VERSION, "kind": "ClusterQueue",
+                "metadata": {"name": step_cluster_queue_name(plan.flavor),
+                             "annotations": {"pulumi.com/waitFor": "condition=Active"}},
+                "spec": {"namespaceSelector": {}, "cohortName": COHORT, "resourceGroups": [{
+                    "coveredResources": list(COVERED_RESOURCES),
+                    "flavors": [no_quota(DEFAULT_FLAVOR), no_quota(plan.flavor)]}]}}
+    return manifest
+
+
+def step_local_queue(plan: PlanSettings, member: str) -> dict:
+    return {"apiVersion": KUEUE_API_VERSION, "kind": "LocalQueue",
+            "metadata": {"name": step_name(plan.flavor, member), "namespace": FLEET_NAMESPACE},
+            "spec": {"clusterQueue": step_cluster_queue_name(plan.flavor)}}
+
+
+def member_steps(settings: PlatformSettings, member: str) -> list[dict]:
+    """What the fleet reads of each step here: the rung, its LocalQueue and what one job may use on it."""
+    return [{"rung": plan.config_key, "flavor": plan.flavor, "localQueue": step_name(plan.flavor, member),
+             "capacity": fleet_capacity(settings, (plan,))} for plan in ladder_plans(settings)]
+
+
+def fleet_member_output(settings: PlatformSettings, member: str = "") -> dict:
+    """What the fleet stack reads of this member (with the `platform` output: its settings); `steps` only when the
+    member offers rungs to the fleet's ladder, so a member that does not publishes what it did before."""
+    output = {"namespace": FLEET_NAMESPACE, "localQueue": FLEET_LOCAL_QUEUE,
+              "startRung": settings.fleet_member.start_rung, "clusterQueue": start_cluster_queue(settings),
+              "flavors": [DEFAULT_FLAVOR, *(plan.flavor for plan in reachable_plans(settings))],
+              "capacity": fleet_capacity(settings),
+              "managerClusterRole": MANAGER_CLUSTER_ROLE}
+    if ladder_plans(settings):
+        output["steps"] = member_steps(settings, member)
+    return output
 
 
 class FleetMember(pulumi.ComponentResource):
@@ -110,11 +163,24 @@ class FleetMember(pulumi.ComponentResource):
             spec=queue["spec"],
             opts=after(namespace, kueue.release, kueue.cluster_queues[queue["spec"]["clusterQueue"]]))
 
+        # The fleet's ladder: per rung offered, its ClusterQueue (in the region's cohort) and the step's LocalQueue.
+        member = pulumi.get_stack().lower()
+        for plan in ladder_plans(settings):
+            step_queue = step_cluster_queue(plan)
+            created = k8s.apiextensions.CustomResource(
+                f"{name}-clusterqueue-{plan.flavor}", api_version=step_queue["apiVersion"], kind=step_queue["kind"],
+                metadata=step_queue["metadata"], spec=step_queue["spec"],
+                opts=after(kueue.release, *kueue.cluster_queues.values()))
+            local = step_local_queue(plan, member)
+            k8s.apiextensions.CustomResource(
+                f"{name}-localqueue-{plan.flavor}", api_version=local["apiVersion"], kind=local["kind"],
+                metadata=local["metadata"], spec=local["spec"], opts=after(namespace, created))
+
         # What MultiKueue may do here; the fleet stack binds it to its manager's Google identity.
         role = manager_cluster_role()
         k8s.rbac.v1.ClusterRole(f"{name}-manager-role", metadata=role["metadata"], rules=role["rules"],
                                 opts=on_cluster)
-        self.output = {**fleet_member_output(settings), "access": {
+        self.output = {**fleet_member_output(settings, member), "access": {
             "server": pulumi.Output.concat("https://", cluster.endpoint),
             "certificateAuthorityData": cluster.master_auth.cluster_ca_certificate}}
         self.register_outputs({FLEET_MEMBER_OUTPUT: self.output})

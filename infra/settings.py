@@ -41,7 +41,7 @@ DEFAULTS: Mapping[str, Any] = {
                                                "movesPerHour": 3, "notificationChannels": []}},
     "teams": [],
     "googleGroupsDomain": "",
-    "fleetMember": {"enabled": False, "startRung": "flexStart"},
+    "fleetMember": {"enabled": False, "startRung": "flexStart", "rungs": []},
 }
 
 # Kueue 0.16 is the first release that stores v1beta2, the API version every object here is written in.
@@ -350,6 +350,10 @@ class MonitoringSettings:
     alerts: AlertSettings = AlertSettings()
 
 
+# A fleet step's queue name is a label value (kueue.x-k8s.io/queue-name on the job): at most 63 characters.
+MAX_STEP_NAME = 63
+
+
 @dataclass(frozen=True)
 class FleetMemberSettings:
     """This region as a member of a MultiKueue fleet (infra/fleet_member.py): a fleet job starts here on the
@@ -357,6 +361,10 @@ class FleetMemberSettings:
     so the first region with TPUs wins."""
 
     start_rung: str = "flexStart"
+    # The rungs besides the start rung that the fleet may use here one member at a time (config keys, none with an
+    # admission check): each becomes a step of the fleet's ladder (infra/fleet_member.py, README "The fleet's
+    # ladder"). Empty, the default: the fleet only asks DWS here, as before.
+    ladder_rungs: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -650,7 +658,9 @@ def _read_notification_channels(reader: ConfigReader, channels: list) -> tuple[s
 def read_fleet_member(reader: ConfigReader, plans: tuple[PlanSettings, ...],
                       teams: tuple[TeamSettings, ...]) -> FleetMemberSettings | None:
     """`fleetMember`: None unless enabled. The start rung must be enabled here; and no teams: a fleet job's
-    namespace is the fleet's own (infra/fleet_member.py), which no team's queues admit."""
+    namespace is the fleet's own (infra/fleet_member.py), which no team's queues admit. `rungs`: the start rung
+    (always the fleet's last step, DWS everywhere by default) and the rungs the fleet may use here one member at a
+    time, each enabled here and without an admission check (a DWS request is the last step's, in every member)."""
     raw = reader.obj("fleetMember", DEFAULTS["fleetMember"])
     if not raw["enabled"]:
         return None
@@ -661,7 +671,30 @@ def read_fleet_member(reader: ConfigReader, plans: tuple[PlanSettings, ...],
     reader.check("fleetMember.enabled", not teams,
                  "a platform with teams cannot be a fleet member yet: the teams' queues admit only their own "
                  "namespaces; use a single-team platform stack per region as a member")
-    return FleetMemberSettings(raw["startRung"])
+    rungs = raw["rungs"]
+    ladder: list[str] = []
+    for index, key in enumerate(rungs):
+        where = f"fleetMember.rungs[{index}]"
+        plan = next((p for p in plans if p.config_key == key), None)
+        if not reader.check(where, plan is not None,
+                            f"{key!r} is not an enabled rung of this stack; use some of {', '.join(enabled)}"):
+            continue
+        if key == raw["startRung"]:
+            continue  # the start rung is always the fleet's last step
+        if not reader.check(where, not plan.kind.admission_check,
+                            f"{key!r} provisions before admission: it is the fleet's last step, in every member at "
+                            "once (startRung); list reservation, onDemand or spot rungs here"):
+            continue
+        if not reader.check(where, key not in ladder, f"{key!r} is listed twice"):
+            continue
+        ladder.append(key)
+        # The step's LocalQueue (here and on the manager) is named after the rung and this stack; a job carries the
+        # name in its label kueue.x-k8s.io/queue-name, so it must be a label value (infra/fleet_member.py step_name).
+        name = f"fleet-{plan.flavor}-{pulumi.get_stack().lower()}"
+        reader.check(where, len(name) <= MAX_STEP_NAME,
+                     f"the fleet's step here would be named {name!r}, {len(name)} characters; a queue name is a "
+                     f"label value, at most {MAX_STEP_NAME}: use a shorter stack name")
+    return FleetMemberSettings(raw["startRung"], tuple(k for k in enabled if k in ladder))
 
 
 @dataclass(frozen=True)

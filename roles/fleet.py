@@ -19,11 +19,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.cluster import GkeCluster
-from infra.fleet import (FLEET_KEY, FleetManager, FleetSettings, MemberHandle,
+from infra.fleet import (FLEET_KEY, LADDER_RUNGS, FleetManager, FleetSettings, MemberHandle,
                          member_cluster_name, read_fleet_settings)
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE
 from infra.monitoring import FleetMonitoring
-from infra.settings import (DEFAULTS, ClusterKeys, ConfigReader, ControllerRuntime, MonitoringSettings,
+from infra.settings import (DEFAULTS, MAX_STEP_NAME, ClusterKeys, ConfigReader, ControllerRuntime, MonitoringSettings,
                             PlatformSettings, read_cluster_keys, read_controller_runtime, read_monitoring_settings)
 from roles.contract import KUBECONFIG_OUTPUT, PLATFORM_OUTPUT, cluster_id, settings_from_output
 from roles.team import WORKLOADS_KEY, differs_from_default, read_published
@@ -73,7 +73,29 @@ def read_member(reader: ConfigReader, where: str, stack: str, reference: pulumi.
                         f"{stack} publishes no `{FLEET_MEMBER_OUTPUT}.access` (where the manager reaches it): it "
                         "was last deployed by an older version of tpu-fallback; run `pulumi up` on it"):
         return None
+    if not _check_steps(reader, where, stack, queue.get("steps") or []):
+        return None
     return Member(stack, member_cluster_name(stack), settings, queue, reference)
+
+
+def _check_steps(reader: ConfigReader, where: str, stack: str, steps: Any) -> bool:
+    """The ladder steps a member offers (`fleetMember.steps`, from its `fleetMember.rungs`): each a rung the fleet
+    orders (fleet.rungOrder), named for this member, a label value (the job's queue-name label)."""
+    if not reader.check(where, isinstance(steps, list) and all(
+            isinstance(s, Mapping) and {"rung", "localQueue", "capacity"} <= set(s) for s in steps),
+            f"{stack}'s `{FLEET_MEMBER_OUTPUT}.steps` is not readable; run `pulumi up` on it with this version"):
+        return False
+    ok = True
+    for step in steps:
+        ok &= reader.check(where, step["rung"] in LADDER_RUNGS,
+                           f"{stack} offers the fleet its {step['rung']!r} rung, which is not a step the fleet "
+                           f"orders ({', '.join(LADDER_RUNGS)}); fix its fleetMember.rungs")
+        name = step["localQueue"]
+        ok &= reader.check(where, isinstance(name, str) and len(name) <= MAX_STEP_NAME
+                           and name.endswith(f"-{member_cluster_name(stack)}"),
+                           f"{stack}'s step queue {name!r} is not named for it or is longer than {MAX_STEP_NAME} "
+                           "characters (a label value); use a shorter stack name")
+    return ok
 
 
 def check_members(reader: ConfigReader, members: list[Member], kueue_version: str) -> None:
@@ -177,7 +199,8 @@ def deploy() -> None:
             cluster_identifier=cluster_id(member.settings)) for member in members}
         manager = FleetManager("fleet", fleet, settings, [
             MemberHandle(member.cluster, member.queue["access"], member.queue["capacity"], member.settings.project,
-                         providers[member.cluster]) for member in members], cluster.provider)
+                         providers[member.cluster], tuple(member.queue.get("steps") or ()))
+            for member in members], cluster.provider)
         # Managed Prometheus on the manager (infra/cluster.py): Kueue and the fleet watch scraped, a dashboard, alerts.
         metrics = (FleetMonitoring("monitoring", settings, manager, cluster.provider) if monitoring.enabled
                        else None)
@@ -188,7 +211,7 @@ def deploy() -> None:
             sites = tuple(JobSite(member.cluster, providers[member.cluster], member.settings.project)
                           for member in members)
             handles = PlatformHandles(settings, cluster.provider, cluster.cluster, None,
-                                      TeamNamespace("fleet", FLEET_NAMESPACE, FLEET_LOCAL_QUEUE), sites=sites,
+                                      TeamNamespace("fleet", FLEET_NAMESPACE, manager.local_queue_name), sites=sites,
                                       ready=tuple(manager.ready),
                                       bucket_location=fleet.checkpoint_location or members[0].settings.region)
             jobs = TrainingJobs("training", handles, workloads)
@@ -198,7 +221,9 @@ def deploy() -> None:
             "members": {member.cluster: {"stack": member.stack, "zone": member.settings.zone,
                                          "startRung": member.queue["startRung"],
                                          "clusterQueue": member.queue["clusterQueue"]} for member in members},
-            "localQueue": {"namespace": FLEET_NAMESPACE, "name": FLEET_LOCAL_QUEUE},
+            "localQueue": {"namespace": FLEET_NAMESPACE, "name": manager.local_queue_name},
+            # The fleet's ladder, first step first (only when a member offers a step before DWS everywhere).
+            **({"ladder": [step.as_output() for step in manager.steps]} if len(manager.steps) > 1 else {}),
             "dispatcher": fleet.dispatcher,
             "workerLostTimeoutSeconds": fleet.worker_lost_timeout_seconds,
             # The identity the manager reaches every member with; its tokens last an hour (failover/credentials.py).

@@ -1,0 +1,249 @@
+"""The fleet's ladder (issue 18), offline: the steps members offer (`fleetMember.rungs`), the chain of steps the fleet
+derives (infra/fleet.py ladder_steps), their objects on both sides, the rules, and the ladder controller's decisions
+(failover/ladder.py). The real Kueue judges them in tests/test_fleet_ladder_controlplane.py.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime
+import functools
+import json
+
+import pytest
+
+from failover import ladder as ladder_controller
+from failover.decisions import MOVED, MOVING, Move
+from infra import failover as failover_objects
+from infra import fleet as fleet_objects
+from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE
+from infra.offline import OfflineEngine, Plan, StackOutputs
+from infra.settings import SettingsError
+from tests.conftest import config_with, plan_for
+
+FLEET = "fleet"
+W1, W2 = MEMBERS = ("member-us-east5-a", "member-asia-northeast1-b")
+STACKS = {m: f"my-org/tpu-fallback/{m}" for m in MEMBERS}
+ON_DEMAND_RUNGS = {"fleetMember": {"enabled": True, "rungs": ["onDemand"]}}
+
+
+@functools.cache
+def member_outputs(member: str, rungs: tuple[str, ...] = ("onDemand",)) -> StackOutputs:
+    plan = plan_for(member, {"fleetMember": {"enabled": True, "rungs": list(rungs)}})
+    return StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
+
+
+def fleet_plan(overrides: dict | None = None, answers: dict | None = None) -> Plan:
+    answers = answers or {STACKS[m]: member_outputs(m) for m in MEMBERS}
+    return OfflineEngine(FLEET, False, answers).run(config_with(overrides or {}, FLEET))
+
+
+@functools.cache
+def cached_ladder_plan() -> Plan:
+    return fleet_plan()
+
+
+def manifests(plan: Plan, kind: str) -> dict[str, dict]:
+    return {m["metadata"]["name"]: m for m in plan.kubernetes_manifests() if m["kind"] == kind}
+
+
+# ---- a member's steps ----------------------------------------------------------------------------------------
+
+
+def test_a_member_offers_its_on_demand_rung_as_a_step_that_borrows_only_that_rung():
+    plan = plan_for(W1, ON_DEMAND_RUNGS)
+    queue = manifests(plan, "ClusterQueue")["fleet-on-demand"]
+    assert queue["spec"]["cohortName"] == "tpu-fallback"  # the region's cohort, where its own queues own it
+    flavors = queue["spec"]["resourceGroups"][0]["flavors"]
+    assert [f["name"] for f in flavors] == ["default-cpu", "on-demand"]  # never another rung
+    assert {r["nominalQuota"] for f in flavors for r in f["resources"]} == {"0"}  # all of it borrowed
+    local = manifests(plan, "LocalQueue")[f"fleet-on-demand-{W1}"]
+    assert local["metadata"]["namespace"] == FLEET_NAMESPACE and local["spec"]["clusterQueue"] == "fleet-on-demand"
+    assert manifests(plan, "LocalQueue")[FLEET_LOCAL_QUEUE]["spec"]["clusterQueue"] == "cluster-queue-dws"
+    (step,) = plan.outputs[FLEET_MEMBER_OUTPUT]["steps"]
+    assert step["rung"] == "onDemand" and step["localQueue"] == f"fleet-on-demand-{W1}"
+    assert step["capacity"]["tpuChips"] == 16 and step["capacity"]["slices"] == 1
+
+
+def test_a_member_that_offers_only_its_start_rung_publishes_and_declares_what_it_did():
+    plain, listed = plan_for(W1), plan_for(W1, {"fleetMember": {"enabled": True, "rungs": ["flexStart"]}})
+    assert "steps" not in plain.outputs[FLEET_MEMBER_OUTPUT]
+    assert plain.outputs == listed.outputs
+    assert sorted(manifests(plain, "ClusterQueue")) == sorted(manifests(listed, "ClusterQueue"))
+
+
+@pytest.mark.parametrize("overrides, key, message", [
+    ({"fleetMember": {"enabled": True, "rungs": ["spot"]}}, "fleetMember.rungs[0]", "'spot' is not an enabled rung"),
+    ({"fleetMember": {"enabled": True, "startRung": "onDemand", "rungs": ["flexStart"]}}, "fleetMember.rungs[0]",
+     "provisions before admission"),
+    ({"fleetMember": {"enabled": True, "rungs": ["onDemand", "onDemand"]}}, "fleetMember.rungs[1]", "listed twice"),
+    ({"fleetMember": {"enabled": True, "rungs": "onDemand"}}, "fleetMember.rungs", "must be a list"),
+], ids=["rung-not-here", "dws-is-the-last-step", "twice", "not-a-list"])
+def test_member_ladder_rules(overrides, key, message):
+    with pytest.raises(SettingsError) as failure:
+        plan_for(W1, overrides)
+    assert f"tpu-fallback:{key}" in str(failure.value) and message in str(failure.value)
+
+
+def test_a_step_name_longer_than_a_label_value_fails_naming_the_key():
+    long_stack = "member-" + "x" * 50
+    with pytest.raises(SettingsError) as failure:
+        OfflineEngine(long_stack).run(config_with(ON_DEMAND_RUNGS, W1))
+    assert "tpu-fallback:fleetMember.rungs[0]" in str(failure.value) and "at most 63" in str(failure.value)
+
+
+# ---- the fleet's chain of steps ------------------------------------------------------------------------------
+
+
+def test_the_fleet_chains_each_members_on_demand_then_dws_everywhere():
+    plan = cached_ladder_plan()
+    steps = plan.outputs["ladder"]
+    assert [s["localQueue"] for s in steps] == [f"fleet-on-demand-{W1}", f"fleet-on-demand-{W2}", FLEET_LOCAL_QUEUE]
+    assert [s["members"] for s in steps] == [[W1], [W2], [W1, W2]]
+    assert plan.outputs["localQueue"] == {"namespace": FLEET_NAMESPACE, "name": f"fleet-on-demand-{W1}"}
+    for step in steps[:-1]:  # a ClusterQueue, check and config per step, that step's member only
+        name = step["localQueue"]
+        queue = manifests(plan, "ClusterQueue")[name]
+        assert queue["spec"]["admissionChecksStrategy"] == {"admissionChecks": [{"name": name}]}
+        quota = {r["name"]: r["nominalQuota"] for r in queue["spec"]["resourceGroups"][0]["flavors"][0]["resources"]}
+        assert quota["google.com/tpu"] == "16"  # one slice: that member's on-demand rung
+        assert manifests(plan, "AdmissionCheck")[name]["spec"]["parameters"]["name"] == name
+        assert manifests(plan, "MultiKueueConfig")[name]["spec"]["clusters"] == step["members"]
+        assert manifests(plan, "LocalQueue")[name]["spec"]["clusterQueue"] == name
+    # The last step is today's fleet queue, by its names.
+    assert manifests(plan, "MultiKueueConfig")["fleet"]["spec"]["clusters"] == [W1, W2]
+    assert manifests(plan, "LocalQueue")[FLEET_LOCAL_QUEUE]["spec"]["clusterQueue"] == "fleet-cluster-queue"
+    (job,) = manifests(plan, "RayJob").values()
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == f"fleet-on-demand-{W1}"
+
+
+def test_member_order_and_rung_order_change_the_chain():
+    answers = {STACKS[W1]: member_outputs(W1, ("onDemand",)), STACKS[W2]: member_outputs(W2, ("onDemand",))}
+    raw = json.loads(config_with({}, FLEET)["tpu-fallback:fleet"])
+    plan = fleet_plan({"fleet": {**raw, "memberOrder": [STACKS[W2], STACKS[W1]],
+                                 "rungOrder": ["spot", "onDemand", "reservation"]}}, answers)
+    assert [s["localQueue"] for s in plan.outputs["ladder"]] == [
+        f"fleet-on-demand-{W2}", f"fleet-on-demand-{W1}", FLEET_LOCAL_QUEUE]
+
+
+def test_one_member_may_offer_steps_and_another_none():
+    plan = fleet_plan(answers={STACKS[W1]: member_outputs(W1), STACKS[W2]: StackOutputs.of_plan(plan_for(W2))})
+    assert [s["localQueue"] for s in plan.outputs["ladder"]] == [f"fleet-on-demand-{W1}", FLEET_LOCAL_QUEUE]
+
+
+def test_the_ladder_controller_runs_with_least_privilege_in_the_fleets_namespace():
+    plan = cached_ladder_plan()
+    deployment = manifests(plan, "Deployment")[fleet_objects.LADDER_NAME]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert "failover.ladder" in " ".join(container["command"])
+    assert [s["localQueue"] for s in json.loads(env["FLEET_LADDER"])] == [
+        s["localQueue"] for s in plan.outputs["ladder"]]
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == fleet_objects.LADDER_NAME
+    role = manifests(plan, "Role")[f"tpu-fallback-{fleet_objects.LADDER_NAME}"]
+    assert role["metadata"]["namespace"] == FLEET_NAMESPACE  # not a ClusterRole: only the fleet's jobs
+    assert role["rules"] == [dict(rule) for rule in fleet_objects.LADDER_RULES]
+    assert not any(r["apiGroups"] == [""] and "secrets" in r["resources"] for r in role["rules"])
+    assert "ladder.py" in failover_objects.PACKAGE_FILES
+
+
+def test_a_fleet_of_dws_only_members_has_no_ladder():
+    plan = OfflineEngine(FLEET, False, {STACKS[m]: StackOutputs.of_plan(plan_for(m)) for m in MEMBERS}).run(
+        config_with({}, FLEET))
+    assert "ladder" not in plan.outputs
+    assert fleet_objects.LADDER_NAME not in manifests(plan, "Deployment")
+    assert plan.outputs["localQueue"]["name"] == FLEET_LOCAL_QUEUE
+
+
+def _changed_steps(member: str, change) -> StackOutputs:
+    outputs = copy.deepcopy(member_outputs(member).outputs)
+    change(outputs[FLEET_MEMBER_OUTPUT]["steps"])
+    return StackOutputs(outputs, member_outputs(member).secret_output_names)
+
+
+@pytest.mark.parametrize("overrides, answers, message", [
+    ({"memberOrder": [STACKS[W1]]}, None, "tpu-fallback:fleet.memberOrder: must list every stack"),
+    ({"memberOrder": [STACKS[W1], "my-org/tpu-fallback/other"]}, None, "tpu-fallback:fleet.memberOrder"),
+    ({"rungOrder": ["onDemand", "spot"]}, None, "tpu-fallback:fleet.rungOrder"),
+    ({"rungOrder": ["onDemand", "spot", "flexStart"]}, None, "tpu-fallback:fleet.rungOrder"),
+    ({}, {W2: lambda steps: steps[0].update(rung="flexStart")}, "fleet.members[1]: my-org/tpu-fallback/member-asia"
+                                                               "-northeast1-b offers the fleet its 'flexStart' rung"),
+    ({}, {W2: lambda steps: steps[0].update(localQueue="fleet-on-demand-" + "y" * 60)}, "longer than 63"),
+    ({}, {W2: lambda steps: steps[0].update(localQueue=f"fleet-on-demand-{W1}")}, "is not named for it"),
+], ids=["member-order-short", "member-order-other", "rung-order-short", "rung-order-dws", "unknown-rung",
+        "name-too-long", "name-of-another"])
+def test_fleet_ladder_rules(overrides, answers, message):
+    raw = json.loads(config_with({}, FLEET)["tpu-fallback:fleet"])
+    references = {STACKS[m]: member_outputs(m) for m in MEMBERS}
+    for member, change in (answers or {}).items():
+        references[STACKS[member]] = _changed_steps(member, change)
+    with pytest.raises(SettingsError) as failure:
+        fleet_plan({"fleet": {**raw, **overrides}}, references)
+    assert message in str(failure.value)
+
+
+# ---- the ladder controller's decisions -----------------------------------------------------------------------
+
+LADDER = ladder_controller.Ladder.from_json(json.dumps([
+    {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand"},
+    {"localQueue": "fleet-on-demand-w2", "admissionCheck": "fleet-on-demand-w2", "members": ["w2"], "rung": "onDemand"},
+    {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
+NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
+
+
+def workload(queue: str, checks: list[dict], active: bool = True, evicted: str = "") -> ladder_controller.LadderView:
+    conditions = [{"type": "QuotaReserved", "status": "True"}]
+    if evicted:
+        conditions.append({"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": evicted})
+    return ladder_controller.LadderView.from_object({
+        "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}]},
+        "spec": {"queueName": queue, "active": active},
+        "status": {"conditions": conditions, "admissionChecks": checks}})
+
+
+def test_a_job_admitted_on_its_step_stays():
+    view = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Ready"}])
+    assert ladder_controller.decide(LADDER, view, None, NOW) is None
+
+
+@pytest.mark.parametrize("check", [
+    {"name": "fleet-on-demand-w1", "state": "Retry", "message": 'Workload evicted on worker cluster: "w1", resetting'},
+    {"name": "fleet-on-demand-w1", "state": "Pending", "retryCount": 1},  # after the eviction
+    {"name": "fleet-on-demand-w1", "state": "Ready", "retryCount": 1},  # re-dispatched to the same member already
+], ids=["retry", "evicted", "re-admitted"])
+def test_a_members_eviction_moves_the_job_to_the_next_step(check):
+    action = ladder_controller.decide(LADDER, workload("fleet-on-demand-w1", [check]), None, NOW)
+    assert action.move == Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2",
+                               ladder_controller.MEMBER_EVICTED, "2026-12-01T12:00:00Z")
+
+
+def test_the_evicting_member_is_read_from_kueues_messages():
+    view = workload("fleet-queue", [{"name": "fleet-multikueue", "state": "Pending", "retryCount": 1}],
+                    evicted='Evicted due to AdmissionCheck in Retry state: "fleet-multikueue" (Workload evicted on '
+                            'worker cluster: "w2", resetting for re-admission)')
+    assert ladder_controller.evicting_member(LADDER.steps[2], view) == "w2"
+    assert ladder_controller.evicting_member(LADDER.steps[0], workload("fleet-on-demand-w1", [])) == "w1"
+
+
+def test_nothing_moves_past_the_last_step_an_unknown_queue_or_a_deactivated_job():
+    evicted = [{"name": "fleet-multikueue", "state": "Pending", "retryCount": 3}]
+    assert ladder_controller.decide(LADDER, workload("fleet-queue", evicted), None, NOW) is None
+    assert ladder_controller.decide(LADDER, workload("other", [{"name": "other", "state": "Retry"}]), None, NOW) is None
+    inactive = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Retry"}], active=False)
+    assert ladder_controller.decide(LADDER, inactive, None, NOW) is None
+
+
+def test_another_steps_check_does_not_count():
+    """The old step's check, still listed for an instant after the move, says nothing about the new step."""
+    view = workload("fleet-on-demand-w2", [{"name": "fleet-on-demand-w1", "state": "Pending", "retryCount": 1}])
+    assert ladder_controller.decide(LADDER, view, None, NOW) is None
+
+
+def test_a_move_in_progress_is_finished_first_and_a_finished_one_is_not_repeated():
+    moving = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", "MemberEvicted",
+                  "2026-12-01T11:59:00Z", MOVING)
+    view = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending"}], active=False)
+    assert ladder_controller.decide(LADDER, view, moving.to_json(), NOW).move == moving
+    done = Move(**{**moving.__dict__, "state": MOVED})
+    fresh = workload("fleet-on-demand-w2", [{"name": "fleet-on-demand-w2", "state": "Pending"}])
+    assert ladder_controller.decide(LADDER, fresh, done.to_json(), NOW) is None
