@@ -271,6 +271,7 @@ class _Member:
         self.rayjobs: dict[Key, dict] = {}  # (namespace, RayJob name) -> the member's RayJob
         self.answers = False  # the last probe was answered
         self.probe_failed_at: float | None = None
+        self.primed = False  # its informers listed since it last did not answer (a new kubeconfig keeps this)
 
     def synced(self) -> bool:
         return bool(self.informers) and all(informer.synced.is_set() for informer in self.informers)
@@ -442,12 +443,15 @@ class FleetWatch:
 
         return copies_listed, copy_changed, rayjobs_listed, rayjob_changed
 
-    def _restart_member(self, member: _Member) -> None:
-        """New informers for a member (its first, a new kubeconfig, or an answer after none): a fresh list."""
+    def _restart_member(self, member: _Member, stale: bool = True) -> None:
+        """New informers for a member (its first, a new kubeconfig, or an answer after none): a fresh list. After a
+        new kubeconfig alone (`stale` False: a renewed token) what it holds stays until the new list replaces it, and
+        the member still answers meanwhile."""
         member.stop()
         with self._lock:
             member.generation += 1
-            member.copies, member.rayjobs = {}, {}
+            if stale:
+                member.copies, member.rayjobs, member.primed = {}, {}, False
         if member.api is None:
             return
         copies_listed, copy_changed, rayjobs_listed, rayjob_changed = self._member_handlers(member, member.generation)
@@ -473,7 +477,7 @@ class FleetWatch:
                 member = self._members.setdefault(name, _Member(name))
             if api is not member.api:
                 member.api = api
-                self._restart_member(member)
+                self._restart_member(member, stale=member.api is None or not member.primed)
         with self._lock:
             gone = [self._members.pop(name) for name in set(self._members) - set(clients)]
             members = list(self._members.values())
@@ -550,7 +554,10 @@ class FleetWatch:
 
     @staticmethod
     def _answers(member: _Member) -> bool:
-        return member.api is not None and member.answers and member.synced()
+        """It answered the last probe, and its informers have listed since it last did not."""
+        if member.api is not None and member.answers and member.synced():
+            member.primed = True
+        return member.api is not None and member.answers and member.primed
 
     def evaluate(self, key: Key) -> Finding | None:
         """Decide for one job from the caches: mark its eviction finished (`may_unblock`), repair Kueue's record

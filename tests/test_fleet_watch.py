@@ -421,3 +421,58 @@ def test_the_rung_a_fleet_job_holds_in_the_member_where_it_runs():
     placement = fleet_of(rayjob, {"status": {"clusterName": "w1"}})
     assert placement.words() == "runs in w1 (on-demand)"
     assert "rungs" not in json.loads(assess("w1", {"w1": False}, frozenset()).annotation("x"))  # as before
+
+
+# ---- a member's kubeconfig renewed: a new client and new watches -------------------------------------------------
+
+def test_a_renewed_kubeconfig_gives_a_new_client_and_the_same_text_the_same():
+    import base64
+
+    import yaml
+
+    from failover.fleet import member_clients
+
+    def kubeconfig(token: str) -> str:
+        return yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "m",
+                               "clusters": [{"name": "m", "cluster": {"server": "https://127.0.0.1:1"}}],
+                               "users": [{"name": "m", "user": {"token": token}}],
+                               "contexts": [{"name": "m", "context": {"cluster": "m", "user": "m"}}]})
+
+    texts = {"w1-kubeconfig": kubeconfig("one")}
+
+    class Core:
+        def read_namespaced_secret(self, name, namespace):
+            class Secret:
+                data = {"kubeconfig": base64.b64encode(texts[name].encode()).decode()}
+            return Secret()
+
+    load = member_clients(Core(), {"w1": "w1-kubeconfig"}, "kueue-system")
+    first = load()["w1"]
+    assert load()["w1"] is first  # re-read each period, rebuilt only when the text changes
+    texts["w1-kubeconfig"] = kubeconfig("two")
+    renewed = load()["w1"]
+    assert renewed is not first and "two" in str(renewed.configuration.api_key)
+
+
+def test_the_watch_restarts_a_members_watches_on_a_new_client_keeping_what_it_holds():
+    """A renewed token: the member still answers, and what it holds stays until the new watches have listed. A
+    member back after no answer: listed afresh, and it answers only once listed."""
+    from kubernetes import client
+
+    from failover.fleet import FleetWatch
+
+    clients = {"w1": object()}
+    watch = FleetWatch(client.ApiClient(), lambda: dict(clients), "tpu-fallback-fleet")
+    restarts = []
+    watch._restart_member = lambda member, stale=True: restarts.append((member.name, stale))
+    watch._probe = lambda member: None
+    watch.tick()
+    assert restarts == [("w1", True)]  # its first watches
+    member = watch._members["w1"]
+    member.answers, member.primed, member.informers = True, True, [_Synced()]
+    watch.tick()
+    assert restarts == [("w1", True)]  # the same client: nothing to do
+    clients["w1"] = object()
+    watch.tick()
+    assert restarts[-1] == ("w1", False) and member.api is clients["w1"]
+    assert watch._answers(member)
