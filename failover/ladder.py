@@ -20,6 +20,8 @@ checks first: a restart, `kill -9` included, finishes the move it finds and neve
 Configuration (environment, set by the fleet stack's Deployment, infra/fleet.py):
     FLEET_LADDER            JSON list of steps {localQueue, clusterQueue, admissionCheck, rung, members}, first first
     FLEET_NAMESPACE         the fleet's jobs' namespace (tpu-fleet)
+    FLEET_STEP_WAIT_SECONDS how long a job may wait at a step before the last without being admitted there (its
+                            member's capacity is in use: a reservation or on-demand slice admits at once when free)
     LADDER_RESYNC_SECONDS   seconds between resyncs, the safety net (default 60)
     LADDER_WORKERS          jobs handled at once (default 2)
     KUBECONFIG              outside a cluster; in a Pod the ServiceAccount's credentials are used
@@ -51,6 +53,7 @@ log = logging.getLogger("tpu-fallback.ladder")
 COMPONENT = "tpu-fallback-ladder"
 EVENT_REASON = "MovedToNextStep"
 MEMBER_EVICTED = "MemberEvicted"  # the reason a move records: the step's member evicted the job
+STEP_BUSY = "StepBusy"  # or: the step did not admit it within the step wait (its capacity is in use)
 MOVE_WAIT_SECONDS = 15.0  # how long one pass waits for Kueue within a move; the next pass resumes it
 POLL_SECONDS = 0.05
 # The manager's RayJob status that Kueue reads as "still running" (rayjob_controller.go IsActive: anything but
@@ -91,6 +94,7 @@ class CheckState:
     state: str
     retry_count: int
     message: str
+    since: datetime.datetime | None = None  # lastTransitionTime: in this state since
 
 
 @dataclass(frozen=True)
@@ -105,6 +109,7 @@ class LadderView:
     rayjob: str | None
     checks: tuple[CheckState, ...]
     evicted_message: str  # the Evicted condition's message while it is True
+    created: datetime.datetime | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping) -> LadderView:
@@ -116,8 +121,10 @@ class LadderView:
             active=spec.get("active", True) is not False,
             quota_reserved=(conditions.get("QuotaReserved") or {}).get("status") == "True",
             rayjob=next((o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "RayJob"), None),
-            checks=tuple(CheckState(c["name"], c.get("state", ""), int(c.get("retryCount") or 0), c.get("message", ""))
+            checks=tuple(CheckState(c["name"], c.get("state", ""), int(c.get("retryCount") or 0), c.get("message", ""),
+                                    decisions.parse_time(c.get("lastTransitionTime")))
                          for c in status.get("admissionChecks") or []),
+            created=decisions.parse_time(meta.get("creationTimestamp")),
             evicted_message=evicted.get("message", "") if evicted.get("status") == "True" else "")
 
     def check(self, name: str) -> CheckState | None:
@@ -131,13 +138,26 @@ def evicted_by_member(step: Step, view: LadderView) -> bool:
     return check is not None and (check.state == "Retry" or check.retry_count >= 1)
 
 
-def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime.datetime
-           ) -> StartMove | FinishMove | None:
+def waiting_since(step: Step, view: LadderView) -> datetime.datetime | None:
+    """Since when the job waits at `step` without being admitted there (None: admitted). The step's check entry is
+    written when the job comes to the step (route D's repoint, or the Workload's creation) and its state's time
+    changes when a member admits it; without an entry yet, the Workload's creation."""
+    check = view.check(step.admission_check)
+    if check is None:
+        return view.created
+    if check.state == "Ready":
+        return None
+    return check.since or view.created
+
+
+def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime.datetime,
+           step_wait: datetime.timedelta | None = None) -> StartMove | FinishMove | None:
     """The one next step for a manager Workload owned by a RayJob; None when there is nothing to do.
 
     A move in progress is finished first; never past the last step (DWS everywhere: the first member provisioned
     wins, as without a ladder); an inactive Workload that is not being moved is left alone (deactivated by someone
-    else)."""
+    else). Two causes: the step's member evicted it, or (with `step_wait`) the step has not admitted it for that
+    long: its capacity is in use (a reservation or on-demand slice that is free admits within a second)."""
     pending = Move.from_json(job_move)
     if pending is not None and pending.state == MOVING:
         return FinishMove(pending)
@@ -147,10 +167,25 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     if index is None or index + 1 >= len(ladder.steps):
         return None
     step, after = ladder.steps[index], ladder.steps[index + 1]
-    if not evicted_by_member(step, view):
-        return None
-    return StartMove(Move(step.local_queue, after.local_queue, after.local_queue, MEMBER_EVICTED,
+    if evicted_by_member(step, view):
+        reason = MEMBER_EVICTED
+    else:
+        since = waiting_since(step, view)
+        if step_wait is None or since is None or now - since < step_wait:
+            return None
+        reason = STEP_BUSY
+    return StartMove(Move(step.local_queue, after.local_queue, after.local_queue, reason,
                           decisions.format_time(now)))
+
+
+def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | None,
+              now: datetime.datetime) -> float | None:
+    """Seconds until the step wait of a job waiting at a step before the last ends (None: nothing to wait for)."""
+    index = ladder.index(view.queue_name)
+    if step_wait is None or index is None or index + 1 >= len(ladder.steps) or not view.active:
+        return None
+    since = waiting_since(ladder.steps[index], view)
+    return None if since is None else max((since + step_wait - now).total_seconds(), 0.0) + 0.05
 
 
 def evicting_member(step: Step | None, view: LadderView) -> str:
@@ -164,9 +199,11 @@ def evicting_member(step: Step | None, view: LadderView) -> str:
 
 
 def move_message(move: Move, member: str) -> str:
+    cause = (f"member {member} evicted it (its pods were not ready within the member's podsReadyTimeout, it was "
+             "preempted there, or the member was lost)" if move.reason == MEMBER_EVICTED
+             else f"the step did not admit it in time (member {member}'s capacity there is in use)")
     return (f"moved from step {move.from_flavor} to step {move.to_flavor} (LocalQueue {move.from_flavor} -> "
-            f"{move.to_local_queue}): member {member} evicted it (its pods were not ready within the member's "
-            "podsReadyTimeout, it was preempted there, or the member was lost)")
+            f"{move.to_local_queue}): {cause}")
 
 
 # ---- the I/O ----------------------------------------------------------------------------------------------------
@@ -174,12 +211,12 @@ def move_message(move: Move, member: str) -> str:
 
 class LadderController:
     def __init__(self, api_client: client.ApiClient, ladder: Ladder, namespace: str,
-                 clock: Callable[[], datetime.datetime] = utcnow):
+                 step_wait: datetime.timedelta | None = None, clock: Callable[[], datetime.datetime] = utcnow):
         self.api = dynamic.DynamicClient(api_client)
         self.core = client.CoreV1Api(api_client)
         self.workloads = self.api.resources.get(api_version=WORKLOAD[0], kind=WORKLOAD[1])
         self.rayjobs = self.api.resources.get(api_version=RAYJOB[0], kind=RAYJOB[1])
-        self.ladder, self.namespace, self.clock = ladder, namespace, clock
+        self.ladder, self.namespace, self.step_wait, self.clock = ladder, namespace, step_wait, clock
         self.queue = WorkQueue()
         self._lock = threading.Lock()
         self._views: dict[Key, LadderView] = {}
@@ -267,19 +304,23 @@ class LadderController:
             annotation = self._job_moves.get((key[0], view.rayjob)) if view and view.rayjob else None
         if view is None or view.rayjob is None:
             return 0
-        if decide(self.ladder, view, annotation, self.clock()) is None:
+        now = self.clock()
+        if decide(self.ladder, view, annotation, now, self.step_wait) is None:
+            wait = next_look(self.ladder, view, self.step_wait, now)
+            if wait is not None:  # the step wait ends at a known time: look again then
+                self.queue.add(key, delay=wait)
             return 0
         workload, job = self._get(self.workloads, key[1], key[0]), self._get(self.rayjobs, view.rayjob, key[0])
         if workload is None or job is None:
             return 0
         view = LadderView.from_object(workload)
         annotation = (job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION)
-        action = decide(self.ladder, view, annotation, self.clock())
+        action = decide(self.ladder, view, annotation, self.clock(), self.step_wait)
         if isinstance(action, StartMove):
             index = self.ladder.index(view.queue_name)
             member = evicting_member(self.ladder.steps[index] if index is not None else None, view)
-            log.info("%s/%s: starting a move from step %s to %s (member %s evicted it)", key[0], view.rayjob,
-                     action.move.from_flavor, action.move.to_flavor, member)
+            log.info("%s/%s: starting a move from step %s to %s (%s, member %s)", key[0], view.rayjob,
+                     action.move.from_flavor, action.move.to_flavor, action.move.reason, member)
             self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: action.move.to_json()}}})
             self.moves_started += 1
             self._finish(action.move, key[1], key[0], member)
@@ -376,7 +417,9 @@ def main() -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     ladder = Ladder.from_json(os.environ["FLEET_LADDER"])
-    controller = LadderController(api_client(), ladder, os.environ.get("FLEET_NAMESPACE", "tpu-fleet"))
+    wait = os.environ.get("FLEET_STEP_WAIT_SECONDS")
+    controller = LadderController(api_client(), ladder, os.environ.get("FLEET_NAMESPACE", "tpu-fleet"),
+                                  datetime.timedelta(seconds=float(wait)) if wait else None)
     resync = float(os.environ.get("LADDER_RESYNC_SECONDS", "60"))
     informers = controller.informers()
     for informer in informers:

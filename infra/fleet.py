@@ -30,11 +30,12 @@ from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIM
 
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = {"members": [], "dispatcher": "AllAtOnce", "workerLostTimeout": "15m",
-                           "checkpointLocation": "", "memberOrder": [], "rungOrder": []}
+                           "checkpointLocation": "", "memberOrder": [], "rungOrder": [], "stepWait": "30s"}
 # The fleet's ladder (README "The fleet's ladder"): the steps the members offer (fleetMember.rungs), rung by rung in
 # this order (what is paid for first, then on-demand, then Spot), each rung member by member in `memberOrder`; then
 # DWS in every member at once, the last step, which is the fleet queue as before.
 LADDER_RUNGS = ("reservation", "onDemand", "spot")
+MIN_STEP_WAIT, MAX_STEP_WAIT = 5, 3600
 DISPATCHERS = {"AllAtOnce": "kueue.x-k8s.io/multikueue-dispatcher-all-at-once",
                "Incremental": "kueue.x-k8s.io/multikueue-dispatcher-incremental"}
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
@@ -96,6 +97,7 @@ class FleetSettings:
     service_account_id: str  # the manager's Google service account (account_id: 6-30 of [a-z0-9-])
     member_order: tuple[str, ...] = ()  # cluster names, the order of a rung's steps; () : the members' order
     rung_order: tuple[str, ...] = LADDER_RUNGS  # config keys, the order of the ladder's rungs
+    step_wait_seconds: int = 30  # how long a job may wait at a step before the last without being admitted
 
     @property
     def cluster_names(self) -> tuple[str, ...]:
@@ -145,8 +147,13 @@ def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> Fl
     reader.check(f"{FLEET_KEY}.rungOrder", sorted(map(str, rung_order)) == sorted(LADDER_RUNGS),
                  f"{raw['rungOrder']!r} must list {', '.join(LADDER_RUNGS)}, each once, in the order the fleet tries "
                  "them (DWS everywhere is always the last step)")
+    step_wait = duration_seconds(raw["stepWait"])
+    reader.check(f"{FLEET_KEY}.stepWait", step_wait is not None and MIN_STEP_WAIT <= step_wait <= MAX_STEP_WAIT,
+                 f"{raw['stepWait']!r} is not a duration from {MIN_STEP_WAIT}s to {MAX_STEP_WAIT // 60}m: how long a "
+                 "job waits at a busy step (a free reservation or on-demand slice admits within a second)")
     return FleetSettings(tuple(members), raw["dispatcher"], lost or 0, location,
-                         member_order=member_order, rung_order=tuple(rung_order), origin=f"tpu-fallback-{this_stack[1]}"[:63].rstrip("-.").lower(),
+                         member_order=member_order, rung_order=tuple(rung_order), step_wait_seconds=step_wait or 0,
+                         origin=f"tpu-fallback-{this_stack[1]}"[:63].rstrip("-.").lower(),
                          service_account_id=re.sub(r"[^a-z0-9-]", "-", f"fleet-{this_stack[1]}".lower())[:30]
                          .rstrip("-"))
 
@@ -313,10 +320,12 @@ def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap
     ], ports=[{"name": failover.METRICS_PORT_NAME, "containerPort": failover.METRICS_PORT}])
 
 
-def ladder_deployment(settings: PlatformSettings, configmap: str, steps: Sequence[FleetStep]) -> dict:
+def ladder_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str,
+                      steps: Sequence[FleetStep]) -> dict:
     return failover.controller_deployment(settings, LADDER_NAME, "failover.ladder", configmap, env=[
         {"name": "FLEET_LADDER", "value": ladder_json(steps)},
         {"name": "FLEET_NAMESPACE", "value": FLEET_NAMESPACE},
+        {"name": "FLEET_STEP_WAIT_SECONDS", "value": str(fleet.step_wait_seconds)},
     ])
 
 
@@ -437,7 +446,7 @@ class FleetManager(pulumi.ComponentResource):
         self.watch = self._watch(name, fleet, settings, on_cluster, configmap,
                                  after=[self.release, code, system_namespace, *clusters])
         # The ladder controller moves a job down the steps; without steps before the last there is nothing to move.
-        self.ladder = (self._ladder(name, settings, on_cluster, configmap, after=[self.release, code, system_namespace,
+        self.ladder = (self._ladder(name, fleet, settings, on_cluster, configmap, after=[self.release, code, system_namespace,
                                                                                    namespace, *step_queues])
                        if ladder else None)
         self.register_outputs({"localQueue": self.local_queue_name, "members": [m.cluster for m in members],
@@ -522,7 +531,7 @@ class FleetManager(pulumi.ComponentResource):
         return k8s.apps.v1.Deployment(f"{name}-watch", metadata=manifest["metadata"], spec=manifest["spec"],
                                       opts=opts(binding, secrets_binding, *after))
 
-    def _ladder(self, name: str, settings: PlatformSettings, on_cluster: pulumi.ResourceOptions, configmap: str,
+    def _ladder(self, name: str, fleet: FleetSettings, settings: PlatformSettings, on_cluster: pulumi.ResourceOptions, configmap: str,
                 after: Sequence[pulumi.Resource]) -> k8s.apps.v1.Deployment:
         """The ladder controller: its ServiceAccount, a Role in the fleet's namespace only, and the Deployment."""
         account = k8s.core.v1.ServiceAccount(f"{name}-ladder-account", metadata={
@@ -535,7 +544,7 @@ class FleetManager(pulumi.ComponentResource):
             subjects=[{"kind": "ServiceAccount", "name": LADDER_NAME, "namespace": failover.NAMESPACE}],
             role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
             opts=self._after(on_cluster, role, account))
-        manifest = ladder_deployment(settings, configmap, self.steps)
+        manifest = ladder_deployment(settings, fleet, configmap, self.steps)
         return k8s.apps.v1.Deployment(f"{name}-ladder", metadata=manifest["metadata"], spec=manifest["spec"],
                                       opts=self._after(on_cluster, binding, *after))
 

@@ -166,11 +166,13 @@ def _changed_steps(member: str, change) -> StackOutputs:
     ({"memberOrder": [STACKS[W1], "my-org/tpu-fallback/other"]}, None, "tpu-fallback:fleet.memberOrder"),
     ({"rungOrder": ["onDemand", "spot"]}, None, "tpu-fallback:fleet.rungOrder"),
     ({"rungOrder": ["onDemand", "spot", "flexStart"]}, None, "tpu-fallback:fleet.rungOrder"),
+    ({"stepWait": "1s"}, None, "tpu-fallback:fleet.stepWait: '1s'"),
     ({}, {W2: lambda steps: steps[0].update(rung="flexStart")}, "fleet.members[1]: my-org/tpu-fallback/member-asia"
                                                                "-northeast1-b offers the fleet its 'flexStart' rung"),
     ({}, {W2: lambda steps: steps[0].update(localQueue="fleet-on-demand-" + "y" * 60)}, "longer than 63"),
     ({}, {W2: lambda steps: steps[0].update(localQueue=f"fleet-on-demand-{W1}")}, "is not named for it"),
-], ids=["member-order-short", "member-order-other", "rung-order-short", "rung-order-dws", "unknown-rung",
+], ids=["member-order-short", "member-order-other", "rung-order-short", "rung-order-dws", "step-wait",
+        "unknown-rung",
         "name-too-long", "name-of-another"])
 def test_fleet_ladder_rules(overrides, answers, message):
     raw = json.loads(config_with({}, FLEET)["tpu-fallback:fleet"])
@@ -191,12 +193,14 @@ LADDER = ladder_controller.Ladder.from_json(json.dumps([
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
 
 
-def workload(queue: str, checks: list[dict], active: bool = True, evicted: str = "") -> ladder_controller.LadderView:
-    conditions = [{"type": "QuotaReserved", "status": "True"}]
+def workload(queue: str, checks: list[dict], active: bool = True, evicted: str = "",
+             reserved: bool = True) -> ladder_controller.LadderView:
+    conditions = [{"type": "QuotaReserved", "status": "True" if reserved else "False"}]
     if evicted:
         conditions.append({"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": evicted})
     return ladder_controller.LadderView.from_object({
-        "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}]},
+        "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}],
+                     "creationTimestamp": "2026-12-01T11:59:50Z"},
         "spec": {"queueName": queue, "active": active},
         "status": {"conditions": conditions, "admissionChecks": checks}})
 
@@ -247,3 +251,27 @@ def test_a_move_in_progress_is_finished_first_and_a_finished_one_is_not_repeated
     done = Move(**{**moving.__dict__, "state": MOVED})
     fresh = workload("fleet-on-demand-w2", [{"name": "fleet-on-demand-w2", "state": "Pending"}])
     assert ladder_controller.decide(LADDER, fresh, done.to_json(), NOW) is None
+
+
+WAIT = datetime.timedelta(seconds=30)
+
+
+def test_a_step_that_does_not_admit_within_the_step_wait_is_left():
+    since = {"lastTransitionTime": "2026-12-01T11:59:20Z"}
+    pending = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}])
+    action = ladder_controller.decide(LADDER, pending, None, NOW, WAIT)
+    assert (action.move.to_flavor, action.move.reason) == ("fleet-on-demand-w2", ladder_controller.STEP_BUSY)
+    assert ladder_controller.decide(LADDER, pending, None, NOW, None) is None  # no wait set: it waits there
+    younger = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending",
+                                               "lastTransitionTime": "2026-12-01T11:59:45Z"}])
+    assert ladder_controller.decide(LADDER, younger, None, NOW, WAIT) is None
+    assert ladder_controller.next_look(LADDER, younger, WAIT, NOW) == pytest.approx(15.05)
+    # Waiting for the manager's own quota (another fleet job holds the step): since the Workload's creation.
+    unlisted = workload("fleet-on-demand-w1", [], reserved=False)
+    assert ladder_controller.decide(LADDER, unlisted, None, NOW, WAIT) is None
+    assert ladder_controller.decide(LADDER, unlisted, None, NOW + WAIT, WAIT).move.reason == ladder_controller.STEP_BUSY
+    admitted = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Ready", **since}])
+    assert ladder_controller.decide(LADDER, admitted, None, NOW, WAIT) is None
+    assert ladder_controller.next_look(LADDER, admitted, WAIT, NOW) is None
+    last = workload("fleet-queue", [{"name": "fleet-multikueue", "state": "Pending", **since}])
+    assert ladder_controller.decide(LADDER, last, None, NOW, WAIT) is None  # DWS everywhere waits as long as it takes
