@@ -1,5 +1,6 @@
 """The fleet's ladder controller (plan C, README "The fleet's ladder"): on a fleet's manager, moves a job to the next
-step of the ladder when the member of its step evicted it: `python -m failover.ladder`.
+step of the ladder when the member of its step evicted it, reports a stockout for it, or its step is busy; and gives
+a job up when no step has admitted it within its maximum wait: `python -m failover.ladder`.
 
 A step is a manager LocalQueue whose ClusterQueue has its own MultiKueue check and config (one member's reservation,
 on-demand or Spot rung; the last step: DWS in every member). MultiKueue re-dispatches a job a member evicted to the
@@ -13,6 +14,20 @@ the job with route D on the manager's Workload, in the order measured clean on K
 immutable before, CEL); relabel the RayJob and repoint the Workload; wait until `status.admissionChecks` is exactly
 the new step's check (else MultiKueue may dispatch with the old step's config, §8.3); reactivate.
 
+Early path: a one-member step's member reports that GKE's autoscaler has no capacity for the job's pods ("GCE out
+of resources", the regional failover controller's test: failover/decisions.py stockout_since) while the copy there
+is admitted. The manager reads it in the member itself, through the kubeconfig Secret MultiKueue uses: a watch of the
+Warning Events about pods in the fleet's namespace there, and the member's RayJob for its RayCluster's name (the
+pods are named after it). Once the member's stockout grace period (published with its steps) has passed since the
+first such Event of this admission, the job moves on (reason MemberStockout), without waiting for the member's
+podsReadyTimeout. The member's own failover controller never touches the fleet's copies.
+
+Giving up (Kueue has none: kubernetes-sigs/kueue#8602): a job not admitted by any member `FLEET_MAX_WAIT_SECONDS`
+(or its RayJob's `tpu-fallback/max-wait`: a duration, or `none`) after its submission, or after it last ran, is
+deactivated (`spec.active=false` on the manager's Workload: MultiKueue deletes its copies and their
+ProvisioningRequests), with the annotation `tpu-fallback/gave-up` on the RayJob (why, when, at which step) and a
+Warning Event `GaveUp`. Written first and finished by any pass, as a move is.
+
 The move is written on the RayJob before the first change (the regional controller's annotation and history,
 failover/decisions.py), each write guarded by the resourceVersion it was decided on, and each step of the move
 checks first: a restart, `kill -9` included, finishes the move it finds and never starts a second one for a hop.
@@ -22,6 +37,9 @@ Configuration (environment, set by the fleet stack's Deployment, infra/fleet.py)
     FLEET_NAMESPACE         the fleet's jobs' namespace (tpu-fleet)
     FLEET_STEP_WAIT_SECONDS how long a job may wait at a step before the last without being admitted there (its
                             member's capacity is in use: a reservation or on-demand slice admits at once when free)
+    FLEET_MAX_WAIT_SECONDS  how long a job may wait without any member admitting it before it is given up (unset: never)
+    FLEET_MEMBERS           JSON {member: its kubeconfig Secret}, FLEET_SECRETS_NAMESPACE (kueue-system): the early path
+    FLEET_WATCH_SECONDS     how often the members' kubeconfigs are read again (a renewed token: new watches)
     LADDER_RESYNC_SECONDS   seconds between resyncs, the safety net (default 60)
     LADDER_WORKERS          jobs handled at once (default 2)
     KUBECONFIG              outside a cluster; in a Pod the ServiceAccount's credentials are used
@@ -37,7 +55,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from kubernetes import client, dynamic
@@ -46,22 +64,50 @@ from kubernetes.client import ApiException
 from failover import decisions
 from failover.controller import MERGE_PATCH, RAYJOB, WORKLOAD, rayjob_event, utcnow
 from failover.decisions import FAILOVER_ANNOTATION, MOVED, MOVING, QUEUE_LABEL, FinishMove, Move, StartMove
-from failover.informer import Informer, Watched
+from failover.informer import Informer, RawClient, Watched
 from failover.workqueue import WorkQueue
 
 log = logging.getLogger("tpu-fallback.ladder")
 COMPONENT = "tpu-fallback-ladder"
 EVENT_REASON = "MovedToNextStep"
+GAVE_UP_REASON = "GaveUp"  # the Event when a job is given up
 MEMBER_EVICTED = "MemberEvicted"  # the reason a move records: the step's member evicted the job
+MEMBER_STOCKOUT = "MemberStockout"  # or: the member reported no capacity for its pods for its grace period
 STEP_BUSY = "StepBusy"  # or: the step did not admit it within the step wait (its capacity is in use)
+# On the manager's RayJob: the job's own maximum wait (a duration such as 90s, 2h, 1h30m, 1d; or "none": never give
+# it up), over the fleet's `fleet.maxWait`.
+MAX_WAIT_ANNOTATION = "tpu-fallback/max-wait"
+# On the manager's RayJob: that the ladder gave the job up, why and when (JSON, see GiveUp); written before the
+# Workload is deactivated, so a restart finishes it.
+GAVE_UP_ANNOTATION = "tpu-fallback/gave-up"
+NEVER = "none"
+GIVING_UP, GAVE_UP = "deactivating", "done"
 MOVE_WAIT_SECONDS = 15.0  # how long one pass waits for Kueue within a move; the next pass resumes it
 POLL_SECONDS = 0.05
 # The manager's RayJob status that Kueue reads as "still running" (rayjob_controller.go IsActive: anything but
 # Suspended and New); an empty status releases at once (measured, §8.4).
 INACTIVE_STATES = frozenset({"Suspended", "New", ""})
 _MEMBER_IN_MESSAGE = re.compile(r'worker cluster: "([^"]+)"')
+_DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
 
 Key = tuple[str, str]
+
+
+def parse_duration(text: str | None) -> datetime.timedelta | None:
+    """A duration as the stack's config writes them (90s, 15m, 2h, 1h30m, 1d); None when it is not one or is 0."""
+    found = _DURATION.match((text or "").strip())
+    if not found or not any(found.groups()):
+        return None
+    days, hours, minutes, seconds = (int(g or 0) for g in found.groups())
+    total = datetime.timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+    return total if total.total_seconds() > 0 else None
+
+
+def format_duration(delta: datetime.timedelta) -> str:
+    seconds = int(round(delta.total_seconds()))
+    hours, rest = divmod(seconds, 3600)
+    minutes, seconds = divmod(rest, 60)
+    return "".join(f"{value}{unit}" for value, unit in ((hours, "h"), (minutes, "m"), (seconds, "s")) if value) or "0s"
 
 
 # ---- the decisions (pure) ---------------------------------------------------------------------------------------
@@ -73,6 +119,12 @@ class Step:
     admission_check: str
     members: tuple[str, ...]
     rung: str  # "" for the last step
+    stockout_grace: datetime.timedelta | None = None  # the member's stockout grace period (the early path)
+
+    @property
+    def member(self) -> str | None:
+        """The member of a one-member step (a rung offered by one member); None for the last step."""
+        return self.members[0] if self.rung and len(self.members) == 1 else None
 
 
 @dataclass(frozen=True)
@@ -81,11 +133,18 @@ class Ladder:
 
     @classmethod
     def from_json(cls, text: str) -> Ladder:
-        return cls(tuple(Step(s["localQueue"], s["admissionCheck"], tuple(s.get("members") or ()), s.get("rung", ""))
-                         for s in json.loads(text)))
+        return cls(tuple(
+            Step(s["localQueue"], s["admissionCheck"], tuple(s.get("members") or ()), s.get("rung", ""),
+                 datetime.timedelta(seconds=s["stockoutGracePeriodSeconds"])
+                 if s.get("stockoutGracePeriodSeconds") is not None else None)
+            for s in json.loads(text)))
 
     def index(self, local_queue: str) -> int | None:
         return next((i for i, step in enumerate(self.steps) if step.local_queue == local_queue), None)
+
+    def step_of(self, local_queue: str) -> Step | None:
+        index = self.index(local_queue)
+        return None if index is None else self.steps[index]
 
 
 @dataclass(frozen=True)
@@ -110,12 +169,19 @@ class LadderView:
     checks: tuple[CheckState, ...]
     evicted_message: str  # the Evicted condition's message while it is True
     created: datetime.datetime | None = None
+    admitted: bool = False  # Admitted=True: a member admitted it (on the manager, the MultiKueue check is Ready)
+    finished: bool = False
+    # PodsReady: True while a member runs it; its lastTransitionTime while False (since when it has not run; Kueue
+    # changes it only when the status changes: a job that never ran keeps the time it was first set).
+    pods_ready: bool = False
+    pods_not_ready_since: datetime.datetime | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping) -> LadderView:
         meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
         conditions = {c["type"]: c for c in status.get("conditions") or []}
         evicted = conditions.get("Evicted") or {}
+        pods_ready = conditions.get("PodsReady") or {}
         return cls(
             name=meta["name"], namespace=meta.get("namespace", ""), queue_name=spec.get("queueName", ""),
             active=spec.get("active", True) is not False,
@@ -125,10 +191,59 @@ class LadderView:
                                     decisions.parse_time(c.get("lastTransitionTime")))
                          for c in status.get("admissionChecks") or []),
             created=decisions.parse_time(meta.get("creationTimestamp")),
-            evicted_message=evicted.get("message", "") if evicted.get("status") == "True" else "")
+            evicted_message=evicted.get("message", "") if evicted.get("status") == "True" else "",
+            admitted=(conditions.get("Admitted") or {}).get("status") == "True",
+            finished=(conditions.get("Finished") or {}).get("status") == "True",
+            pods_ready=pods_ready.get("status") == "True",
+            pods_not_ready_since=decisions.parse_time(pods_ready.get("lastTransitionTime"))
+            if pods_ready.get("status") == "False" else None)
 
     def check(self, name: str) -> CheckState | None:
         return next((c for c in self.checks if c.name == name), None)
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """That the ladder gave a job up; its JSON form is the RayJob annotation `tpu-fallback/gave-up`."""
+
+    at: str  # RFC 3339
+    max_wait: str  # the limit, as a duration (2h)
+    waited: str  # how long it had waited, as a duration
+    step: str  # the step (LocalQueue) it was waiting at
+    source: str  # where the limit came from: fleet.maxWait or the RayJob's annotation
+    state: str = GIVING_UP
+
+    def to_json(self) -> str:
+        return json.dumps({"at": self.at, "maxWait": self.max_wait, "waited": self.waited, "step": self.step,
+                           "source": self.source, "state": self.state}, sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | None) -> GiveUp | None:
+        if not text:
+            return None
+        try:
+            data = json.loads(text)
+            return cls(data["at"], data["maxWait"], data["waited"], data["step"], data["source"], data["state"])
+        except (ValueError, KeyError, TypeError):
+            return None
+
+    def done(self) -> GiveUp:
+        return GiveUp(self.at, self.max_wait, self.waited, self.step, self.source, GAVE_UP)
+
+    def message(self) -> str:
+        return (f"given up: no member admitted it within its maximum wait of {self.max_wait} ({self.source}); it "
+                f"waited {self.waited}, last at step {self.step}. Its Workload is deactivated and its copies and "
+                "DWS requests in the members are deleted; submit it again, or reactivate its Workload, to retry")
+
+
+@dataclass(frozen=True)
+class StartGiveUp:
+    give_up: GiveUp
+
+
+@dataclass(frozen=True)
+class FinishGiveUp:
+    give_up: GiveUp
 
 
 def evicted_by_member(step: Step, view: LadderView) -> bool:
@@ -136,6 +251,12 @@ def evicted_by_member(step: Step, view: LadderView) -> bool:
     lost while running it: MultiKueue set the step's check to Retry, and the eviction that follows counts it."""
     check = view.check(step.admission_check)
     return check is not None and (check.state == "Retry" or check.retry_count >= 1)
+
+
+def admitted_at(step: Step, view: LadderView) -> datetime.datetime | None:
+    """When the step's member admitted the job (its check turned Ready); None while it is not admitted there."""
+    check = view.check(step.admission_check)
+    return check.since if check is not None and check.state == "Ready" and view.admitted else None
 
 
 def waiting_since(step: Step, view: LadderView) -> datetime.datetime | None:
@@ -150,28 +271,68 @@ def waiting_since(step: Step, view: LadderView) -> datetime.datetime | None:
     return check.since or view.created
 
 
+def unadmitted_since(view: LadderView) -> datetime.datetime | None:
+    """Since when no member has run the job: its submission, or the end of its last run (PodsReady turned False);
+    None while a member admits it (it may be starting: its member's podsReadyTimeout and the ladder judge that)."""
+    if view.admitted or view.pods_ready or view.finished:
+        return None
+    moments = [m for m in (view.created, view.pods_not_ready_since) if m is not None]
+    return max(moments) if moments else None
+
+
+def max_wait_of(fleet_max_wait: datetime.timedelta | None, job_max_wait: str | None
+                ) -> tuple[datetime.timedelta | None, str]:
+    """The job's limit and where it comes from: its RayJob's annotation (a duration, or `none`) over the fleet's."""
+    if job_max_wait is not None:
+        if job_max_wait.strip().lower() == NEVER:
+            return None, MAX_WAIT_ANNOTATION
+        parsed = parse_duration(job_max_wait)
+        if parsed is not None:
+            return parsed, MAX_WAIT_ANNOTATION
+    return fleet_max_wait, "fleet.maxWait"
+
+
 def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime.datetime,
-           step_wait: datetime.timedelta | None = None) -> StartMove | FinishMove | None:
+           step_wait: datetime.timedelta | None = None, *, max_wait: datetime.timedelta | None = None,
+           job_max_wait: str | None = None, gave_up: str | None = None,
+           stockout: datetime.datetime | None = None
+           ) -> StartMove | FinishMove | StartGiveUp | FinishGiveUp | None:
     """The one next step for a manager Workload owned by a RayJob; None when there is nothing to do.
 
-    A move in progress is finished first; never past the last step (DWS everywhere: the first member provisioned
-    wins, as without a ladder); an inactive Workload that is not being moved is left alone (deactivated by someone
-    else). Two causes: the step's member evicted it, or (with `step_wait`) the step has not admitted it for that
-    long: its capacity is in use (a reservation or on-demand slice that is free admits within a second)."""
+    A move in progress is finished first, then a give-up in progress; never past the last step (DWS everywhere: the
+    first member provisioned wins, as without a ladder); an inactive Workload that is not being moved is left alone
+    (deactivated by someone else, or given up). A job no member admits `max_wait` (or its own annotation's) after its
+    submission or its last run is given up, at any step. Three causes move a job on: the step's member evicted it;
+    the step's member reports a stockout for its pods (`stockout`: since when, this admission) for its grace period;
+    or (with `step_wait`) the step has not admitted it for that long: its capacity is in use (a reservation or
+    on-demand slice that is free admits within a second)."""
     pending = Move.from_json(job_move)
     if pending is not None and pending.state == MOVING:
         return FinishMove(pending)
-    if view.rayjob is None or not view.active:
+    giving = GiveUp.from_json(gave_up)
+    if giving is not None and giving.state == GIVING_UP:
+        return FinishGiveUp(giving)
+    if view.rayjob is None or not view.active or view.finished:
         return None
     index = ladder.index(view.queue_name)
-    if index is None or index + 1 >= len(ladder.steps):
+    if index is None:
+        return None
+    limit, source = max_wait_of(max_wait, job_max_wait)
+    since = unadmitted_since(view)
+    if giving is None and limit is not None and since is not None and now - since >= limit:
+        return StartGiveUp(GiveUp(decisions.format_time(now), format_duration(limit), format_duration(now - since),
+                                  view.queue_name, source))
+    if index + 1 >= len(ladder.steps):
         return None
     step, after = ladder.steps[index], ladder.steps[index + 1]
     if evicted_by_member(step, view):
         reason = MEMBER_EVICTED
+    elif (stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None
+          and now - stockout >= step.stockout_grace):
+        reason = MEMBER_STOCKOUT
     else:
-        since = waiting_since(step, view)
-        if step_wait is None or since is None or now - since < step_wait:
+        waiting = waiting_since(step, view)
+        if step_wait is None or waiting is None or now - waiting < step_wait:
             return None
         reason = STEP_BUSY
     return StartMove(Move(step.local_queue, after.local_queue, after.local_queue, reason,
@@ -179,13 +340,29 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
 
 
 def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | None,
-              now: datetime.datetime) -> float | None:
-    """Seconds until the step wait of a job waiting at a step before the last ends (None: nothing to wait for)."""
+              now: datetime.datetime, *, max_wait: datetime.timedelta | None = None, job_max_wait: str | None = None,
+              stockout: datetime.datetime | None = None) -> float | None:
+    """Seconds until the next moment a decision may change without Kueue writing anything: the end of the step wait
+    of a job waiting at a step before the last, of its maximum wait, or of its member's stockout grace period
+    (None: nothing to wait for)."""
     index = ladder.index(view.queue_name)
-    if step_wait is None or index is None or index + 1 >= len(ladder.steps) or not view.active:
+    if index is None or not view.active or view.finished:
         return None
-    since = waiting_since(ladder.steps[index], view)
-    return None if since is None else max((since + step_wait - now).total_seconds(), 0.0) + 0.05
+    moments = []
+    limit, _ = max_wait_of(max_wait, job_max_wait)
+    since = unadmitted_since(view)
+    if limit is not None and since is not None:
+        moments.append(since + limit)
+    if index + 1 < len(ladder.steps):
+        step = ladder.steps[index]
+        waiting = waiting_since(step, view)
+        if step_wait is not None and waiting is not None:
+            moments.append(waiting + step_wait)
+        if stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None:
+            moments.append(stockout + step.stockout_grace)
+    if not moments:
+        return None
+    return max((min(moments) - now).total_seconds(), 0.0) + 0.05
 
 
 def evicting_member(step: Step | None, view: LadderView) -> str:
@@ -199,29 +376,78 @@ def evicting_member(step: Step | None, view: LadderView) -> str:
 
 
 def move_message(move: Move, member: str) -> str:
-    cause = (f"member {member} evicted it (its pods were not ready within the member's podsReadyTimeout, it was "
-             "preempted there, or the member was lost)" if move.reason == MEMBER_EVICTED
-             else f"the step did not admit it in time (member {member}'s capacity there is in use)")
+    cause = {MEMBER_EVICTED: f"member {member} evicted it (its pods were not ready within the member's "
+                             "podsReadyTimeout, it was preempted there, or the member was lost)",
+             MEMBER_STOCKOUT: f"member {member} reported no capacity for its pods (GKE's autoscaler: out of "
+                              "resources) for the member's stockout grace period",
+             }.get(move.reason, f"the step did not admit it in time (member {member}'s capacity there is in use)")
     return (f"moved from step {move.from_flavor} to step {move.to_flavor} (LocalQueue {move.from_flavor} -> "
             f"{move.to_local_queue}): {cause}")
+
+
+def stockout_in_member(events: Iterable[Mapping], cluster: str | None, admitted: datetime.datetime | None
+                       ) -> datetime.datetime | None:
+    """When the member's autoscaler first reported, for a pod of the job's RayCluster (KubeRay names them
+    `<cluster>-...`) and since this admission, that it has no capacity (failover/decisions.py's test)."""
+    if not cluster:
+        return None
+    pods = {(e.get("involvedObject") or {}).get("name") for e in events}
+    return decisions.stockout_since(events, {p for p in pods if p and p.startswith(f"{cluster}-")}, admitted)
+
+
+def is_stockout_event(event: Mapping) -> bool:
+    return (event.get("reason") in decisions.SCALE_UP_FAILURE_REASONS
+            and bool(decisions.STOCKOUT_MESSAGE.search(event.get("message") or "")))
 
 
 # ---- the I/O ----------------------------------------------------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class JobMeta:
+    """What the ladder reads of a manager RayJob's metadata: its move, its own maximum wait, its give-up record."""
+
+    move: str | None = None
+    max_wait: str | None = None
+    gave_up: str | None = None
+
+    @classmethod
+    def of(cls, obj: Mapping) -> JobMeta:
+        annotations = obj["metadata"].get("annotations") or {}
+        return cls(annotations.get(FAILOVER_ANNOTATION), annotations.get(MAX_WAIT_ANNOTATION),
+                   annotations.get(GAVE_UP_ANNOTATION))
+
+
+class _Member:
+    """A member as the early path sees it: its client (the kubeconfig MultiKueue uses) and the autoscaler's
+    stockout Events about pods in the fleet's namespace there (an informer, rebuilt with a new kubeconfig)."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.api: client.ApiClient | None = None
+        self.informer: Informer | None = None
+        self.generation = 0
+        self.events: dict[str, dict] = {}  # uid -> a stockout Event
+
+
 class LadderController:
     def __init__(self, api_client: client.ApiClient, ladder: Ladder, namespace: str,
-                 step_wait: datetime.timedelta | None = None, clock: Callable[[], datetime.datetime] = utcnow):
+                 step_wait: datetime.timedelta | None = None, clock: Callable[[], datetime.datetime] = utcnow,
+                 max_wait: datetime.timedelta | None = None,
+                 members: Callable[[], Mapping[str, client.ApiClient | None]] | None = None):
         self.api = dynamic.DynamicClient(api_client)
         self.core = client.CoreV1Api(api_client)
         self.workloads = self.api.resources.get(api_version=WORKLOAD[0], kind=WORKLOAD[1])
         self.rayjobs = self.api.resources.get(api_version=RAYJOB[0], kind=RAYJOB[1])
         self.ladder, self.namespace, self.step_wait, self.clock = ladder, namespace, step_wait, clock
+        self.max_wait = max_wait
+        self.members = members  # None: no early path
         self.queue = WorkQueue()
         self._lock = threading.Lock()
         self._views: dict[Key, LadderView] = {}
         self._workload_of_job: dict[Key, Key] = {}
-        self._job_moves: dict[Key, str | None] = {}
+        self._jobs: dict[Key, JobMeta] = {}
+        self._members: dict[str, _Member] = {}
         self.moves_started = 0  # for tests and logs
 
     # ---- what the informers see --------------------------------------------------------------------------------
@@ -255,22 +481,104 @@ class LadderController:
 
     def _rayjobs_listed(self, items: list[dict]) -> None:
         with self._lock:
-            self._job_moves.clear()
+            self._jobs.clear()
         for item in items:
             self._rayjob_changed("ADDED", item)
 
     def _rayjob_changed(self, event_type: str, obj: dict) -> None:
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
-        annotation = (obj["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION)
+        meta = JobMeta.of(obj)
         with self._lock:
             if event_type == "DELETED":
-                self._job_moves.pop(key, None)
+                self._jobs.pop(key, None)
                 return
-            changed = self._job_moves.get(key) != annotation
-            self._job_moves[key] = annotation
+            changed = self._jobs.get(key) != meta
+            self._jobs[key] = meta
             workload = self._workload_of_job.get(key)
         if changed and workload is not None:
             self.queue.add(workload)
+
+    # ---- the members (the early path) --------------------------------------------------------------------------
+    def refresh_members(self) -> None:
+        """Read the members' kubeconfigs again; a member whose client changed (a renewed token) watches anew."""
+        if self.members is None:
+            return
+        for name, api in self.members().items():
+            with self._lock:
+                member = self._members.setdefault(name, _Member(name))
+            if api is member.api:
+                continue
+            if member.informer is not None:
+                member.informer.stop()
+            with self._lock:
+                member.api, member.generation, member.informer = api, member.generation + 1, None
+            if api is None:
+                continue
+            listed, changed = self._member_handlers(member, member.generation)
+            member.informer = Informer(RawClient(api), Watched(
+                f"member-events-{name}", f"/api/v1/namespaces/{self.namespace}/events",
+                field_selector="involvedObject.kind=Pod,type=Warning"), listed, changed)
+            member.informer.start()
+
+    def members_synced(self) -> bool:
+        with self._lock:
+            return all(m.informer is None or m.informer.synced.is_set() for m in self._members.values())
+
+    def _member_handlers(self, member: _Member, generation: int):
+        def listed(items: list[dict]) -> None:
+            with self._lock:
+                if member.generation != generation:
+                    return
+                member.events = {e["metadata"]["uid"]: e for e in items if is_stockout_event(e)}
+            self._queue_admitted_in(member.name)
+
+        def changed(event_type: str, obj: dict) -> None:
+            if not is_stockout_event(obj):
+                return
+            with self._lock:
+                if member.generation != generation:
+                    return
+                if event_type == "DELETED":
+                    member.events.pop(obj["metadata"]["uid"], None)
+                    return
+                member.events[obj["metadata"]["uid"]] = {
+                    k: obj.get(k) for k in ("metadata", "involvedObject", "reason", "message", "firstTimestamp",
+                                            "lastTimestamp", "eventTime")}
+            log.info("member %s reports a stockout for pod %s", member.name,
+                     (obj.get("involvedObject") or {}).get("name"))
+            self._queue_admitted_in(member.name)
+
+        return listed, changed
+
+    def _queue_admitted_in(self, member: str) -> None:
+        """Queue the jobs a one-member step of `member` admits: a stockout there may be theirs."""
+        with self._lock:
+            keys = [key for key, view in self._views.items()
+                    if (step := self.ladder.step_of(view.queue_name)) is not None and step.member == member
+                    and admitted_at(step, view) is not None]
+        for key in keys:
+            self.queue.add(key)
+
+    def _stockout(self, view: LadderView) -> datetime.datetime | None:
+        """Since when the member of the job's one-member step reports no capacity for its pods (this admission)."""
+        step = self.ladder.step_of(view.queue_name)
+        if step is None or step.member is None or step.stockout_grace is None or view.rayjob is None:
+            return None
+        since_admission = admitted_at(step, view)
+        with self._lock:
+            member = self._members.get(step.member)
+            events = list(member.events.values()) if member is not None else []
+            api = member.api if member is not None else None
+        if since_admission is None or not events or api is None:
+            return None
+        try:  # the member's RayJob names the RayCluster whose pods the Events are about
+            job = client.CustomObjectsApi(api).get_namespaced_custom_object(
+                "ray.io", "v1", view.namespace, "rayjobs", view.rayjob, _request_timeout=5)
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+        return stockout_in_member(events, (job.get("status") or {}).get("rayClusterName"), since_admission)
 
     # ---- the work loop -----------------------------------------------------------------------------------------
     def resync(self) -> None:
@@ -296,26 +604,31 @@ class LadderController:
             finally:
                 self.queue.done(key)
 
+    def _decide(self, view: LadderView, meta: JobMeta, stockout: datetime.datetime | None, now: datetime.datetime):
+        return decide(self.ladder, view, meta.move, now, self.step_wait, max_wait=self.max_wait,
+                      job_max_wait=meta.max_wait, gave_up=meta.gave_up, stockout=stockout)
+
     def reconcile_key(self, key: Key) -> int:
         """Decide on the cached view; before acting, decide again on the objects as they are now (a cache may lag
         by an event: a move just finished must not be started again). The number of moves carried on."""
         with self._lock:
             view = self._views.get(key)
-            annotation = self._job_moves.get((key[0], view.rayjob)) if view and view.rayjob else None
+            meta = self._jobs.get((key[0], view.rayjob), JobMeta()) if view and view.rayjob else JobMeta()
         if view is None or view.rayjob is None:
             return 0
         now = self.clock()
-        if decide(self.ladder, view, annotation, now, self.step_wait) is None:
-            wait = next_look(self.ladder, view, self.step_wait, now)
-            if wait is not None:  # the step wait ends at a known time: look again then
+        stockout = self._stockout(view)
+        if self._decide(view, meta, stockout, now) is None:
+            wait = next_look(self.ladder, view, self.step_wait, now, max_wait=self.max_wait,
+                             job_max_wait=meta.max_wait, stockout=stockout)
+            if wait is not None:  # a wait ends at a known time: look again then
                 self.queue.add(key, delay=wait)
             return 0
         workload, job = self._get(self.workloads, key[1], key[0]), self._get(self.rayjobs, view.rayjob, key[0])
         if workload is None or job is None:
             return 0
-        view = LadderView.from_object(workload)
-        annotation = (job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION)
-        action = decide(self.ladder, view, annotation, self.clock(), self.step_wait)
+        view, meta = LadderView.from_object(workload), JobMeta.of(job)
+        action = self._decide(view, meta, stockout, self.clock())
         if isinstance(action, StartMove):
             index = self.ladder.index(view.queue_name)
             member = evicting_member(self.ladder.steps[index] if index is not None else None, view)
@@ -330,7 +643,52 @@ class LadderController:
             self._finish(action.move, key[1], key[0], self.ladder.steps[index].members[0]
                          if index is not None and len(self.ladder.steps[index].members) == 1 else "?")
             return 1
+        if isinstance(action, StartGiveUp):
+            log.info("%s/%s: giving up at step %s after %s (maximum %s, %s)", key[0], view.rayjob,
+                     action.give_up.step, action.give_up.waited, action.give_up.max_wait, action.give_up.source)
+            self._patch(self.rayjobs, job, {"metadata": {"annotations": {
+                GAVE_UP_ANNOTATION: action.give_up.to_json()}}})
+            self._give_up(action.give_up, key[1], key[0])
+            return 1
+        if isinstance(action, FinishGiveUp):
+            self._give_up(action.give_up, key[1], key[0])
+            return 1
         return 0
+
+    # ---- giving up ---------------------------------------------------------------------------------------------
+    def _give_up(self, give_up: GiveUp, workload_name: str, namespace: str) -> bool:
+        """Deactivate the Workload (MultiKueue then deletes its copies, and their ProvisioningRequests go with them),
+        mark the manager's RayJob Suspended if its copied status still looks active (else Kueue's eviction would wait
+        for a member to report it), then record it done with an Event. Resumable from any point."""
+        deadline = time.monotonic() + MOVE_WAIT_SECONDS
+        while True:
+            workload = self._get(self.workloads, workload_name, namespace)
+            if workload is None:
+                return False
+            view = LadderView.from_object(workload)
+            job = self._get(self.rayjobs, view.rayjob, namespace) if view.rayjob else None
+            if job is None:
+                return False
+            if view.active:
+                self._patch(self.workloads, workload, {"spec": {"active": False}})
+                continue
+            state = (job.get("status") or {}).get("jobDeploymentStatus") or ""
+            if view.quota_reserved and job["spec"].get("suspend") and state not in INACTIVE_STATES:
+                self._patch(self.rayjobs.status, job, {"status": {"jobDeploymentStatus": "Suspended"}})
+                continue
+            if view.quota_reserved:
+                if not self._wait(deadline):
+                    return False
+                continue
+            current = GiveUp.from_json((job["metadata"].get("annotations") or {}).get(GAVE_UP_ANNOTATION))
+            if current is not None and current.state == GAVE_UP:
+                return True
+            self._patch(self.rayjobs, job, {"metadata": {"annotations": {
+                GAVE_UP_ANNOTATION: give_up.done().to_json()}}})
+            log.info("%s/%s: %s", namespace, job["metadata"]["name"], give_up.message())
+            rayjob_event(self.core, job["metadata"], COMPONENT, GAVE_UP_REASON, give_up.message(), "Warning",
+                         self.clock())
+            return True
 
     # ---- the move (route D on the manager) ---------------------------------------------------------------------
     def _finish(self, move: Move, workload_name: str, namespace: str, member: str) -> bool:
@@ -414,16 +772,25 @@ class LadderController:
 
 def main() -> int:
     from failover.cluster_client import api_client
+    from failover.fleet import member_clients  # the kubeconfig Secrets MultiKueue reads, as the fleet watch reads them
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     ladder = Ladder.from_json(os.environ["FLEET_LADDER"])
-    wait = os.environ.get("FLEET_STEP_WAIT_SECONDS")
-    controller = LadderController(api_client(), ladder, os.environ.get("FLEET_NAMESPACE", "tpu-fleet"),
-                                  datetime.timedelta(seconds=float(wait)) if wait else None)
+    wait, max_wait = os.environ.get("FLEET_STEP_WAIT_SECONDS"), os.environ.get("FLEET_MAX_WAIT_SECONDS")
+    manager = api_client()
+    secrets = json.loads(os.environ.get("FLEET_MEMBERS") or "{}")  # {member: kubeconfig Secret name}
+    members = (member_clients(client.CoreV1Api(manager), secrets,
+                              os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")) if secrets else None)
+    controller = LadderController(manager, ladder, os.environ.get("FLEET_NAMESPACE", "tpu-fleet"),
+                                  datetime.timedelta(seconds=float(wait)) if wait else None,
+                                  max_wait=datetime.timedelta(seconds=float(max_wait)) if max_wait else None,
+                                  members=members)
     resync = float(os.environ.get("LADDER_RESYNC_SECONDS", "60"))
+    period = float(os.environ.get("FLEET_WATCH_SECONDS", "10"))
     informers = controller.informers()
     for informer in informers:
         informer.start()
+    controller.refresh_members()
     for informer in informers:  # a half-done move is only seen with its RayJob's annotation
         while not informer.synced.wait(timeout=10):
             log.info("waiting for the first list of %s", informer.watched.resource)
@@ -432,9 +799,16 @@ def main() -> int:
         threading.Thread(target=controller.work, args=(stopping,), name=f"worker-{number}", daemon=True).start()
     log.info("ladder: %s", " -> ".join(f"{s.local_queue} [{', '.join(s.members)}]" for s in ladder.steps))
     controller.resync()
+    next_resync = time.monotonic() + resync
     while True:
-        time.sleep(resync)
-        controller.resync()
+        time.sleep(period)
+        try:
+            controller.refresh_members()
+        except Exception:  # noqa: BLE001 - the manager unreachable for a period: try again next one
+            log.exception("reading the members' kubeconfigs failed")
+        if time.monotonic() >= next_resync:
+            next_resync = time.monotonic() + resync
+            controller.resync()
 
 
 if __name__ == "__main__":

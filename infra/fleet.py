@@ -22,7 +22,7 @@ import pulumi_kubernetes as k8s
 
 from failover.credentials import inline_kubeconfig
 from infra import failover
-from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_CLUSTER_ROLE
+from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_CLUSTER_ROLE, STOCKOUT_READER_ROLE
 from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
                          install_release, values_for)
 from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIMEOUT_SECONDS, ConfigReader,
@@ -30,12 +30,16 @@ from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIM
 
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = {"members": [], "dispatcher": "AllAtOnce", "workerLostTimeout": "15m",
-                           "checkpointLocation": "", "memberOrder": [], "rungOrder": [], "stepWait": "30s"}
+                           "checkpointLocation": "", "memberOrder": [], "rungOrder": [], "stepWait": "30s",
+                           "maxWait": ""}
 # The fleet's ladder (README "The fleet's ladder"): the steps the members offer (fleetMember.rungs), rung by rung in
 # this order (what is paid for first, then on-demand, then Spot), each rung member by member in `memberOrder`; then
 # DWS in every member at once, the last step, which is the fleet queue as before.
 LADDER_RUNGS = ("reservation", "onDemand", "spot")
 MIN_STEP_WAIT, MAX_STEP_WAIT = 5, 3600
+# Giving up (kubernetes-sigs/kueue#8602: Kueue has none): a fleet job no member admits within `fleet.maxWait` is
+# deactivated by the ladder controller. "" (the default): never.
+MIN_MAX_WAIT, MAX_MAX_WAIT = 60, 720 * 3600
 DISPATCHERS = {"AllAtOnce": "kueue.x-k8s.io/multikueue-dispatcher-all-at-once",
                "Incremental": "kueue.x-k8s.io/multikueue-dispatcher-incremental"}
 MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
@@ -77,6 +81,9 @@ LADDER_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
+# The ladder controller's early path reads the members through the kubeconfig Secrets MultiKueue uses (a Role in
+# Kueue's namespace, those Secrets only: watch_secret_rule); in a member that offers steps, the manager's identity may
+# read the Events in the fleet's namespace there (infra/fleet_member.py STOCKOUT_READER_ROLE).
 # The credentials renewer (failover/credentials.py): the manager's Google service account's one-hour tokens, written
 # into the members' kubeconfig Secrets. Its Kubernetes identity is the one Workload Identity maps to that account.
 CREDENTIALS_NAME = "fleet-credentials"
@@ -98,6 +105,7 @@ class FleetSettings:
     member_order: tuple[str, ...] = ()  # cluster names, the order of a rung's steps; () : the members' order
     rung_order: tuple[str, ...] = LADDER_RUNGS  # config keys, the order of the ladder's rungs
     step_wait_seconds: int = 30  # how long a job may wait at a step before the last without being admitted
+    max_wait_seconds: int = 0  # how long a job may wait with no member admitting it before it is given up; 0: never
 
     @property
     def cluster_names(self) -> tuple[str, ...]:
@@ -151,8 +159,15 @@ def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> Fl
     reader.check(f"{FLEET_KEY}.stepWait", step_wait is not None and MIN_STEP_WAIT <= step_wait <= MAX_STEP_WAIT,
                  f"{raw['stepWait']!r} is not a duration from {MIN_STEP_WAIT}s to {MAX_STEP_WAIT // 60}m: how long a "
                  "job waits at a busy step (a free reservation or on-demand slice admits within a second)")
+    max_wait = duration_seconds(str(raw["maxWait"])) if raw["maxWait"] else 0
+    reader.check(f"{FLEET_KEY}.maxWait", not raw["maxWait"] or (
+        max_wait is not None and MIN_MAX_WAIT <= max_wait <= MAX_MAX_WAIT),
+                 f"{raw['maxWait']!r} is not a duration from {MIN_MAX_WAIT // 60}m to {MAX_MAX_WAIT // 3600}h, such as "
+                 "6h: how long a job may wait with no member admitting it before it is given up (leave it out: "
+                 "never)")
     return FleetSettings(tuple(members), raw["dispatcher"], lost or 0, location,
                          member_order=member_order, rung_order=tuple(rung_order), step_wait_seconds=step_wait or 0,
+                         max_wait_seconds=max_wait or 0,
                          origin=f"tpu-fallback-{this_stack[1]}"[:63].rstrip("-.").lower(),
                          service_account_id=re.sub(r"[^a-z0-9-]", "-", f"fleet-{this_stack[1]}".lower())[:30]
                          .rstrip("-"))
@@ -185,10 +200,17 @@ class FleetStep:
     rung: str  # the config key of the members' rung; "" for the last step (each member's start rung)
     members: tuple[str, ...]
     quota: Mapping[str, str]
+    # The member's stockout grace period (its fallback.stockoutGracePeriod): the ladder's early path moves a job on
+    # once the member has reported no capacity for its pods this long. None: the last step, or a member that did not
+    # publish it (an older version).
+    stockout_grace_seconds: int | None = None
 
     def as_output(self) -> dict:
-        return {"localQueue": self.local_queue, "clusterQueue": self.cluster_queue,
-                "admissionCheck": self.admission_check, "rung": self.rung, "members": list(self.members)}
+        output = {"localQueue": self.local_queue, "clusterQueue": self.cluster_queue,
+                  "admissionCheck": self.admission_check, "rung": self.rung, "members": list(self.members)}
+        if self.stockout_grace_seconds is not None:
+            output["stockoutGracePeriodSeconds"] = self.stockout_grace_seconds
+        return output
 
 
 def ladder_steps(fleet: FleetSettings, members: Sequence[MemberHandle]) -> tuple[FleetStep, ...]:
@@ -203,7 +225,8 @@ def ladder_steps(fleet: FleetSettings, members: Sequence[MemberHandle]) -> tuple
                 if offered["rung"] == rung:
                     name = offered["localQueue"]
                     steps.append(FleetStep(name, name, name, name, rung, (cluster,),
-                                           fleet_quota([offered["capacity"]])))
+                                           fleet_quota([offered["capacity"]]),
+                                           offered.get("stockoutGracePeriodSeconds")))
     steps.append(FleetStep(FLEET_LOCAL_QUEUE, CLUSTER_QUEUE, ADMISSION_CHECK, MULTIKUEUE_CONFIG, "",
                            tuple(fleet.cluster_names), fleet_quota([m.capacity for m in members])))
     return tuple(steps)
@@ -326,7 +349,28 @@ def ladder_deployment(settings: PlatformSettings, fleet: FleetSettings, configma
         {"name": "FLEET_LADDER", "value": ladder_json(steps)},
         {"name": "FLEET_NAMESPACE", "value": FLEET_NAMESPACE},
         {"name": "FLEET_STEP_WAIT_SECONDS", "value": str(fleet.step_wait_seconds)},
+        *([{"name": "FLEET_MAX_WAIT_SECONDS", "value": str(fleet.max_wait_seconds)}] if fleet.max_wait_seconds else []),
+        # The early path: the members, through the kubeconfig Secrets MultiKueue uses.
+        *([{"name": "FLEET_MEMBERS",
+            "value": json.dumps({c: kubeconfig_secret_name(c) for c in early_path_members(steps)})},
+           {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
+           {"name": "FLEET_WATCH_SECONDS", "value": str(WATCH_SECONDS)}] if early_path_members(steps) else []),
     ])
+
+
+def early_path_members(steps: Sequence[FleetStep]) -> list[str]:
+    """The members of the one-member steps that publish a stockout grace period: the ladder reads their Events."""
+    return list(dict.fromkeys(step.members[0] for step in steps
+                              if step.rung and len(step.members) == 1 and step.stockout_grace_seconds is not None))
+
+
+def stockout_reader_binding(fleet: FleetSettings, email: pulumi.Input[str]) -> dict:
+    """In a member that offers steps: the manager's Google identity may read the Events in the fleet's namespace
+    there (the ladder's early path), through the member's Role."""
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+            "metadata": {"name": f"{STOCKOUT_READER_ROLE}-{fleet.origin}"[:253], "namespace": FLEET_NAMESPACE},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": STOCKOUT_READER_ROLE},
+            "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": email}]}
 
 
 def member_access(members: Sequence[MemberHandle]) -> str:
@@ -445,10 +489,11 @@ class FleetManager(pulumi.ComponentResource):
         self.ready = [self.release, kuberay, last_queue, *step_queues]
         self.watch = self._watch(name, fleet, settings, on_cluster, configmap,
                                  after=[self.release, code, system_namespace, *clusters])
-        # The ladder controller moves a job down the steps; without steps before the last there is nothing to move.
+        # The ladder controller moves a job down the steps, and gives up on jobs past fleet.maxWait; without steps
+        # before the last and without a maximum wait there is nothing for it to do.
         self.ladder = (self._ladder(name, fleet, settings, on_cluster, configmap, after=[self.release, code, system_namespace,
                                                                                    namespace, *step_queues])
-                       if ladder else None)
+                       if ladder or fleet.max_wait_seconds else None)
         self.register_outputs({"localQueue": self.local_queue_name, "members": [m.cluster for m in members],
                                "serviceAccount": self.service_account.email})
 
@@ -475,11 +520,17 @@ class FleetManager(pulumi.ComponentResource):
                 f"{name}-manager-viewer-{project}", project=project, role=MEMBER_PROJECT_ROLE,
                 member=pulumi.Output.concat("serviceAccount:", email), opts=mine))
         binding = member_binding(fleet, email)
+        reader = stockout_reader_binding(fleet, email)
         for member in members:
             grants.append(k8s.rbac.v1.ClusterRoleBinding(
                 f"{name}-{member.cluster}-manager-binding", metadata=binding["metadata"],
                 role_ref=binding["roleRef"], subjects=binding["subjects"],
                 opts=pulumi.ResourceOptions(parent=self, provider=member.provider)))
+            if any(step.get("stockoutGracePeriodSeconds") is not None for step in member.steps):
+                grants.append(k8s.rbac.v1.RoleBinding(
+                    f"{name}-{member.cluster}-stockout-reader-binding", metadata=reader["metadata"],
+                    role_ref=reader["roleRef"], subjects=reader["subjects"],
+                    opts=pulumi.ResourceOptions(parent=self, provider=member.provider)))
         return grants
 
     def _renewer(self, name: str, fleet: FleetSettings, settings: PlatformSettings, members: Sequence[MemberHandle],
@@ -544,6 +595,17 @@ class FleetManager(pulumi.ComponentResource):
             subjects=[{"kind": "ServiceAccount", "name": LADDER_NAME, "namespace": failover.NAMESPACE}],
             role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
             opts=self._after(on_cluster, role, account))
+        readers = early_path_members(self.steps)
+        if readers:  # the early path: the kubeconfig Secrets of the members it reads, and no other
+            secrets_role = f"{role_name}-secrets"
+            secrets = k8s.rbac.v1.Role(f"{name}-ladder-secrets", metadata={"name": secrets_role,
+                                                                          "namespace": KUEUE_NAMESPACE},
+                                       rules=[watch_secret_rule(readers)], opts=self._after(on_cluster, *after))
+            binding = k8s.rbac.v1.RoleBinding(
+                f"{name}-ladder-secrets-binding", metadata={"name": secrets_role, "namespace": KUEUE_NAMESPACE},
+                subjects=[{"kind": "ServiceAccount", "name": LADDER_NAME, "namespace": failover.NAMESPACE}],
+                role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": secrets_role},
+                opts=self._after(on_cluster, secrets, account, binding))
         manifest = ladder_deployment(settings, fleet, configmap, self.steps)
         return k8s.apps.v1.Deployment(f"{name}-ladder", metadata=manifest["metadata"], spec=manifest["spec"],
                                       opts=self._after(on_cluster, binding, *after))

@@ -31,6 +31,10 @@ from infra.settings import PlanSettings, PlatformSettings
 FLEET_NAMESPACE = "tpu-fleet"
 FLEET_LOCAL_QUEUE = "fleet-queue"
 MANAGER_CLUSTER_ROLE = "tpu-fallback-multikueue-manager"
+# In a member that offers steps to the fleet's ladder: the manager's identity may read the Events in the fleet's
+# namespace here, where GKE's autoscaler says it has no capacity for a fleet job's pods (the ladder's early path,
+# failover/ladder.py). Nothing else: the pods are known by their RayCluster's name, on the RayJob it may read.
+STOCKOUT_READER_ROLE = "tpu-fallback-fleet-stockout-reader"
 FLEET_MEMBER_OUTPUT = "fleetMember"
 
 _WRITE = ["create", "delete", "get", "list", "patch", "update", "watch"]
@@ -48,6 +52,12 @@ def manager_rules() -> list[dict]:
         {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": _WRITE},
         {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["get"]},
     ]
+
+
+def stockout_reader_role() -> dict:
+    return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+            "metadata": {"name": STOCKOUT_READER_ROLE, "namespace": FLEET_NAMESPACE},
+            "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": _READ}]}
 
 
 def manager_cluster_role() -> dict:
@@ -126,7 +136,11 @@ def step_local_queue(plan: PlanSettings, member: str) -> dict:
 def member_steps(settings: PlatformSettings, member: str) -> list[dict]:
     """What the fleet reads of each step here: the rung, its LocalQueue and what one job may use on it."""
     return [{"rung": plan.config_key, "flavor": plan.flavor, "localQueue": step_name(plan.flavor, member),
-             "capacity": fleet_capacity(settings, (plan,))} for plan in ladder_plans(settings)]
+             "capacity": fleet_capacity(settings, (plan,)),
+             # The ladder's early path: this long after GKE's autoscaler reports no capacity for a fleet job's pods
+             # here, the fleet moves it on (this stack's own jobs move down its ladder after the same period).
+             "stockoutGracePeriodSeconds": settings.fallback.stockout_grace_period_seconds}
+            for plan in ladder_plans(settings)]
 
 
 def fleet_member_output(settings: PlatformSettings, member: str = "") -> dict:
@@ -180,6 +194,10 @@ class FleetMember(pulumi.ComponentResource):
         role = manager_cluster_role()
         k8s.rbac.v1.ClusterRole(f"{name}-manager-role", metadata=role["metadata"], rules=role["rules"],
                                 opts=on_cluster)
+        if ladder_plans(settings):  # the ladder's early path reads the autoscaler's Events here
+            reader = stockout_reader_role()
+            k8s.rbac.v1.Role(f"{name}-stockout-reader-role", metadata=reader["metadata"], rules=reader["rules"],
+                             opts=after(namespace))
         self.output = {**fleet_member_output(settings, member), "access": {
             "server": pulumi.Output.concat("https://", cluster.endpoint),
             "certificateAuthorityData": cluster.master_auth.cluster_ca_certificate}}

@@ -275,3 +275,174 @@ def test_a_step_that_does_not_admit_within_the_step_wait_is_left():
     assert ladder_controller.next_look(LADDER, admitted, WAIT, NOW) is None
     last = workload("fleet-queue", [{"name": "fleet-multikueue", "state": "Pending", **since}])
     assert ladder_controller.decide(LADDER, last, None, NOW, WAIT) is None  # DWS everywhere waits as long as it takes
+
+
+# ---- giving up (issue 18 item 3) -----------------------------------------------------------------------------
+
+
+def test_max_wait_is_off_by_default_and_a_dws_only_fleet_with_it_gets_the_ladder_controller():
+    assert "FLEET_MAX_WAIT_SECONDS" not in {
+        e["name"] for e in manifests(cached_ladder_plan(), "Deployment")[fleet_objects.LADDER_NAME]["spec"][
+            "template"]["spec"]["containers"][0]["env"]}
+    raw = json.loads(config_with({}, FLEET)["tpu-fallback:fleet"])
+    plan = OfflineEngine(FLEET, False, {STACKS[m]: StackOutputs.of_plan(plan_for(m)) for m in MEMBERS}).run(
+        config_with({"fleet": {**raw, "maxWait": "6h"}}, FLEET))
+    (container,) = manifests(plan, "Deployment")[fleet_objects.LADDER_NAME]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert env["FLEET_MAX_WAIT_SECONDS"] == str(6 * 3600)
+    assert [s["localQueue"] for s in json.loads(env["FLEET_LADDER"])] == [FLEET_LOCAL_QUEUE]  # give-up only
+    assert "FLEET_MEMBERS" not in env  # no step before the last: no early path, no member read
+    assert "ladder" not in plan.outputs  # and the queues are as without it
+
+
+@pytest.mark.parametrize("value", ["30s", "721h", "soon", "0s"])
+def test_max_wait_rule_names_the_key(value):
+    raw = json.loads(config_with({}, FLEET)["tpu-fallback:fleet"])
+    with pytest.raises(SettingsError) as failure:
+        fleet_plan({"fleet": {**raw, "maxWait": value}})
+    assert f"tpu-fallback:fleet.maxWait: {value!r}" in str(failure.value)
+
+
+def _waiting(queue: str, check: dict | None, created: str = "2026-12-01T11:00:00Z", admitted: bool = False,
+             pods_ready: dict | None = None, active: bool = True) -> ladder_controller.LadderView:
+    conditions = [{"type": "QuotaReserved", "status": "True"}]
+    if admitted:
+        conditions.append({"type": "Admitted", "status": "True"})
+    if pods_ready:
+        conditions.append({"type": "PodsReady", **pods_ready})
+    return ladder_controller.LadderView.from_object({
+        "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}],
+                     "creationTimestamp": created},
+        "spec": {"queueName": queue, "active": active},
+        "status": {"conditions": conditions, "admissionChecks": [check] if check else []}})
+
+
+HOUR = datetime.timedelta(hours=1)
+DWS_PENDING = {"name": "fleet-multikueue", "state": "Pending", "lastTransitionTime": "2026-12-01T11:10:00Z"}
+
+
+def test_a_job_no_member_admitted_within_max_wait_is_given_up_at_any_step():
+    view = _waiting("fleet-queue", DWS_PENDING)  # waiting at the last step (DWS everywhere) since 11:00
+    action = ladder_controller.decide(LADDER, view, None, NOW, max_wait=HOUR)
+    assert isinstance(action, ladder_controller.StartGiveUp)
+    assert (action.give_up.max_wait, action.give_up.waited, action.give_up.step, action.give_up.source) == (
+        "1h", "1h", "fleet-queue", "fleet.maxWait")
+    assert ladder_controller.decide(LADDER, view, None, NOW - datetime.timedelta(seconds=1), max_wait=HOUR) is None
+    assert ladder_controller.next_look(LADDER, view, None, NOW - datetime.timedelta(seconds=10),
+                                       max_wait=HOUR) == pytest.approx(10.05)
+    # Before the last step too, ahead of a move: the limit is the job's, not the step's.
+    busy = _waiting("fleet-on-demand-w1", {"name": "fleet-on-demand-w1", "state": "Pending",
+                                           "lastTransitionTime": "2026-12-01T11:00:00Z"})
+    assert isinstance(ladder_controller.decide(LADDER, busy, None, NOW, WAIT, max_wait=HOUR),
+                      ladder_controller.StartGiveUp)
+    assert ladder_controller.decide(LADDER, view, None, NOW) is None  # no maximum wait: it waits as long as it takes
+
+
+def test_the_jobs_own_annotation_overrides_the_fleets_max_wait():
+    view = _waiting("fleet-queue", DWS_PENDING, created="2026-12-01T11:59:00Z")
+    action = ladder_controller.decide(LADDER, view, None, NOW, max_wait=HOUR, job_max_wait="45s")
+    assert action.give_up.source == ladder_controller.MAX_WAIT_ANNOTATION and action.give_up.max_wait == "45s"
+    assert ladder_controller.decide(LADDER, view, None, NOW, job_max_wait="2m") is None
+    old = _waiting("fleet-queue", DWS_PENDING)
+    assert ladder_controller.decide(LADDER, old, None, NOW, max_wait=HOUR, job_max_wait="none") is None
+    # An unreadable annotation: the fleet's limit holds.
+    assert isinstance(ladder_controller.decide(LADDER, old, None, NOW, max_wait=HOUR, job_max_wait="soon"),
+                      ladder_controller.StartGiveUp)
+    assert [ladder_controller.parse_duration(t) for t in ("90s", "1h30m", "2d", "0s", "", "5 min")] == [
+        datetime.timedelta(seconds=90), datetime.timedelta(minutes=90), datetime.timedelta(days=2), None, None, None]
+
+
+def test_an_admitted_or_running_job_is_never_given_up_and_the_wait_restarts_when_a_run_ends():
+    ready = {"name": "fleet-on-demand-w1", "state": "Ready", "lastTransitionTime": "2026-12-01T11:00:05Z"}
+    admitted = _waiting("fleet-on-demand-w1", ready, admitted=True)
+    assert ladder_controller.decide(LADDER, admitted, None, NOW, max_wait=HOUR) is None
+    # It ran until 11:30 (PodsReady turned False then: preempted), and waits again at DWS: 30 minutes, not 1 hour.
+    ran = _waiting("fleet-queue", DWS_PENDING,
+                   pods_ready={"status": "False", "reason": "WaitForStart",
+                               "lastTransitionTime": "2026-12-01T11:30:00Z"})
+    assert ladder_controller.decide(LADDER, ran, None, NOW, max_wait=HOUR) is None
+    assert isinstance(ladder_controller.decide(LADDER, ran, None, NOW + HOUR / 2, max_wait=HOUR),
+                      ladder_controller.StartGiveUp)
+    # A deactivated job (given up, or by someone) is left alone.
+    assert ladder_controller.decide(LADDER, _waiting("fleet-queue", DWS_PENDING, active=False), None, NOW,
+                                    max_wait=HOUR) is None
+
+
+def test_a_give_up_in_progress_is_finished_first_and_a_finished_one_is_not_repeated():
+    give_up = ladder_controller.GiveUp("2026-12-01T12:00:00Z", "1h", "1h", "fleet-queue", "fleet.maxWait")
+    inactive = _waiting("fleet-queue", DWS_PENDING, active=False)
+    assert ladder_controller.decide(LADDER, inactive, None, NOW, gave_up=give_up.to_json()) == \
+        ladder_controller.FinishGiveUp(give_up)
+    # Reactivated by its user after it was given up: it walks on, and is not given up again.
+    again = _waiting("fleet-queue", DWS_PENDING)
+    assert ladder_controller.decide(LADDER, again, None, NOW, max_wait=HOUR,
+                                    gave_up=give_up.done().to_json()) is None
+    assert "no member admitted it within its maximum wait of 1h (fleet.maxWait)" in give_up.message()
+    # A move in progress comes first: the job is not given up half moved.
+    moving = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", "MemberEvicted",
+                  "2026-12-01T11:59:00Z", MOVING)
+    assert isinstance(ladder_controller.decide(LADDER, inactive, moving.to_json(), NOW, max_wait=HOUR),
+                      ladder_controller.FinishMove)
+
+
+# ---- the early path (a member's stockout report) -------------------------------------------------------------
+
+GRACE_LADDER = ladder_controller.Ladder.from_json(json.dumps([
+    {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand",
+     "stockoutGracePeriodSeconds": 4},
+    {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
+READY_W1 = {"name": "fleet-on-demand-w1", "state": "Ready", "lastTransitionTime": "2026-12-01T11:59:50Z"}
+
+
+def _event(pod: str, first: str, message: str = "Node scale up in zones us-east5-a associated with this pod failed: "
+           "GCE out of resources. Pod is at risk of not being scheduled.", reason: str = "FailedScaleUp") -> dict:
+    return {"involvedObject": {"kind": "Pod", "name": pod}, "reason": reason, "message": message,
+            "firstTimestamp": first, "lastTimestamp": first}
+
+
+def test_a_members_stockout_report_moves_the_job_once_its_grace_period_has_passed():
+    view = _waiting("fleet-on-demand-w1", READY_W1, admitted=True)
+    seen = datetime.datetime(2026, 12, 1, 11, 59, 57, tzinfo=datetime.timezone.utc)
+    assert ladder_controller.decide(GRACE_LADDER, view, None, NOW, stockout=seen) is None  # 3 s of 4
+    assert ladder_controller.next_look(GRACE_LADDER, view, None, NOW, stockout=seen) == pytest.approx(1.05)
+    action = ladder_controller.decide(GRACE_LADDER, view, None, NOW + datetime.timedelta(seconds=1), stockout=seen)
+    assert (action.move.to_flavor, action.move.reason) == ("fleet-queue", ladder_controller.MEMBER_STOCKOUT)
+    assert "reported no capacity for its pods" in ladder_controller.move_message(action.move, "w1")
+    # Not admitted there (yet, or any more): the report is not this admission's.
+    pending = _waiting("fleet-on-demand-w1", {**READY_W1, "state": "Pending"})
+    assert ladder_controller.decide(GRACE_LADDER, pending, None, NOW + HOUR, stockout=seen) is None
+    # A step without a published grace period (a member of an older version) has no early path.
+    assert ladder_controller.decide(LADDER, view, None, NOW + HOUR, stockout=seen) is None
+
+
+def test_the_stockout_events_are_those_of_the_jobs_raycluster_since_this_admission():
+    admitted = datetime.datetime(2026, 12, 1, 11, 59, 50, tzinfo=datetime.timezone.utc)
+    events = [_event("job-abcde-tpu-group-worker-x1", "2026-12-01T11:59:55Z"),
+              _event("job-abcde-tpu-group-worker-x2", "2026-12-01T11:59:52Z"),
+              _event("other-zzzzz-tpu-group-worker-x1", "2026-12-01T11:59:51Z"),  # another job's pod
+              _event("job-abcde-tpu-group-worker-x1", "2026-12-01T11:59:51Z", "GCE quota exceeded"),  # not capacity
+              _event("job-abcde-tpu-group-worker-x3", "2026-12-01T11:58:00Z")]  # before this admission
+    assert ladder_controller.stockout_in_member(events, "job-abcde", admitted) == datetime.datetime(
+        2026, 12, 1, 11, 59, 52, tzinfo=datetime.timezone.utc)
+    assert ladder_controller.stockout_in_member(events, None, admitted) is None  # no RayCluster yet
+    assert ladder_controller.is_stockout_event(events[0]) and not ladder_controller.is_stockout_event(events[3])
+
+
+def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_its_events_only():
+    plan = plan_for(W1, {**ON_DEMAND_RUNGS, "fallback": {"podsReadyTimeout": "10m", "stockoutGracePeriod": "2m"}})
+    (step,) = plan.outputs[FLEET_MEMBER_OUTPUT]["steps"]
+    assert step["stockoutGracePeriodSeconds"] == 120
+    role = manifests(plan, "Role")["tpu-fallback-fleet-stockout-reader"]
+    assert role["metadata"]["namespace"] == FLEET_NAMESPACE
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]
+    assert "tpu-fallback-fleet-stockout-reader" not in manifests(plan_for(W1), "Role")  # DWS only: as before
+    fleet = cached_ladder_plan()
+    bindings = [m for m in fleet.kubernetes_manifests() if m["kind"] == "RoleBinding"
+                and m["roleRef"]["name"] == "tpu-fallback-fleet-stockout-reader"]
+    assert len(bindings) == 2 and all(b["metadata"]["namespace"] == FLEET_NAMESPACE for b in bindings)
+    (container,) = manifests(fleet, "Deployment")[fleet_objects.LADDER_NAME]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert json.loads(env["FLEET_MEMBERS"]) == {m: fleet_objects.kubeconfig_secret_name(m) for m in MEMBERS}
+    assert [s.get("stockoutGracePeriodSeconds") for s in json.loads(env["FLEET_LADDER"])] == [180, 180, None]
+    secrets = manifests(fleet, "Role")[f"tpu-fallback-{fleet_objects.LADDER_NAME}-secrets"]
+    assert secrets["rules"] == [fleet_objects.watch_secret_rule(MEMBERS)]  # those Secrets, to read, and no other

@@ -4,12 +4,16 @@ on-demand rung to the fleet (`fleetMember.rungs: [onDemand]`): the ladder is on-
 member 2, then DWS in both. The ladder controller runs as deployed (`python -m failover.ladder`, its own
 ServiceAccount's Role). There is no kubelet: a run's pods are never ready unless the test plays KubeRay's
 `Running`, so each member's podsReadyTimeout (30 s, the shortest allowed) evicts an on-demand run: a stockout.
+The test also plays GKE's autoscaler in a member (its "GCE out of resources" Event about a run's pod: the early
+path, read by the manager's ladder through the member's kubeconfig Secret) and runs member 1's own failover
+controller as deployed (its ServiceAccount's rights), next to that member's own jobs on its own ladder.
 
 A fleet of its own (the shared one of tests/test_fleet_controlplane.py is not touched), shared by the scenarios.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import signal
@@ -29,10 +33,11 @@ from infra.kueue import KUEUE_API_VERSION
 from infra.offline import OfflineEngine, StackOutputs
 from tests.conftest import REPO, config_with, plan_for
 from tests.controlplane import jobs
+from tests.controlplane.failover_tier import STOCKOUT_MESSAGE
 from tests.controlplane.fleet_tier import (MEMBER_STACKS, MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
                                            WORKER_LOST_SECONDS, FleetStacks, FleetTier)
 from tests.controlplane.kube import condition, wait_for
-from tests.controlplane.processes import Process
+from tests.controlplane.processes import Process, free_port, http_ok
 from tests.controlplane.stack import release_values
 
 pytestmark = pytest.mark.controlplane
@@ -40,11 +45,13 @@ STEP1, STEP2 = f"fleet-on-demand-{W1}", f"fleet-on-demand-{W2}"
 # What a failed on-demand step may cost: the member's podsReadyTimeout, plus 2 s for MultiKueue and the move.
 STEP_BUDGET = PODS_READY_TIMEOUT_SECONDS + 2
 STEP_WAIT_SECONDS = 5  # the fleet's stepWait (the shortest allowed)
+GRACE_SECONDS = 4  # the members' stockoutGracePeriod: the early path
+MAX_WAIT = "10m"  # the fleet's maxWait: longer than any scenario; the give-up scenario sets its job's own
 
 
 def ladder_member_plan(member: str):
     return plan_for(member, {"fallback": {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
-                                          "stockoutGracePeriod": "4s"},
+                                          "stockoutGracePeriod": f"{GRACE_SECONDS}s"},
                              "fleetMember": {"enabled": True, "rungs": ["onDemand"]}})
 
 
@@ -54,12 +61,13 @@ def ladder_fleet_plan(members: dict):
                   for m, plan in members.items()}
     config = config_with({"fleet": {"members": list(MEMBER_STACKS.values()), "dispatcher": "AllAtOnce",
                                     "workerLostTimeout": f"{WORKER_LOST_SECONDS}s", "checkpointLocation": "US",
-                                    "stepWait": f"{STEP_WAIT_SECONDS}s"}}, "fleet")
+                                    "stepWait": f"{STEP_WAIT_SECONDS}s", "maxWait": MAX_WAIT}}, "fleet")
     return OfflineEngine("fleet", False, references).run(config)
 
 
 class LadderFleet(FleetStacks):
     ladder: Process | None = None
+    member_failover: Process | None = None
 
     def start_ladder(self) -> float:
         """Start the controller; the seconds until it has listed what it watches and runs its workers."""
@@ -82,6 +90,63 @@ class LadderFleet(FleetStacks):
     def _starts_logged(self) -> int:
         log = self.tier.manager.supervisor.logs / "fleet-ladder.log"
         return log.read_text(errors="replace").count(" INFO ladder: ") if log.exists() else 0
+
+    def start_member_failover(self, member: str) -> Process:
+        """The member's own failover controller, as its stack deploys it (its ServiceAccount's rights)."""
+        deployment = next(m for m in self.member_plans[member].kubernetes_manifests()
+                          if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_failover.NAME)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FAILOVER_")}
+        plane = self.tier.members[member]
+        kubeconfig = plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
+        health = free_port()
+        self.member_failover = plane.supervisor.start("failover", [sys.executable, "-m", "failover"], env={
+            **os.environ, **env, "FAILOVER_HEALTH_PORT": str(health), "FAILOVER_METRICS_PORT": str(free_port()),
+            "KUBECONFIG": str(kubeconfig)}, cwd=REPO)
+        plane.supervisor.wait_until(self.member_failover, lambda: http_ok(f"http://127.0.0.1:{health}/healthz"),
+                                    REACTION, "/healthz")
+        return self.member_failover
+
+    def play_stockout(self, member: str, name: str, namespace: str = FLEET_NAMESPACE) -> float:
+        """What GKE shows in `member` when it has no capacity for a run's TPU pod: KubeRay's RayCluster named on the
+        RayJob, its worker pod, and the autoscaler's FailedScaleUp Event about it (as tests/controlplane/
+        failover_tier.py plays it in a regional cluster). The monotonic time the Event was created."""
+        kube = self.kubes[member]
+        cluster = f"{name}-{member[-5:]}"
+        kube.patch(*jobs.RAYJOB, name, {"status": {"rayClusterName": cluster}}, namespace=namespace,
+                   subresource="status")
+        pod = f"{cluster}-tpu-group-worker-0"
+        if kube.get("v1", "Pod", pod, namespace) is None:
+            kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": pod, "namespace": namespace,
+                "labels": {"ray.io/cluster": cluster, "ray.io/node-type": "worker"}},
+                "spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray",
+                                         "resources": {"requests": {"google.com/tpu": "4"},
+                                                       "limits": {"google.com/tpu": "4"}}}]}})
+        moment = datetime.datetime.now(datetime.timezone.utc)
+        now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+        kube.create({"apiVersion": "v1", "kind": "Event",
+                     "metadata": {"name": f"{pod}.{moment.timestamp():.0f}", "namespace": namespace},
+                     "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace},
+                     "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
+                     "source": {"component": "cluster-autoscaler"}, "count": 1,
+                     "firstTimestamp": now, "lastTimestamp": now})
+        return time.monotonic()
+
+    def submit_to(self, name: str, queue: str, annotations: dict | None = None) -> str:
+        """A fleet job submitted to another step's LocalQueue, with annotations; its manager Workload's name."""
+        meta = self.template["metadata"]
+        job = {**self.template, "metadata": {
+            **meta, "name": name, "labels": {**meta["labels"], jobs.QUEUE_LABEL: queue},
+            "annotations": {**(meta.get("annotations") or {}), **(annotations or {})}}}
+        self.manager.create(job)
+        workload = wait_for(lambda: jobs.workload_of(self.manager, FLEET_NAMESPACE, name), REACTION,
+                            f"manager Workload of {name}")
+        return workload["metadata"]["name"]
+
+    def events_of(self, name: str, reason: str) -> list[dict]:
+        return [e for e in self.manager.list("v1", "Event", namespace=FLEET_NAMESPACE)
+                if e.get("reason") == reason and (e.get("involvedObject") or {}).get("name") == name]
 
     def kill_ladder(self) -> None:
         """kill -9: no cleanup, whatever it was doing."""
@@ -118,6 +183,7 @@ def fleet(request) -> Iterator[LadderFleet]:
         state = LadderFleet(tier, manager_plan, members)
         state.apply()
         state.start_ladder()
+        state.start_member_failover(W1)
         yield state
         failed = request.session.testsfailed > 0
     finally:
@@ -235,4 +301,107 @@ def test_a_stockout_walks_the_ladder_one_move_per_hop_even_under_kill_9_and_ends
     # The first hop also paid for the controller's restart (a new process lists what it watches).
     assert per_step[STEP1] <= STEP_BUDGET + restart[0], f"{STEP1} cost {per_step[STEP1]:.2f} s"
     assert per_step[STEP2] <= STEP_BUDGET, f"{STEP2} cost {per_step[STEP2]:.2f} s > {STEP_BUDGET} s"
+    fleet.finish(name)
+
+
+def test_a_members_stockout_report_moves_the_job_within_its_grace_period_and_its_controller_leaves_the_copy(fleet):
+    """The early path: member 1's autoscaler says "GCE out of resources" for the run's pod; the manager's ladder reads
+    it there and moves the job on once the member's grace period has passed, long before its podsReadyTimeout.
+    Member 1's own failover controller sees the same Event and leaves the fleet's copy alone."""
+    name = "ladder-early"
+    workload = fleet.submit(name)
+    admitted = wait_for(lambda: fleet.admitted_copy(W1, workload, STEP1), REACTION, "the copy admitted in member 1")
+    wait_for(lambda: fleet.rayjob_in(W1, name), REACTION, "the RayJob in member 1")
+    stocked = fleet.play_stockout(W1, name)
+    copies_seen: list[dict] = []
+
+    def moved() -> dict | None:
+        found = fleet.copy_in(W1, workload)
+        if found is not None:
+            copies_seen.append(found)
+        return fleet.admitted_copy(W2, workload, STEP2)
+
+    wait_for(moved, GRACE_SECONDS + REACTION, "the job admitted at the next step", interval=0.05)
+    took = time.monotonic() - stocked
+    (move,) = fleet.moves(name)
+    assert (move.from_flavor, move.to_flavor, move.reason) == (STEP1, STEP2, ladder_controller.MEMBER_STOCKOUT)
+    (event,) = wait_for(lambda: fleet.move_events(name), REACTION, "the move's Event")
+    assert f"member {W1} reported no capacity for its pods" in event["message"]
+    # Member 1's failover controller: the copy was never recreated, moved, deactivated or annotated by it.
+    assert copies_seen and {c["metadata"]["uid"] for c in copies_seen} == {admitted["metadata"]["uid"]}
+    assert all(c["spec"]["queueName"] == STEP1 and c["spec"].get("active", True) for c in copies_seen)
+    assert not any(decisions.ADMITTED_FLAVOR_ANNOTATION in (c["metadata"].get("annotations") or {})
+                   for c in copies_seen)
+    run = fleet.rayjob_in(W1, name)
+    assert run is None or decisions.FAILOVER_ANNOTATION not in (run["metadata"].get("annotations") or {})
+    assert fleet.member_failover.alive()
+    assert fleet.no_requests_anywhere()
+    print(f"\nearly path: the stockout Event in member 1 -> admitted at the next step in {took:.2f} s "
+          f"(grace period {GRACE_SECONDS} s)")
+    assert took <= GRACE_SECONDS + 2, f"{took:.2f} s > grace {GRACE_SECONDS} s + 2 s"
+    fleet.finish(name)
+
+
+def test_a_members_own_jobs_are_untouched_by_the_fleets_steps_and_its_controller_moves_only_them(fleet):
+    """Member 1's own job holds its on-demand slice: the fleet's step there is busy, and the fleet job goes to the
+    next step without taking or disturbing it. A stockout of the member's own job is then moved down the member's
+    own ladder by its failover controller, and the fleet job in member 2 is not touched."""
+    kube, own = fleet.kubes[W1], "member-own"
+    kube.create(jobs.dev_rayjob(own))
+    own_admitted = wait_for(lambda: (w := jobs.workload_of(kube, "default", own)) and condition(w, "Admitted") == "True"
+                            and w, REACTION, "the member's own job admitted")
+    assert jobs.tpu_flavor(own_admitted) == "on-demand"
+    name = "ladder-beside"
+    workload = fleet.submit(name)
+    beside = wait_for(lambda: fleet.admitted_copy(W2, workload, STEP2), STEP_WAIT_SECONDS + REACTION,
+                      "the fleet job at member 2's step", interval=0.1)
+    (move,) = fleet.moves(name)
+    assert move.reason == ladder_controller.STEP_BUSY  # member 1's step was busy: its own job holds the slice
+    now = jobs.workload_of(kube, "default", own)
+    assert now["metadata"]["uid"] == own_admitted["metadata"]["uid"]
+    assert condition(now, "Admitted") == "True" and condition(now, "Evicted") != "True"
+    assert jobs.tpu_flavor(now) == "on-demand"
+    assert (now.get("status") or {}).get("schedulingStats", {}).get("evictions") is None
+
+    # The member's own job stocks out: its own controller moves it down its own ladder (on-demand -> DWS).
+    fleet.play_stockout(W1, own, namespace="default")
+    moved = wait_for(lambda: (w := jobs.workload_of(kube, "default", own))
+                     and w["spec"]["queueName"] == "user-queue-dws" and w, GRACE_SECONDS + REACTION,
+                     "the member's own job moved to its DWS rung", interval=0.1)
+    assert moved["metadata"]["labels"].get(decisions.MULTIKUEUE_ORIGIN_LABEL) is None
+    still = fleet.copy_in(W2, workload)
+    assert still["metadata"]["uid"] == beside["metadata"]["uid"] and condition(still, "Admitted") == "True"
+    assert len(fleet.moves(name)) == 1
+    kube.delete(*jobs.RAYJOB, own, "default", propagation="Background")
+    wait_for(lambda: jobs.workload_of(kube, "default", own) is None, REACTION, "the member's own job gone")
+    fleet.finish(name)
+
+
+def test_a_job_no_step_admits_within_its_maximum_wait_is_given_up_and_leaves_nothing_behind(fleet):
+    name, limit = "ladder-give-up", 8
+    started = time.monotonic()
+    workload = fleet.submit_to(name, FLEET_LOCAL_QUEUE, {ladder_controller.MAX_WAIT_ANNOTATION: f"{limit}s"})
+    fleet.wait_requests_everywhere(workload)  # waiting at DWS everywhere; no member provisions
+
+    def given_up() -> dict | None:
+        job = fleet.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
+        record = ladder_controller.GiveUp.from_json((job["metadata"].get("annotations") or {}).get(
+            ladder_controller.GAVE_UP_ANNOTATION))
+        return record if record is not None and record.state == ladder_controller.GAVE_UP else None
+
+    record = wait_for(given_up, limit + REACTION, "the job given up", interval=0.1)
+    gave_up_after = time.monotonic() - started
+    assert fleet.manager_workload(workload)["spec"]["active"] is False
+    assert (record.step, record.max_wait, record.source) == (FLEET_LOCAL_QUEUE, f"{limit}s",
+                                                             ladder_controller.MAX_WAIT_ANNOTATION)
+    wait_for(lambda: not any(fleet.copy_in(m, workload) for m in MEMBERS) and fleet.no_requests_anywhere(), REACTION,
+             "no copy and no ProvisioningRequest left in any member")
+    cleaned_after = time.monotonic() - started
+    time.sleep(1)
+    (event,) = fleet.events_of(name, ladder_controller.GAVE_UP_REASON)
+    assert event["type"] == "Warning" and f"maximum wait of {limit}s" in event["message"]
+    assert fleet.manager_workload(workload)["spec"]["active"] is False  # nobody reactivated it
+    print(f"\ngive-up: given up {gave_up_after:.2f} s after submission (its maximum wait {limit} s), nothing left in "
+          f"the members at {cleaned_after:.2f} s")
+    assert gave_up_after <= limit + 2 + 1  # + 1: creationTimestamp is in whole seconds
     fleet.finish(name)
