@@ -411,9 +411,13 @@ EVICTION_SECONDS = 2.0
 
 
 def eviction_took(timeline: Timeline) -> float:
-    """From the first poll that saw the manager's Workload evicted to the first that saw its quota reserved again."""
+    """From the first poll that saw the manager's Workload evicted to the first that saw its quota reserved again; 0
+    when no poll saw it evicted (it finished between two, within 0.2 s)."""
     states = [(t, value[0]) for t, what, value in timeline.events if what == "manager"]
-    began = next(t for t, conditions in states if "Evicted" in conditions)
+    began = next((t for t, conditions in states if "Evicted" in conditions), None)
+    if began is None:
+        assert any(value[1] is None for _, what, value in timeline.events if what == "manager"), timeline.text()
+        return 0.0
     return next(t for t, conditions in states if t > began and "Evicted" not in conditions
                 and "QuotaReserved" in conditions) - began
 
