@@ -2,13 +2,15 @@
 
 Each is a full ControlPlane (its own etcd, kube-apiserver, kube-controller-manager, Kueue, CA and admin client),
 with Kueue configured from the Helm values its stack's release passes. The manager reaches a member as Kueue's
-MultiKueue does on GKE: a kubeconfig with the member's server, its CA inline and a ServiceAccount token from a
-`kubernetes.io/service-account-token` Secret the member's objects created (`connect`).
+MultiKueue does on GKE: a kubeconfig Secret with the member's server, its CA inline and a short-lived token that the
+fleet's renewer (failover/credentials.py) writes and rewrites; the token is a Google-like identity token minted by
+`google.FakeGoogle`, which every member's kube-apiserver trusts as GKE trusts Google's.
 Ref: ../shared/notes/multikueue.md
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shutil
@@ -24,12 +26,13 @@ import yaml
 
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
-from infra.fleet_member import FLEET_NAMESPACE, MANAGER_TOKEN_SECRET
-from infra.kueue import KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE
+from infra.fleet_member import FLEET_NAMESPACE
+from infra.kueue import KUEUE_API_VERSION
 from infra.offline import OfflineEngine, Plan, StackOutputs
 from tests.conftest import REPO, config_with, plan_for
 from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.google import FakeGoogle
 from tests.controlplane.kube import Kube, Rejected, condition, wait_for
 from tests.controlplane.processes import Process, free_port
 from tests.controlplane.stack import Step, deploy
@@ -61,6 +64,7 @@ class FleetTier:
     manager_values: dict
     member_values: dict[str, dict]
     workdir: Path | None = None
+    token_lifetime: float = 60.0  # seconds each of the manager's tokens is valid (GKE's: an hour)
     planes: dict[str, ControlPlane] = field(default_factory=dict)  # the manager first, then the members in order
     start_seconds: dict[str, float] = field(default_factory=dict)  # wall seconds each plane's start() took
     wall_seconds: float = 0.0  # the whole fleet's start, all planes in parallel
@@ -70,10 +74,14 @@ class FleetTier:
             raise ValueError(f"{MANAGER!r} names the manager; give the members other names")
         self._own_workdir = self.workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="tpu-fallback-fleet-")) if self.workdir is None else self.workdir
+        # Google's side, first: the members' API servers are told to trust its issuer when they start.
+        self.google = FakeGoogle(self.workdir / "google", self.token_lifetime).start()
         for name, values in {MANAGER: self.manager_values, **self.member_values}.items():
             folder = self.workdir / name
             folder.mkdir(parents=True, exist_ok=True)
-            self.planes[name] = ControlPlane(values, workdir=folder)
+            trusts = () if name == MANAGER else (
+                f"--authentication-config={self.google.authentication_config(folder)}",)
+            self.planes[name] = ControlPlane(values, workdir=folder, apiserver_args=trusts)
 
     @property
     def manager(self) -> ControlPlane:
@@ -130,6 +138,7 @@ class FleetTier:
         stop_one(self.manager)
         with ThreadPoolExecutor(max_workers=max(1, len(self.members)), thread_name_prefix="fleet-stop") as pool:
             list(pool.map(stop_one, self.members.values()))
+        self.google.stop()
         if self._own_workdir and not keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
         if errors:
@@ -151,12 +160,10 @@ class FleetTier:
         return report
 
     # ---- connecting the manager to a member --------------------------------------------------------------------
-    def connect(self, member: str, token_secret: tuple[str, str], timeout: float = 30.0) -> str:
-        """The kubeconfig text (key `kubeconfig` of the manager's Secret for this member) that reaches `member`
-        with the token of its Secret `token_secret` = (namespace, name), once its token controller filled it."""
-        plane = self.members[member]
-        namespace, name = token_secret
-        return plane.inline_kubeconfig(plane.token_from_secret(namespace, name, timeout), name=member)
+    def kubeconfig(self, member: str, token: str | None) -> str:
+        """A kubeconfig text for the manager's Secret for `member`, as the renewer writes it (no user: as the stack
+        creates it)."""
+        return self.members[member].inline_kubeconfig(token, name=member)
 
     def manager_configuration_passed(self) -> bool:
         """Kueue on the manager runs the release's `multiKueue` and `integrations` as given (the chart and the
@@ -199,6 +206,7 @@ class FleetStacks:
         self.template = next(m for m in manager_plan.kubernetes_manifests() if m["kind"] == "RayJob")
         self.steps: list[Step] = []
         self.watch: Process | None = None
+        self.renewer: Process | None = None
 
     # ---- apply, as `pulumi up` on the members, then on the fleet ----------------------------------------------------
     def route(self, step: Step) -> Kube:
@@ -207,25 +215,53 @@ class FleetStacks:
         provider = step.resource.provider_urn.rsplit("::", 1)[-1]
         return self.kubes.get(provider.removesuffix("-k8s"), self.manager)
 
-    def with_member_kubeconfig(self, kubeconfigs: dict[str, str]):
-        def edit(step: Step) -> dict:
-            meta = step.manifest["metadata"]
-            for member, text in kubeconfigs.items():
-                if step.manifest["kind"] == "Secret" and meta["name"] == stack_fleet.kubeconfig_secret_name(member):
-                    assert step.manifest["stringData"] == "[secret]"  # what the plan holds: no credentials
-                    return {**step.manifest, "stringData": {"kubeconfig": text}}
-            return step.manifest
-        return edit
+    def with_tier_endpoints(self, step: Step) -> dict:
+        """What the tier changes in the fleet's plan: the members' endpoints (mock values in the plan) become the
+        planes' own, in the kubeconfig Secrets (created without a token, as the stack does) and in the renewer's
+        FLEET_ACCESS; nothing else."""
+        manifest, meta = step.manifest, step.manifest["metadata"]
+        for member in MEMBERS:
+            if manifest["kind"] == "Secret" and meta["name"] == stack_fleet.kubeconfig_secret_name(member):
+                assert manifest["stringData"] == "[secret]"  # what the plan holds: pulumi-kubernetes keeps it secret
+                return {**manifest, "stringData": {"kubeconfig": self.tier.kubeconfig(member, None)}}
+        if manifest["kind"] == "Deployment" and meta["name"] == stack_fleet.CREDENTIALS_NAME:
+            edited = copy.deepcopy(manifest)
+            (container,) = edited["spec"]["template"]["spec"]["containers"]
+            (access,) = [e for e in container["env"] if e["name"] == "FLEET_ACCESS"]
+            planned = json.loads(access["value"])
+            assert set(planned) == set(MEMBERS)
+            access["value"] = json.dumps({m: {**planned[m], **self.tier.members[m].access} for m in MEMBERS})
+            return edited
+        return manifest
+
+    def start_when_created(self, step: Step) -> None:
+        """A Deployment the tier runs as a process once `pulumi up` has created it (there is no kubelet): the
+        renewer, which the fleet's queue waits for."""
+        if step.manifest["kind"] == "Deployment" and step.manifest["metadata"]["name"] == stack_fleet.CREDENTIALS_NAME:
+            self.start_renewer(self.manager.get("apps/v1", "Deployment", stack_fleet.CREDENTIALS_NAME,
+                                                stack_failover.NAMESPACE))
 
     def apply(self) -> None:
         for member, plan in self.member_plans.items():
             deploy(self.kubes[member], plan)
-        kubeconfigs = {m: self.tier.connect(m, (KUEUE_NAMESPACE, MANAGER_TOKEN_SECRET)) for m in MEMBERS}
+        # The identity the metadata server speaks for: the fleet's manager service account, as its output names it.
+        self.tier.google.email = self.manager_plan.outputs["managerServiceAccount"]
         # Without the plan's job: each scenario submits its own. (The RayJob's turn is the plan's last step.)
         plan = Plan([r for r in self.manager_plan.resources if r.type != "kubernetes:ray.io/v1:RayJob"],
                     self.manager_plan.outputs, self.manager_plan.secret_outputs)
         self.steps = deploy(self.manager, plan, wait_timeout=REACTION, route=self.route,
-                            edit=self.with_member_kubeconfig(kubeconfigs)).steps
+                            edit=self.with_tier_endpoints, after_create=self.start_when_created).steps
+
+    # ---- the credentials renewer, as deployed, with its own ServiceAccount's rights ---------------------------
+    def start_renewer(self, deployment: dict) -> None:
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FLEET_")}
+        kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE,
+                                                                      stack_fleet.CREDENTIALS_NAME)
+        self.renewer = self.tier.manager.supervisor.start(
+            "fleet-credentials", [sys.executable, "-m", "failover.credentials"], env={
+                **os.environ, **env, "GCE_METADATA_HOST": self.tier.google.metadata_host,
+                "KUBECONFIG": str(kubeconfig)}, cwd=REPO)
 
     # ---- the fleet watch, as deployed, with its own ServiceAccount's rights -----------------------------------
     def start_watch(self) -> None:
@@ -299,6 +335,7 @@ class FleetStacks:
         self.manager.delete(*jobs.RAYJOB, name, FLEET_NAMESPACE, propagation="Background")
         wait_for(lambda: not self.running_in(name) and jobs.workload_of(self.manager, FLEET_NAMESPACE, name) is None,
                  REACTION, f"{name} gone everywhere")
+
 
 class Timeline:
     """What a fleet job's objects go through, polled every 0.2 s in a thread: the manager's Workload and RayJob and,
