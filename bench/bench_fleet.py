@@ -5,6 +5,7 @@ stacks on two members, each etcd + kube-apiserver + kube-controller-manager + Ku
 deployed).
 
     .venv/bin/python bench/bench_fleet.py [--rounds 5] [--pause 1.0] [--json samples.json]
+                                          [--scripts all|none|S1,S2,...] [--script-rounds 1] [--dws-seconds 10]
 
 Each round submits a new copy of the fleet plan's RayJob on the manager and times, from just before each call:
 1. the create -> a Workload copy in every member (the last member's), and -> a ProvisioningRequest in every member;
@@ -15,6 +16,18 @@ Each round submits a new copy of the fleet plan's RayJob on the manager and time
 3. the winner's RayJob status patched as KubeRay would (running) -> the manager's RayJob shows
    `jobDeploymentStatus: Running`.
 Then the job is deleted on the manager and the bench waits until nothing of it is left in any cluster.
+
+Then the fleet's ladder (issue 18) side by side with that DWS-only fleet, on scripted capacity (which member has
+which capacity when; `SCRIPTS`): each script runs on today's fleet (DWS only, the tier above) and on a fleet whose
+members offer their on-demand rung (tests/controlplane/ladder_tier.py: a tier of its own, started after the first
+is stopped, with the ladder controller as deployed; stepWait 5 s, members' stockoutGracePeriod 4 s and
+podsReadyTimeout 30 s). Per script and fleet: submission -> the RayJob in the member that has the capacity (the job
+can start: KubeRay's `Running` is then played), and the cost of each failed step: the autoscaler's "GCE out of
+resources" Event (played at a whole second, so its timestamp is exact) -> the next step admitted, less the grace
+period (the early path), or the step's admission -> the next step's, less podsReadyTimeout (a stockout nobody
+reports). DWS provisions in the scripted member `--dws-seconds` after its request exists: on GKE, minutes to hours;
+the bench's number is a placeholder, the same on both fleets. Goals: a free on-demand slice in any member used
+within 2 s of submission; each failed step <= its grace or timeout + 2 s.
 Polls every `--interval` s (default 0.02) with a monotonic clock; a time is taken when the poll that saw the
 change returned, so each number is an upper bound by at most one poll round (the interval plus a few API calls).
 Reading the numbers: the manager's Kueue handles a member's change (its copy admitted, its RayJob's status) after
@@ -41,14 +54,17 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from infra.fleet_member import FLEET_NAMESPACE  # noqa: E402
 from tests.controlplane import jobs  # noqa: E402
-from tests.controlplane.fleet_tier import (MEMBERS, REACTION, WORKLOAD, FleetStacks, FleetTier,  # noqa: E402
-                                           fleet_plan, member_plan)
+from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,  # noqa: E402
+                                           WORKLOAD, FleetStacks, FleetTier, fleet_plan, member_plan)
+from tests.controlplane.ladder_tier import (GRACE_SECONDS, STEP1, STEP2, LadderFleet,  # noqa: E402
+                                            ladder_fleet_plan, ladder_member_plan)
 from tests.controlplane.kube import wait_for  # noqa: E402
 from tests.controlplane.stack import release_values  # noqa: E402
 
@@ -175,6 +191,146 @@ def one_round(fleet: FleetStacks, job: str, winner: str, interval: float, pause:
     return sample
 
 
+# ---- scripted capacity: the fleet's ladder side by side with the DWS-only fleet ------------------------------
+
+FREE, REPORTED, SILENT = "free", "stockout reported", "stockout not reported"
+
+
+@dataclass(frozen=True)
+class Script:
+    """Capacity per member: its on-demand slice (free; stocked out and GKE's autoscaler says so; stocked out and
+    nothing says so, so only its podsReadyTimeout tells), and the member whose DWS request provisions first."""
+
+    name: str
+    words: str
+    on_demand: dict[str, str]
+    dws_winner: str
+
+
+SCRIPTS = (
+    Script("S1", "member 1 has a free on-demand slice", {W1: FREE, W2: FREE}, W2),
+    Script("S2", "member 1 stocked out (reported), member 2 has a free on-demand slice", {W1: REPORTED, W2: FREE}, W2),
+    Script("S3", "no on-demand slice anywhere (both reported); DWS provisions in member 2",
+           {W1: REPORTED, W2: REPORTED}, W2),
+    Script("S4", "member 1 stocked out (not reported), member 2 has a free on-demand slice", {W1: SILENT, W2: FREE}, W2),
+)
+LADDER_STEPS = ((STEP1, W1), (STEP2, W2))
+
+
+def _admitted_copy(fleet: FleetStacks, member: str, workload: str, queue: str) -> dict | None:
+    found = fleet.copy_in(member, workload)
+    if found and found["spec"].get("queueName") == queue and any(
+            c["type"] == "Admitted" and c["status"] == "True" for c in (found.get("status") or {}).get("conditions") or []):
+        return found
+    return None
+
+
+def _at_a_whole_second() -> None:
+    """Sleep until just after a whole second: an Event's timestamps have whole seconds."""
+    time.sleep(1.02 - (time.time() % 1.0))
+
+
+def _dws(fleet: FleetStacks, job: str, workload: str, winner: str, dws_seconds: float, started: float) -> dict:
+    """Requests in every member, then the winner's provisioned `dws_seconds` after it appeared; the times."""
+    times, _ = first_times(started, {("request", m): (lambda m=m: fleet.requests_in(m, workload)) for m in MEMBERS},
+                           0.05)
+    time.sleep(max(0.0, started + times["request", winner] + dws_seconds - time.monotonic()))
+    provisioned = time.monotonic()
+    fleet.provision_until_created(winner, workload, job)
+    return {"requests everywhere": max(times.values()), "dispatch": time.monotonic() - provisioned}
+
+
+def script_round(fleet: FleetStacks, script: Script, job: str, ladder: bool, dws_seconds: float) -> dict:
+    """One job through a script on one fleet: submission -> the RayJob in the member that has the capacity, and what
+    each failed step cost."""
+    started = time.monotonic()
+    workload = fleet.submit(job)
+    sample: dict = {"script": script.name, "fleet": "ladder" if ladder else "DWS only", "failed steps": []}
+    where = None
+    if ladder:
+        for step, member in LADDER_STEPS:
+            wait_for(lambda: _admitted_copy(fleet, member, workload, step), REACTION + PODS_READY_TIMEOUT_SECONDS,
+                     f"{job} admitted at {step}", interval=0.02)
+            admitted = time.monotonic()
+            wait_for(lambda: fleet.rayjob_in(member, job), REACTION, f"{job}'s RayJob in {member}", interval=0.02)
+            state = script.on_demand[member]
+            if state == FREE:
+                where = member
+                break
+            if state == REPORTED:
+                _at_a_whole_second()
+                reported = fleet.play_stockout(member, job)
+            nxt = STEP2 if step == STEP1 else None
+            if nxt:
+                wait_for(lambda: _admitted_copy(fleet, W2, workload, STEP2), REACTION + PODS_READY_TIMEOUT_SECONDS,
+                         f"{job} admitted at {STEP2}", interval=0.02)
+            else:
+                wait_for(lambda: all(fleet.requests_in(m, workload) for m in MEMBERS),
+                         REACTION + PODS_READY_TIMEOUT_SECONDS, f"{job}'s DWS requests", interval=0.02)
+            moved = time.monotonic()
+            sample["failed steps"].append(
+                {"step": step, "kind": "early path" if state == REPORTED else "podsReadyTimeout",
+                 "seconds": moved - (reported if state == REPORTED else admitted),
+                 "over": moved - (reported + GRACE_SECONDS if state == REPORTED
+                                  else admitted + PODS_READY_TIMEOUT_SECONDS)})
+    if where is None:
+        sample.update(_dws(fleet, job, workload, script.dws_winner, dws_seconds, started))
+        where = script.dws_winner
+        wait_for(lambda: fleet.rayjob_in(where, job), REACTION, f"{job}'s RayJob in {where}", interval=0.02)
+    sample["runs in"] = where
+    sample["to a RayJob in the member"] = time.monotonic() - started
+    fleet.play_running(where, job)
+    assert fleet.running_in(job) == [where], fleet.running_in(job)
+    sample["requests anywhere"] = any(fleet.all_requests(m) for m in MEMBERS)
+    fleet.finish(job)
+    wait_for(lambda: quiet(fleet), REACTION, f"nothing of {job} left anywhere", interval=0.2)
+    return sample
+
+
+def run_scripts(fleet: FleetStacks, scripts: list[Script], rounds: int, ladder: bool, dws_seconds: float) -> list:
+    samples = []
+    for script in scripts:
+        for number in range(rounds):
+            sample = script_round(fleet, script, f"bench-{'ladder' if ladder else 'dws'}-{script.name.lower()}-"
+                                                 f"{number + 1}", ladder, dws_seconds)
+            samples.append(sample)
+            steps = "; ".join(f"{s['step']} failed ({s['kind']}) {s['seconds']:.2f} s, +{s['over']:.2f} s over"
+                              for s in sample["failed steps"])
+            print(f"{sample['fleet']:>8} {script.name} round {number + 1}: RayJob in {sample['runs in']} "
+                  f"{sample['to a RayJob in the member']:.2f} s after submission"
+                  + (f" (DWS dispatch {sample['dispatch']:.2f} s)" if "dispatch" in sample else "")
+                  + (f"; {steps}" if steps else ""), flush=True)
+    return samples
+
+
+def print_side_by_side(scripts: list[Script], samples: list[dict], dws_seconds: float) -> None:
+    print(f"\nscripted capacity, submission -> the RayJob in the member with capacity (median of rounds; DWS "
+          f"provisions {dws_seconds:.0f} s after its request, a placeholder for GKE's minutes to hours):")
+    print(f"  {'script':<6} {'DWS only':>9} {'ladder':>9}  capacity")
+    for script in scripts:
+        row = {}
+        for kind in ("DWS only", "ladder"):
+            values = [s["to a RayJob in the member"] for s in samples if s["script"] == script.name
+                      and s["fleet"] == kind]
+            row[kind] = f"{statistics.median(values):8.2f}s" if values else "       -"
+        print(f"  {script.name:<6} {row['DWS only']:>9} {row['ladder']:>9}  {script.words}")
+    failed = [step for s in samples if s["fleet"] == "ladder" for step in s["failed steps"]]
+    for kind, budget in (("early path", GRACE_SECONDS), ("podsReadyTimeout", PODS_READY_TIMEOUT_SECONDS)):
+        over = [f["over"] for f in failed if f["kind"] == kind]
+        if over:
+            print(f"  failed step, {kind}: {len(over)} step(s), each {budget} s + {min(over):.2f}-{max(over):.2f} s "
+                  f"(goal <= {budget} + 2 s: {'PASS' if max(over) <= 2 else 'FAIL'})")
+    free = [s["to a RayJob in the member"] for s in samples if s["fleet"] == "ladder" and s["script"] == "S1"]
+    if free:
+        print(f"  a free on-demand slice used {max(free):.2f} s after submission at worst (goal <= 2 s: "
+              f"{'PASS' if max(free) <= 2 else 'FAIL'}); DWS requests anywhere while it ran: "
+              f"{any(s['requests anywhere'] for s in samples if s['fleet'] == 'ladder' and s['script'] == 'S1')}")
+    dispatch = [s["dispatch"] for s in samples if "dispatch" in s]
+    if dispatch:
+        print(f"  DWS dispatch in the scripts (Provisioned -> the RayJob in the winner): p95 "
+              f"{percentile(dispatch, 0.95):.2f} s over {len(dispatch)} (goal <= 5 s)")
+
+
 def machine() -> dict:
     return {"nproc": len(os.sched_getaffinity(0)), "cpu_count": os.cpu_count(),
             "loadavg": [round(x, 2) for x in os.getloadavg()]}
@@ -187,6 +343,11 @@ def main() -> None:
     parser.add_argument("--pause", type=float, default=1.0,
                         help="seconds between the requests in every member and the winner's Provisioned")
     parser.add_argument("--json", type=Path, help="write the raw samples here")
+    parser.add_argument("--scripts", default="all",
+                        help="scripted capacity on both fleets: all, none, or names such as S1,S2 (see SCRIPTS)")
+    parser.add_argument("--script-rounds", type=int, default=1, help="rounds of each script on each fleet")
+    parser.add_argument("--dws-seconds", type=float, default=10.0,
+                        help="seconds from a DWS request to its Provisioned in the scripted member")
     args = parser.parse_args()
     # A SIGTERM unwinds like Ctrl-C: the planes run in their own sessions and only the `finally` stops them.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
@@ -199,6 +360,9 @@ def main() -> None:
     tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
     print(f"starting the fleet tier in {tier.workdir} ...", flush=True)
     samples: list[dict] = []
+    scripts = [] if args.scripts == "none" else [s for s in SCRIPTS if args.scripts == "all"
+                                                 or s.name in args.scripts.split(",")]
+    scripted: list[dict] = []
     failed = True
     try:
         tier.start()
@@ -222,11 +386,14 @@ def main() -> None:
                                                             ("dispatch", DISPATCH), ("started", STARTED),
                                                             ("loser gone", LOSER_GONE), ("recorded", RECORDED),
                                                             ("mirrored", MIRRORED))) + " s", flush=True)
+        scripted += run_scripts(fleet, scripts, args.script_rounds, False, args.dws_seconds)
         failed = False
     finally:
         tier.stop(keep_workdir=failed)
         if failed:
             print(f"\nfleet tier logs kept in {tier.workdir}")
+    if scripts:
+        scripted += ladder_scripts(scripts, args.script_rounds, args.dws_seconds)
     at_end = machine()
 
     print(f"\nplan C dispatch overhead on the fleet tier (manager + {len(MEMBERS)} members on 127.0.0.1), "
@@ -243,13 +410,38 @@ def main() -> None:
     print(f"fleet start {timings['fleet']['wall']:.1f} s, stacks applied in {applied:.1f} s; machine: "
           f"{at_start['nproc']} CPUs, load average {' '.join(map(str, at_start['loadavg']))} at start, "
           f"{' '.join(map(str, at_end['loadavg']))} at the end")
+    if scripts:
+        print_side_by_side(scripts, scripted, args.dws_seconds)
     if args.json:
         args.json.write_text(json.dumps({
+            "scripts": scripted, "dws_seconds": args.dws_seconds,
             "machine": {"start": at_start, "end": at_end}, "fleet_start": timings, "apply_seconds": round(applied, 3),
             "interval": args.interval, "pause": args.pause, "goal_seconds": GOAL_SECONDS,
             "rounds": samples, "samples": {m: [s[m] for s in samples] for m in MEASURES},
         }, indent=2) + "\n")
         print(f"raw samples written to {args.json}")
+
+
+def ladder_scripts(scripts: list[Script], rounds: int, dws_seconds: float) -> list[dict]:
+    """The scripts on a fleet whose members offer their on-demand rung: a tier of its own."""
+    members = {m: ladder_member_plan(m) for m in MEMBERS}
+    manager_plan = ladder_fleet_plan(members)
+    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
+    print(f"\nstarting the ladder's fleet tier in {tier.workdir} ...", flush=True)
+    failed = True
+    try:
+        tier.start()
+        fleet = LadderFleet(tier, manager_plan, members)
+        fleet.apply()
+        fleet.start_ladder()
+        print(f"ladder: {' -> '.join(s['localQueue'] for s in manager_plan.outputs['ladder'])}", flush=True)
+        samples = run_scripts(fleet, scripts, rounds, True, dws_seconds)
+        failed = False
+        return samples
+    finally:
+        tier.stop(keep_workdir=failed)
+        if failed:
+            print(f"\nladder tier logs kept in {tier.workdir}")
 
 
 if __name__ == "__main__":

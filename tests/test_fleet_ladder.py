@@ -446,3 +446,28 @@ def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_i
     assert [s.get("stockoutGracePeriodSeconds") for s in json.loads(env["FLEET_LADDER"])] == [180, 180, None]
     secrets = manifests(fleet, "Role")[f"tpu-fallback-{fleet_objects.LADDER_NAME}-secrets"]
     assert secrets["rules"] == [fleet_objects.watch_secret_rule(MEMBERS)]  # those Secrets, to read, and no other
+
+
+# ---- what `python -m ops status` says of a fleet's ladder job on the manager ---------------------------------
+
+
+def test_status_says_a_job_was_given_up_and_why_the_ladder_moved_it():
+    from ops.status import jobs as status_jobs
+
+    give_up = ladder_controller.GiveUp("2026-12-01T12:00:00Z", "1h", "1h0m3s", "fleet-queue", "fleet.maxWait").done()
+    rayjob = {"metadata": {"name": "j", "namespace": FLEET_NAMESPACE, "labels": {
+        "kueue.x-k8s.io/queue-name": "fleet-queue"}, "annotations": {
+        ladder_controller.GAVE_UP_ANNOTATION: give_up.to_json()}}}
+    workload = {"metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "creationTimestamp": "2026-12-01T11:00:00Z"},
+                "spec": {"queueName": "fleet-queue", "active": False},
+                "status": {"conditions": [
+                    {"type": "QuotaReserved", "status": "False", "lastTransitionTime": "2026-12-01T12:00:01Z"},
+                    {"type": "Evicted", "status": "True", "reason": "Deactivated",
+                     "lastTransitionTime": "2026-12-01T12:00:01Z"}]}}
+    state = status_jobs.job_state(rayjob, workload, None, None)
+    assert state.words == "given up after 1h0m3s (maximum wait 1h)"
+    assert "no member admitted it within its maximum wait of 1h (fleet.maxWait)" in state.detail
+    moving = status_jobs.MoveView("fleet-on-demand-w1", "fleet-queue", "fleet-queue",
+                                  ladder_controller.MEMBER_STOCKOUT, "2026-12-01T12:00:00Z")
+    workload["spec"]["active"] = True
+    assert "reported no TPU capacity for its pods" in status_jobs.job_state(rayjob, workload, None, moving).detail

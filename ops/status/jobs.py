@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from failover import decisions
+from failover import decisions, ladder
 from failover.decisions import (FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
 from failover.fleet import FLEET_ANNOTATION
 from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
@@ -51,7 +51,11 @@ EVICTION_WORDS = {
     "MaximumExecutionTimeExceeded": "ran past its maximum execution time",
 }
 # The controller's move reasons (failover.decisions), in words.
-MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscaler reported no TPU capacity"}
+MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscaler reported no TPU capacity",
+              # A fleet's manager (plan C): the ladder controller's moves between steps (failover/ladder.py).
+              ladder.MEMBER_EVICTED: "the step's member evicted it (pods not ready in time there, or preempted)",
+              ladder.MEMBER_STOCKOUT: "the step's member reported no TPU capacity for its pods",
+              ladder.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
 REQUEST_CONDITIONS = (
@@ -301,6 +305,11 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     evicted = found.get("Evicted") if is_true(found.get("Evicted")) else None
     last_on = view.recorded_flavor
     requeued = found.get("Requeued")
+    gave_up = ladder.GiveUp.from_json(annotations(rayjob).get(ladder.GAVE_UP_ANNOTATION))
+    if not view.active and gave_up is not None and gave_up.state == ladder.GAVE_UP:
+        # A fleet's job the ladder gave up on (fleet.maxWait, or the job's tpu-fallback/max-wait).
+        return State(EVICTED, f"given up after {gave_up.waited} (maximum wait {gave_up.max_wait})",
+                     parse_time(gave_up.at), gave_up.message())
     if evicted is not None and (not view.active or (requeued is not None and not is_true(requeued))):
         # Out of the queue: deactivated until spec.active is true again, or Kueue's requeue backoff (Requeued=False
         # until it ends). Evicted stays True until the next admission, and a Workload deactivated before it was ever

@@ -1,0 +1,155 @@
+"""The fleet's ladder on a FleetTier (tests/test_fleet_ladder_controlplane.py, bench/bench_fleet.py): both members
+offer their on-demand rung (`fleetMember.rungs: [onDemand]`), so the ladder is on-demand in member 1, on-demand in
+member 2, then DWS in both; the ladder controller and a member's own failover controller run as deployed, with
+their ServiceAccounts' rights; the test plays KubeRay and GKE's autoscaler ("GCE out of resources").
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import signal
+import sys
+import time
+
+from failover import decisions
+from failover import ladder as ladder_controller
+from infra import failover as stack_failover
+from infra import fleet as stack_fleet
+from infra.fleet_member import FLEET_NAMESPACE
+from infra.offline import OfflineEngine, StackOutputs
+from tests.conftest import REPO, config_with, plan_for
+from tests.controlplane import jobs
+from tests.controlplane.failover_tier import STOCKOUT_MESSAGE
+from tests.controlplane.fleet_tier import (MEMBER_STACKS, MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
+                                           WORKER_LOST_SECONDS, FleetStacks)
+from tests.controlplane.kube import condition, wait_for
+from tests.controlplane.processes import Process, free_port, http_ok
+
+STEP1, STEP2 = f"fleet-on-demand-{W1}", f"fleet-on-demand-{W2}"
+STEP_WAIT_SECONDS = 5  # the fleet's stepWait (the shortest allowed)
+GRACE_SECONDS = 4  # the members' stockoutGracePeriod: the early path
+MAX_WAIT = "10m"  # the fleet's maxWait: longer than any scenario; the give-up scenario sets its job's own
+
+
+def ladder_member_plan(member: str):
+    return plan_for(member, {"fallback": {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
+                                          "stockoutGracePeriod": f"{GRACE_SECONDS}s"},
+                             "fleetMember": {"enabled": True, "rungs": ["onDemand"]}})
+
+
+def ladder_fleet_plan(members: dict):
+    """The shipped fleet over these members, as tests/controlplane/fleet_tier.py's, with the shortest step wait."""
+    references = {MEMBER_STACKS[m]: StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
+                  for m, plan in members.items()}
+    config = config_with({"fleet": {"members": list(MEMBER_STACKS.values()), "dispatcher": "AllAtOnce",
+                                    "workerLostTimeout": f"{WORKER_LOST_SECONDS}s", "checkpointLocation": "US",
+                                    "stepWait": f"{STEP_WAIT_SECONDS}s", "maxWait": MAX_WAIT}}, "fleet")
+    return OfflineEngine("fleet", False, references).run(config)
+
+
+class LadderFleet(FleetStacks):
+    ladder: Process | None = None
+    member_failover: Process | None = None
+
+    def start_ladder(self) -> float:
+        """Start the controller; the seconds until it has listed what it watches and runs its workers."""
+        deployment = next(m for m in self.manager_plan.kubernetes_manifests()
+                          if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_fleet.LADDER_NAME)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FLEET_")}
+        kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE,
+                                                                      stack_fleet.LADDER_NAME)
+        began = time.monotonic()
+        starts = self._starts_logged()
+        self.ladder = self.tier.manager.supervisor.start("fleet-ladder", [sys.executable, "-m", "failover.ladder"],
+                                                         env={**os.environ, **env, "KUBECONFIG": str(kubeconfig)},
+                                                         cwd=REPO)
+        wait_for(lambda: self._starts_logged() > starts or not self.ladder.alive(), REACTION, "the ladder's start",
+                 interval=0.05)
+        assert self.ladder.alive(), self.ladder.tail()
+        return time.monotonic() - began
+
+    def _starts_logged(self) -> int:
+        log = self.tier.manager.supervisor.logs / "fleet-ladder.log"
+        return log.read_text(errors="replace").count(" INFO ladder: ") if log.exists() else 0
+
+    def start_member_failover(self, member: str) -> Process:
+        """The member's own failover controller, as its stack deploys it (its ServiceAccount's rights)."""
+        deployment = next(m for m in self.member_plans[member].kubernetes_manifests()
+                          if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_failover.NAME)
+        (container,) = deployment["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FAILOVER_")}
+        plane = self.tier.members[member]
+        kubeconfig = plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
+        health = free_port()
+        self.member_failover = plane.supervisor.start("failover", [sys.executable, "-m", "failover"], env={
+            **os.environ, **env, "FAILOVER_HEALTH_PORT": str(health), "FAILOVER_METRICS_PORT": str(free_port()),
+            "KUBECONFIG": str(kubeconfig)}, cwd=REPO)
+        plane.supervisor.wait_until(self.member_failover, lambda: http_ok(f"http://127.0.0.1:{health}/healthz"),
+                                    REACTION, "/healthz")
+        return self.member_failover
+
+    def play_stockout(self, member: str, name: str, namespace: str = FLEET_NAMESPACE) -> float:
+        """What GKE shows in `member` when it has no capacity for a run's TPU pod: KubeRay's RayCluster named on the
+        RayJob, its worker pod, and the autoscaler's FailedScaleUp Event about it (as tests/controlplane/
+        failover_tier.py plays it in a regional cluster). The monotonic time the Event was created."""
+        kube = self.kubes[member]
+        cluster = f"{name}-{member[-5:]}"
+        kube.patch(*jobs.RAYJOB, name, {"status": {"rayClusterName": cluster}}, namespace=namespace,
+                   subresource="status")
+        pod = f"{cluster}-tpu-group-worker-0"
+        if kube.get("v1", "Pod", pod, namespace) is None:
+            kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
+                "name": pod, "namespace": namespace,
+                "labels": {"ray.io/cluster": cluster, "ray.io/node-type": "worker"}},
+                "spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray",
+                                         "resources": {"requests": {"google.com/tpu": "4"},
+                                                       "limits": {"google.com/tpu": "4"}}}]}})
+        moment = datetime.datetime.now(datetime.timezone.utc)
+        now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
+        kube.create({"apiVersion": "v1", "kind": "Event",
+                     "metadata": {"name": f"{pod}.{moment.timestamp():.0f}", "namespace": namespace},
+                     "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace},
+                     "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
+                     "source": {"component": "cluster-autoscaler"}, "count": 1,
+                     "firstTimestamp": now, "lastTimestamp": now})
+        return time.monotonic()
+
+    def submit_to(self, name: str, queue: str, annotations: dict | None = None) -> str:
+        """A fleet job submitted to another step's LocalQueue, with annotations; its manager Workload's name."""
+        meta = self.template["metadata"]
+        job = {**self.template, "metadata": {
+            **meta, "name": name, "labels": {**meta["labels"], jobs.QUEUE_LABEL: queue},
+            "annotations": {**(meta.get("annotations") or {}), **(annotations or {})}}}
+        self.manager.create(job)
+        workload = wait_for(lambda: jobs.workload_of(self.manager, FLEET_NAMESPACE, name), REACTION,
+                            f"manager Workload of {name}")
+        return workload["metadata"]["name"]
+
+    def events_of(self, name: str, reason: str) -> list[dict]:
+        return [e for e in self.manager.list("v1", "Event", namespace=FLEET_NAMESPACE)
+                if e.get("reason") == reason and (e.get("involvedObject") or {}).get("name") == name]
+
+    def kill_ladder(self) -> None:
+        """kill -9: no cleanup, whatever it was doing."""
+        os.kill(self.ladder.popen.pid, signal.SIGKILL)
+        self.ladder.popen.wait()
+
+    def admitted_copy(self, member: str, workload: str, queue: str) -> dict | None:
+        found = self.copy_in(member, workload)
+        if found and found["spec"].get("queueName") == queue and condition(found, "Admitted") == "True":
+            return found
+        return None
+
+    def no_requests_anywhere(self) -> bool:
+        return not any(self.all_requests(m) for m in MEMBERS)
+
+    def moves(self, name: str) -> list[decisions.Move]:
+        job = self.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
+        return decisions.move_history(job["metadata"].get("annotations"))
+
+    def move_events(self, name: str) -> list[dict]:
+        return [e for e in self.manager.list("v1", "Event", namespace=FLEET_NAMESPACE)
+                if e.get("reason") == ladder_controller.EVENT_REASON
+                and (e.get("involvedObject") or {}).get("name") == name]
