@@ -60,7 +60,8 @@ class FailoverTier:
 
     def controller_env(self, resync: float = RESYNC_SECONDS) -> dict[str, str]:
         """The Deployment's own environment, with the tier's credentials: the controller's ServiceAccount."""
-        (deployment,) = [m for m in self.plan.kubernetes_manifests() if m["kind"] == "Deployment"]
+        (deployment,) = [m for m in self.plan.kubernetes_manifests()
+                         if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_failover.NAME]
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {item["name"]: item["value"] for item in container["env"] if item["name"].startswith("FAILOVER_")}
         kubeconfig = self.plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
