@@ -81,7 +81,8 @@ def read(tier: FailoverTier, namespace: str | None = NAMESPACE, api_client=None)
 
 
 def controllers_chain(tier: FailoverTier):
-    (deployment,) = [m for m in tier.plan.kubernetes_manifests() if m["kind"] == "Deployment"]
+    (deployment,) = [m for m in tier.plan.kubernetes_manifests()
+                     if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_failover.NAME]
     return chain_of_controller(deployment)
 
 
