@@ -12,11 +12,14 @@ and RayJobs this manager made; every change queues the jobs it touches. Per job 
 manager's RayJob (annotation `tpu-fallback/fleet`: state, where it runs, Kueue's record, members that do not answer or
 cannot admit it) and an Event when that changes: `FleetRunning`, `FleetRecordStale`, `FleetRunningTwice` (a
 partition's overlap; each run checkpoints under its own run id), `FleetMemberLost`, `FleetMemberCannotAdmit`,
-`FleetWaiting`, `FleetFinished`. Its two writes to what Kueue reads (README "Plan C", multikueue-ladder.md §8):
+`FleetWaiting`, `FleetFinished`. Its writes to what Kueue reads (README "Plan C", multikueue-ladder.md §8):
 - an evicted job's RayJob status is marked `Suspended` when Kueue waits for it to stop, cannot see it, and no member
   that answers runs it (`may_unblock`, Event `FleetEvictionUnblocked`): never where it runs, so never after a return;
 - Kueue's record is repaired when Kueue adopted a returning member's copy but cannot record it (`record_to_repair`,
   a server-side apply of the Workload's status as Kueue's own field manager, Event `FleetRecordRepaired`).
+And one in the members: a copy and its run that an older step of the fleet's ladder left in a member cut off while
+the ladder moved the job on are deleted once the member answers again (`stale_step_copies`, Event
+`FleetStaleStepRemoved`): Kueue no longer looks there, and they would run next to the run Kueue records.
 
     python -m failover.fleet     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS (the period: kubeconfigs re-read,
                                  # members asked for an answer), FLEET_RESYNC_SECONDS (every job again, default 300),
@@ -70,6 +73,7 @@ WARNINGS = frozenset({RECORD_STALE, RUNNING_TWICE, MEMBER_LOST, MEMBER_CANNOT_AD
 STATES = (RUNNING, RECORD_STALE, RUNNING_TWICE, MEMBER_LOST, MEMBER_CANNOT_ADMIT, WAITING, FINISHED)
 EVICTION_UNBLOCKED = "FleetEvictionUnblocked"
 RECORD_REPAIRED = "FleetRecordRepaired"
+STALE_STEP_REMOVED = "FleetStaleStepRemoved"  # a copy an older step of the fleet's ladder left in a member, deleted
 DEACTIVATION_TARGET = "DeactivationTarget"  # the manager asks a member to deactivate its copy (MultiKueue 6b)
 KUEUE_ADMISSION = "kueue-admission"  # Kueue's field manager for a Workload's admission status
 APPLY_PATCH = "application/apply-patch+yaml"
@@ -239,6 +243,26 @@ def record_to_repair(workload: Mapping, admitted_in: Iterable[str], connected: I
     return members[0]
 
 
+def stale_step_copies(workload: Mapping, copies: Mapping[str, Mapping | None],
+                      rayjobs: Mapping[str, Mapping | None]) -> list[str]:
+    """The members holding a copy of the job from an older step of the fleet's ladder (README "The fleet's ladder"):
+    its `spec.queueName` is not the manager Workload's, while the job is admitted in, and runs in, another member
+    that answers. Only a partition leaves one: the ladder moved the job on while the member was cut off, so
+    MultiKueue could not delete the copy, and once the member answers again Kueue 0.19.2 no longer looks there (the
+    job's check names only the new step's members) and its GC keeps copies whose manager Workload exists
+    (multikueuecluster.go runGC): the run there would go on next to the one Kueue records. A member of the job's
+    current step never holds one (MultiKueue re-creates a copy whose spec differs), and a DWS-only fleet has one
+    queue name: nothing there is ever stale."""
+    record = (workload.get("status") or {}).get("clusterName")
+    queue = (workload.get("spec") or {}).get("queueName")
+    if (not record or not queue or not _true(workload, "Admitted")
+            or any(_true(workload, kind) for kind in ("Evicted", "Finished"))
+            or record not in copies or not live(copies.get(record), rayjobs.get(record))):
+        return []
+    return sorted(member for member, found in copies.items() if found is not None and member != record
+                  and (found.get("spec") or {}).get("queueName") not in (None, queue))
+
+
 def repaired_status(workload: Mapping, member: str) -> dict:
     """The Workload's whole current status with `member` added to `nominatedClusterNames`: applied (server-side,
     forced) as Kueue's own field manager, Kueue's next reconcile records `clusterName: member` (measured 0.2-0.5 s,
@@ -299,6 +323,7 @@ class FleetWatch:
         self.raw = RawClient(manager)
         self.metrics = metrics
         self.members, self.origin = members, origin
+        self.member_custom: Callable[[client.ApiClient], client.CustomObjectsApi] = client.CustomObjectsApi
         self.clock = clock or (lambda: datetime.datetime.now(datetime.timezone.utc))
         self.resync_seconds, self.settle_seconds = resync_seconds, settle_seconds
         self.queue = WorkQueue()
@@ -600,6 +625,11 @@ class FleetWatch:
                 log.info("%s/%s: Kueue's eviction waits, and the job runs in %s: left to Kueue", *key,
                          " and ".join(live_in))
         self._repair(key, workload, copies, connected)
+        stale = stale_step_copies(workload, copies, jobs)
+        if stale:
+            self._remove_stale(key, workload, stale, copies, jobs)
+            for name in stale:  # gone (or going): not a run the finding counts
+                copies[name], jobs[name] = None, None
         blocked, flavors = {}, {}
         for name, found in copies.items():
             if found is None:
@@ -672,6 +702,41 @@ class FleetWatch:
         log.info("%s/%s: %s", *key, message)
         if rayjob is not None:
             self._event(rayjob, RECORD_REPAIRED, message, "Normal")
+
+    def _remove_stale(self, key: Key, workload: Mapping, members: Iterable[str], copies: Mapping[str, dict | None],
+                      jobs: Mapping[str, dict | None]) -> None:
+        """Delete, as MultiKueue's GC would, the RayJob (its pods with it) and the copy an older step left in each
+        member (`stale_step_copies`), with the member's kubeconfig MultiKueue uses; one Event per member."""
+        record = (workload.get("status") or {}).get("clusterName")
+        for member in members:
+            with self._lock:
+                found = self._members.get(member)
+            if found is None or found.api is None:
+                continue
+            copy, run = copies.get(member) or {}, jobs.get(member)
+            if copy["metadata"].get("deletionTimestamp"):
+                continue  # being deleted already (Kueue's finalizer): once is enough
+            custom = self.member_custom(found.api)
+            try:
+                if run is not None:
+                    custom.delete_namespaced_custom_object(*RAY, key[0], "rayjobs", key[1],
+                                                           propagation_policy="Background",
+                                                           _request_timeout=REQUEST_TIMEOUT_SECONDS)
+                custom.delete_namespaced_custom_object(*KUEUE, key[0], "workloads", copy["metadata"]["name"],
+                                                       propagation_policy="Background",
+                                                       _request_timeout=REQUEST_TIMEOUT_SECONDS)
+            except ApiException as error:
+                if error.status != 404:
+                    raise
+                continue  # gone already: someone else removed it, no Event
+            message = (f"deleted the run and the copy in {member} left by an older step of the ladder "
+                       f"({(copy.get('spec') or {}).get('queueName')}): the job was moved on while {member} was cut "
+                       f"off, and it runs in {record} at step {(workload.get('spec') or {}).get('queueName')}, where "
+                       "Kueue admitted it (Kueue 0.19.2 no longer looks at a member outside the job's step)")
+            log.info("%s/%s: %s", *key, message)
+            rayjob = self._rayjobs.get(key)
+            if rayjob is not None:
+                self._event(rayjob, STALE_STEP_REMOVED, message, "Warning")
 
     def _event(self, rayjob: Mapping, reason: str, message: str, kind: str) -> None:
         rayjob_event(self.core, rayjob["metadata"], COMPONENT, reason, message, kind, self.clock())

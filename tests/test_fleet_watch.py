@@ -476,3 +476,73 @@ def test_the_watch_restarts_a_members_watches_on_a_new_client_keeping_what_it_ho
     watch.tick()
     assert restarts[-1] == ("w1", False) and member.api is clients["w1"]
     assert watch._answers(member)
+
+
+# ---- a copy an older step of the fleet's ladder left behind a partition (issue 18) -----------------------------
+
+def _stepped(copy: dict, queue: str) -> dict:
+    return {**copy, "spec": {**copy["spec"], "queueName": queue}}
+
+
+def test_a_copy_from_an_older_step_is_stale_only_while_the_job_runs_where_kueue_admitted_it():
+    from failover.fleet import stale_step_copies
+
+    admitted = _manager_workload("j", record="w2", true=("QuotaReserved", "Admitted"))
+    admitted["spec"] = {"queueName": "fleet-on-demand-w2"}
+    old = _stepped(_copy("j", "QuotaReserved", "Admitted"), "fleet-on-demand-w1")
+    new = _stepped(_copy("j", "QuotaReserved", "Admitted"), "fleet-on-demand-w2")
+    runs = {"w1": _member_rayjob("j"), "w2": _member_rayjob("j")}
+    assert stale_step_copies(admitted, {"w1": old, "w2": new}, runs) == ["w1"]
+    # The same step's copy (a DWS step's other members), or none: nothing stale.
+    assert stale_step_copies(admitted, {"w1": _stepped(old, "fleet-on-demand-w2"), "w2": new}, runs) == []
+    assert stale_step_copies(admitted, {"w1": None, "w2": new}, runs) == []
+    # Not while the job does not run where Kueue admitted it, or that member does not answer: the old run may be
+    # the only one.
+    assert stale_step_copies(admitted, {"w1": old, "w2": None}, {"w1": runs["w1"], "w2": None}) == []
+    assert stale_step_copies(admitted, {"w1": old}, {"w1": runs["w1"]}) == []
+    # Not during a move (deactivated: Evicted, no longer Admitted), nor before Kueue records a member.
+    for other in (_manager_workload("j", true=("QuotaReserved", "Evicted"), checks="Pending"),
+                  _manager_workload("j", record="w2", true=("QuotaReserved", "Admitted", "Evicted")),
+                  _manager_workload("j", true=("QuotaReserved",), checks="Pending")):
+        other["spec"] = {"queueName": "fleet-on-demand-w2"}
+        assert stale_step_copies(other, {"w1": old, "w2": new}, runs) == []
+
+
+class _MemberApi:
+    def __init__(self, missing: bool = False):
+        self.deleted: list[tuple[str, str, str]] = []
+        self.missing = missing
+
+    def delete_namespaced_custom_object(self, group, version, namespace, plural, name, **kwargs):
+        from kubernetes.client import ApiException
+
+        assert kwargs["propagation_policy"] == "Background"
+        if self.missing:
+            raise ApiException(status=404)
+        self.deleted.append((plural, namespace, name))
+
+
+def test_the_watch_deletes_an_older_steps_run_and_copy_in_a_member_back_from_a_partition_once():
+    admitted = _manager_workload("j", record="w2", true=("QuotaReserved", "Admitted"))
+    admitted["spec"] = {"queueName": "fleet-on-demand-w2"}
+    old = _stepped(_copy("j", "QuotaReserved", "Admitted"), "fleet-on-demand-w1")
+    new = _stepped(_copy("j", "QuotaReserved", "Admitted"), "fleet-on-demand-w2")
+    members = {"w1": ([old], [_member_rayjob("j")]), "w2": ([new], [_member_rayjob("j")])}
+    watch, manager = _watch(members, [admitted], [_manager_rayjob("j")], {"w1": True, "w2": True})
+    apis = {}
+    watch.member_custom = lambda api: apis.setdefault(id(api), _MemberApi())
+    finding = watch.evaluate(("tpu-fleet", "j"))
+    assert finding.state == RUNNING and finding.runs_in == ("w2",)  # the old run is not counted: it is deleted
+    (api,) = apis.values()
+    assert api.deleted == [("rayjobs", "tpu-fleet", "j"), ("workloads", "tpu-fleet", "rayjob-j")]
+    (event,) = [m for reason, m in manager.events if reason == "FleetStaleStepRemoved"]
+    assert event.startswith("deleted the run and the copy in w1 left by an older step of the ladder")
+    # The caches lag: the copy seen again, being deleted, is left alone; gone already (404): no second Event.
+    watch._members["w1"].copies[("tpu-fleet", "rayjob-j")] = {
+        **old, "metadata": {**old["metadata"], "deletionTimestamp": "2026-12-01T00:00:01Z"}}
+    watch.evaluate(("tpu-fleet", "j"))
+    assert len(api.deleted) == 2
+    watch._members["w1"].copies[("tpu-fleet", "rayjob-j")] = old
+    watch.member_custom = lambda api: _MemberApi(missing=True)
+    watch.evaluate(("tpu-fleet", "j"))
+    assert len([reason for reason, _ in manager.events if reason == "FleetStaleStepRemoved"]) == 1
