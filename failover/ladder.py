@@ -578,6 +578,11 @@ class LadderController:
             if error.status == 404:
                 return None
             raise
+        except Exception as error:  # noqa: BLE001 - cut off (a partition): it reports nothing, and the job is decided
+            # on as it is (Kueue evicts it once it loses the member, and the ladder moves it on), not retried
+            log.info("%s/%s: member %s does not answer (%s): no stockout read there", view.namespace, view.rayjob,
+                     step.member, type(error).__name__)
+            return None
         return stockout_in_member(events, (job.get("status") or {}).get("rayClusterName"), since_admission)
 
     # ---- the work loop -----------------------------------------------------------------------------------------

@@ -471,3 +471,24 @@ def test_status_says_a_job_was_given_up_and_why_the_ladder_moved_it():
                                   ladder_controller.MEMBER_STOCKOUT, "2026-12-01T12:00:00Z")
     workload["spec"]["active"] = True
     assert "reported no TPU capacity for its pods" in status_jobs.job_state(rayjob, workload, None, moving).detail
+
+
+def test_a_member_that_does_not_answer_reports_no_stockout_and_the_job_is_decided_on_as_it_is():
+    """A partition of the step's member: reading its RayJob fails (no answer), which is no stockout and no error that
+    would queue the job again after a delay: Kueue evicts it once it loses the member, and the ladder moves it on."""
+    import socket
+    import threading
+
+    from kubernetes import client
+
+    with socket.socket() as closed:  # a port nobody listens on: the connection is refused, as a cut-off member's
+        closed.bind(("127.0.0.1", 0))
+        port = closed.getsockname()[1]
+    configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
+    configuration.retries = 0
+    member = ladder_controller._Member("w1")
+    member.api = client.ApiClient(configuration)
+    member.events = {"e": _event("j-cluster-tpu-worker-0", "2026-12-01T11:59:55Z")}
+    controller = object.__new__(ladder_controller.LadderController)  # no manager needed for the early path's read
+    controller.ladder, controller._lock, controller._members = GRACE_LADDER, threading.Lock(), {"w1": member}
+    assert controller._stockout(_waiting("fleet-on-demand-w1", READY_W1, admitted=True)) is None
