@@ -1,7 +1,7 @@
-"""The fleet's ladder (issue 18) on three real control planes: a manager and two members, each etcd + kube-apiserver
-1.36 + kube-controller-manager + Kueue 0.19.2, from the stacks' own plans, with both members offering their
-on-demand rung to the fleet (`fleetMember.rungs: [onDemand]`): the ladder is on-demand in member 1, on-demand in
-member 2, then DWS in both. The ladder controller runs as deployed (`python -m failover.ladder`, its own
+"""The fleet's ladder (issue 18) on four real control planes: a manager and three members, each etcd + kube-apiserver
+1.36 + kube-controller-manager + Kueue 0.19.2, from the stacks' own plans, with members 1 and 2 offering their
+on-demand rung to the fleet (`fleetMember.rungs: [onDemand]`) and member 3 DWS only (the default): the ladder is
+on-demand in member 1, on-demand in member 2, then DWS in all three. The ladder controller runs as deployed (`python -m failover.ladder`, its own
 ServiceAccount's Role). There is no kubelet: a run's pods are never ready unless the test plays KubeRay's
 `Running`, so each member's podsReadyTimeout (30 s, the shortest allowed) evicts an on-demand run: a stockout.
 The test also plays GKE's autoscaler in a member (its "GCE out of resources" Event about a run's pod: the early
@@ -22,14 +22,16 @@ from collections.abc import Iterator
 import pytest
 
 from failover import decisions
+from failover import fleet as fleet_watch
 from failover import ladder as ladder_controller
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE
 from infra.kueue import KUEUE_API_VERSION
 from tests.controlplane import jobs
-from tests.controlplane.fleet_tier import MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, FleetTier
+from tests.controlplane.fleet_tier import (PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS, FleetTier,
+                                           Timeline)
 from tests.controlplane.kube import condition, wait_for
-from tests.controlplane.ladder_tier import (GRACE_SECONDS, STEP1, STEP2, STEP_WAIT_SECONDS, LadderFleet,
-                                            ladder_fleet_plan, ladder_member_plan)
+from tests.controlplane.ladder_tier import (GRACE_SECONDS, LADDER_MEMBERS, STEP1, STEP2, STEP_WAIT_SECONDS, W3,
+                                            LadderFleet, ladder_fleet_plan, ladder_member_plan)
 from tests.controlplane.stack import release_values
 
 pytestmark = pytest.mark.controlplane
@@ -39,7 +41,7 @@ STEP_BUDGET = PODS_READY_TIMEOUT_SECONDS + 2
 
 @pytest.fixture(scope="module")
 def fleet(request) -> Iterator[LadderFleet]:
-    members = {m: ladder_member_plan(m) for m in MEMBERS}
+    members = {m: ladder_member_plan(m) for m in LADDER_MEMBERS}
     manager_plan = ladder_fleet_plan(members)
     tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
     failed = True
@@ -62,9 +64,14 @@ def test_the_ladders_steps_are_active_on_both_sides(fleet):
     for step in (STEP1, STEP2, FLEET_LOCAL_QUEUE):
         queue = fleet.manager.get(KUEUE_API_VERSION, "LocalQueue", step, FLEET_NAMESPACE)
         assert condition(queue, "Active") == "True", queue.get("status")
-    for member in MEMBERS:
+    for member in (W1, W2):
         step_queue = fleet.kubes[member].get(KUEUE_API_VERSION, "ClusterQueue", "fleet-on-demand")
         assert condition(step_queue, "Active") == "True", step_queue.get("status")
+    # Member 3 offers DWS only: it takes part in the last step, and has no on-demand step.
+    assert fleet.manager_plan.outputs["ladder"][-1]["members"] == list(LADDER_MEMBERS)
+    assert condition(fleet.kubes[W3].get(KUEUE_API_VERSION, "LocalQueue", FLEET_LOCAL_QUEUE, FLEET_NAMESPACE),
+                     "Active") == "True"
+    assert fleet.kubes[W3].get(KUEUE_API_VERSION, "ClusterQueue", "fleet-on-demand") is None
     assert fleet.template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == STEP1
 
 
@@ -134,19 +141,20 @@ def test_a_stockout_walks_the_ladder_one_move_per_hop_even_under_kill_9_and_ends
         admitted[STEP2] = time.monotonic()
         assert fleet.copy_in(W1, workload) is None or fleet.copy_in(W1, workload)["spec"]["queueName"] == STEP2
         assert fleet.no_requests_anywhere()
-        # Member 2 stocks out too: the last step, DWS in both members at once.
-        requests = wait_for(lambda: all(fleet.requests_in(m, workload) for m in MEMBERS) and {
-            m: fleet.requests_in(m, workload)[0] for m in MEMBERS}, PODS_READY_TIMEOUT_SECONDS + REACTION,
-            "DWS requests in both members", interval=0.05)
+        # Member 2 stocks out too: the last step, DWS in every member at once (member 3's only step).
+        requests = wait_for(lambda: all(fleet.requests_in(m, workload) for m in fleet.members) and {
+            m: fleet.requests_in(m, workload)[0] for m in fleet.members}, PODS_READY_TIMEOUT_SECONDS + REACTION,
+            "DWS requests in every member", interval=0.05)
         admitted[FLEET_LOCAL_QUEUE] = time.monotonic()
     finally:
         stop.set()
         killer.join(5)
-    assert set(requests) == set(MEMBERS)
+    assert set(requests) == set(LADDER_MEMBERS)
     assert restart, "the controller was never caught in a move"
     # First provisioned wins, as without a ladder.
     fleet.provision_until_created(W2, workload, name)
-    wait_for(lambda: fleet.copy_in(W1, workload) is None, REACTION, "member 1's copy deleted")
+    wait_for(lambda: fleet.copy_in(W1, workload) is None and fleet.copy_in(W3, workload) is None, REACTION,
+             "member 1's and member 3's copies deleted")
     assert fleet.running_in(name) == [W2]
 
     moves = fleet.moves(name)
@@ -259,7 +267,7 @@ def test_a_job_no_step_admits_within_its_maximum_wait_is_given_up_and_leaves_not
     assert fleet.manager_workload(workload)["spec"]["active"] is False
     assert (record.step, record.max_wait, record.source) == (FLEET_LOCAL_QUEUE, f"{limit}s",
                                                              ladder_controller.MAX_WAIT_ANNOTATION)
-    wait_for(lambda: not any(fleet.copy_in(m, workload) for m in MEMBERS) and fleet.no_requests_anywhere(), REACTION,
+    wait_for(lambda: not any(fleet.copy_in(m, workload) for m in fleet.members) and fleet.no_requests_anywhere(), REACTION,
              "no copy and no ProvisioningRequest left in any member")
     cleaned_after = time.monotonic() - started
     time.sleep(1)
@@ -269,4 +277,86 @@ def test_a_job_no_step_admits_within_its_maximum_wait_is_given_up_and_leaves_not
     print(f"\ngive-up: given up {gave_up_after:.2f} s after submission (its maximum wait {limit} s), nothing left in "
           f"the members at {cleaned_after:.2f} s")
     assert gave_up_after <= limit + 2 + 1  # + 1: creationTimestamp is in whole seconds
+    fleet.finish(name)
+
+
+# Kueue reconnects to a member that answers again with a backoff of 5 s doubling up to 5 min 20 s per failed attempt
+# (multikueuecluster.go retryAfter): a minute-long partition's return is seen within about 160 s.
+RECONNECT = 330
+
+
+def test_a_partition_of_the_member_running_the_job_moves_it_on_and_one_run_goes_on_after_the_return(fleet):
+    """The job runs at member 1's on-demand step; member 1's API server freezes (a partition: its pods would go on).
+    Kueue loses member 1 and, after workerLostTimeout, evicts the job ("Admitting remote lost", the step's check in
+    Retry); the fleet watch had marked the manager's RayJob Suspended, so the eviction finishes at once; the ladder
+    reads the eviction as any other by the step's member and moves the job to the next step, member 2's on-demand,
+    where it runs (created once). When member 1 answers again, Kueue 0.19.2 no longer looks there (the job's check
+    names member 2 only) and would keep its copy and run for good; the fleet watch deletes them (an older step's):
+    exactly one run goes on, member 2's, never none."""
+    name = "ladder-partition"
+    if fleet.watch is None:
+        fleet.start_watch()  # the fleet's watch, deployed next to the ladder
+    workload = fleet.submit(name)
+    wait_for(lambda: fleet.admitted_copy(W1, workload, STEP1), REACTION, "the copy admitted in member 1")
+    original = wait_for(lambda: fleet.rayjob_in(W1, name), REACTION, "the RayJob in member 1")["metadata"]["uid"]
+    fleet.play_running(W1, name)
+    wait_for(lambda: condition(fleet.copy_in(W1, workload), "PodsReady") == "True", REACTION, "PodsReady in member 1")
+    wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE).get("status") or {}).get(
+        "jobDeploymentStatus") == "Running", REACTION, "member 1's status on the manager's RayJob")
+    timeline = Timeline(fleet, name, workload).__enter__()
+    timeline.frozen.add(W1)
+    fleet.tier.members[W1].freeze()
+    timeline.zero = time.monotonic()
+    marks = {}
+    try:
+        try:
+            # Kueue notices the lost member through client timeouts (about a minute), then waits workerLostTimeout.
+            wait_for(lambda: fleet.admitted_copy(W2, workload, STEP2), 180 + WORKER_LOST_SECONDS,
+                                 "the job admitted at member 2's on-demand step", interval=0.1)
+            marks["admitted in member 2"] = round(time.monotonic() - timeline.zero, 2)
+            run = wait_for(lambda: (r := fleet.rayjob_in(W2, name)) is not None and not r["spec"].get("suspend")
+                           and r, REACTION, f"{name} running in {W2}")
+            fleet.play_running(W2, name)  # its pods run: member 2's podsReadyTimeout does not evict it
+            marks["running in member 2"] = round(time.monotonic() - timeline.zero, 2)
+            assert marks["admitted in member 2"] >= WORKER_LOST_SECONDS
+            takeover = run["metadata"]["uid"]
+        finally:
+            fleet.tier.members[W1].thaw()
+            timeline.frozen.discard(W1)
+            marks["thawed"] = round(time.monotonic() - timeline.zero, 2)
+            timeline.events.append((marks["thawed"], "thawed", W1))
+        never_none = []
+
+        def settled() -> bool:
+            running = [m for m in fleet.members if (r := fleet.rayjob_in(m, name)) is not None
+                       and not r["spec"].get("suspend")]
+            never_none.append(bool(running))
+            return (condition(fleet.manager.get(KUEUE_API_VERSION, "MultiKueueCluster", W1), "Active") == "True"
+                    and running == [W2] and fleet.copy_in(W1, workload) is None)
+        wait_for(settled, RECONNECT, "Kueue back in member 1, its old copy and run gone, one run left", interval=0.5)
+        marks["one run left"] = round(time.monotonic() - timeline.zero, 2)
+        time.sleep(2)  # nothing comes back
+        assert settled(), timeline.text()
+    except BaseException:
+        print(f"\ntimeline (s since the freeze): {marks}\n{timeline.text()}")
+        raise
+    finally:
+        timeline.__exit__()
+    print(f"\npartition of the running member: {marks}; timeline (s since the freeze):\n{timeline.text()}")
+    assert all(never_none), timeline.text()
+    assert fleet.rayjob_in(W2, name)["metadata"]["uid"] == takeover != original
+    # The takeover's run was created once, in member 2; no DWS request anywhere (the job never reached that step).
+    assert len({v[0] for v in timeline.seen(f"{W2}-rayjob") if v}) == 1, timeline.text()
+    assert not [v for v in timeline.seen(f"{W2}-copy") if v and "DeactivationTarget" in v[1]], timeline.text()
+    assert fleet.no_requests_anywhere()
+    # One move, one Event: member 1's eviction (the lost member), to member 2's step.
+    (move,) = fleet.moves(name)
+    assert (move.from_flavor, move.to_flavor, move.reason) == (STEP1, STEP2, ladder_controller.MEMBER_EVICTED)
+    (event,) = fleet.move_events(name)
+    assert f"member {W1} evicted it" in event["message"]
+    recorded = fleet.manager_workload(workload)
+    assert recorded["status"]["clusterName"] == W2 and condition(recorded, "Admitted") == "True"
+    (removed,) = fleet.events_of(name, fleet_watch.STALE_STEP_REMOVED)
+    assert removed["message"].startswith(f"deleted the run and the copy in {W1} left by an older step")
+    assert fleet.member_failover.alive()
     fleet.finish(name)

@@ -202,7 +202,8 @@ class FleetStacks:
     def __init__(self, tier: FleetTier, manager_plan: Plan, members: dict[str, Plan]):
         self.tier, self.manager_plan, self.member_plans = tier, manager_plan, members
         self.manager: Kube = tier.manager.kube
-        self.kubes: dict[str, Kube] = {m: tier.members[m].kube for m in MEMBERS}
+        self.members: tuple[str, ...] = tuple(members)  # MEMBERS, or the fleet's own (the ladder's: three)
+        self.kubes: dict[str, Kube] = {m: tier.members[m].kube for m in self.members}
         self.template = next(m for m in manager_plan.kubernetes_manifests() if m["kind"] == "RayJob")
         self.steps: list[Step] = []
         self.watch: Process | None = None
@@ -220,7 +221,7 @@ class FleetStacks:
         planes' own, in the kubeconfig Secrets (created without a token, as the stack does) and in the renewer's
         FLEET_ACCESS; nothing else."""
         manifest, meta = step.manifest, step.manifest["metadata"]
-        for member in MEMBERS:
+        for member in self.members:
             if manifest["kind"] == "Secret" and meta["name"] == stack_fleet.kubeconfig_secret_name(member):
                 assert manifest["stringData"] == "[secret]"  # what the plan holds: pulumi-kubernetes keeps it secret
                 return {**manifest, "stringData": {"kubeconfig": self.tier.kubeconfig(member, None)}}
@@ -229,8 +230,8 @@ class FleetStacks:
             (container,) = edited["spec"]["template"]["spec"]["containers"]
             (access,) = [e for e in container["env"] if e["name"] == "FLEET_ACCESS"]
             planned = json.loads(access["value"])
-            assert set(planned) == set(MEMBERS)
-            access["value"] = json.dumps({m: {**planned[m], **self.tier.members[m].access} for m in MEMBERS})
+            assert set(planned) == set(self.members)
+            access["value"] = json.dumps({m: {**planned[m], **self.tier.members[m].access} for m in self.members})
             return edited
         return manifest
 
@@ -297,11 +298,11 @@ class FleetStacks:
         return self.kubes[member].get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
 
     def running_in(self, name: str) -> list[str]:
-        return [m for m in MEMBERS if self.rayjob_in(m, name) is not None]
+        return [m for m in self.members if self.rayjob_in(m, name) is not None]
 
     def wait_requests_everywhere(self, workload: str) -> dict[str, dict]:
         return {m: wait_for(lambda m=m: (self.requests_in(m, workload) or [None])[0], REACTION,
-                            f"{workload}'s ProvisioningRequest in {m}") for m in MEMBERS}
+                            f"{workload}'s ProvisioningRequest in {m}") for m in self.members}
 
     def provision(self, member: str, request: dict) -> None:
         jobs.mark_provisioned(self.kubes[member], request, f"resize-{member}")
@@ -370,7 +371,7 @@ class Timeline:
         job = fleet.manager.get(*jobs.RAYJOB, self.job, FLEET_NAMESPACE) or {}
         state["manager-rayjob"] = (bool((job.get("spec") or {}).get("suspend")),
                                    (job.get("status") or {}).get("jobDeploymentStatus"))
-        for member in MEMBERS:
+        for member in fleet.members:
             if member in self.frozen:
                 continue
             copy = fleet.copy_in(member, self.workload)

@@ -1,6 +1,7 @@
-"""The fleet's ladder on a FleetTier (tests/test_fleet_ladder_controlplane.py, bench/bench_fleet.py): both members
-offer their on-demand rung (`fleetMember.rungs: [onDemand]`), so the ladder is on-demand in member 1, on-demand in
-member 2, then DWS in both; the ladder controller and a member's own failover controller run as deployed, with
+"""The fleet's ladder on a FleetTier (tests/test_fleet_ladder_controlplane.py, bench/bench_fleet.py): members 1 and 2
+offer their on-demand rung (`fleetMember.rungs: [onDemand]`) and a third (LADDER_MEMBERS; the bench runs the first
+two) offers DWS only, as today's members do, so the ladder is on-demand in member 1, on-demand in member 2, then DWS
+in every member; the ladder controller and a member's own failover controller run as deployed, with
 their ServiceAccounts' rights; the test plays KubeRay and GKE's autoscaler ("GCE out of resources").
 """
 
@@ -18,31 +19,38 @@ from infra import failover as stack_failover
 from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_NAMESPACE
 from infra.offline import OfflineEngine, StackOutputs
+from infra.offline import Plan
 from tests.conftest import REPO, config_with, plan_for
 from tests.controlplane import jobs
 from tests.controlplane.failover_tier import STOCKOUT_MESSAGE
-from tests.controlplane.fleet_tier import (MEMBER_STACKS, MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
+from tests.controlplane.fleet_tier import (MEMBER_STACKS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
                                            WORKER_LOST_SECONDS, FleetStacks)
 from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.processes import Process, free_port, http_ok
 
+W3 = "member-us-east5-b"  # a third member: W1's stack in another zone, offering DWS only (the default)
+LADDER_MEMBERS = (W1, W2, W3)
 STEP1, STEP2 = f"fleet-on-demand-{W1}", f"fleet-on-demand-{W2}"
 STEP_WAIT_SECONDS = 5  # the fleet's stepWait (the shortest allowed)
 GRACE_SECONDS = 4  # the members' stockoutGracePeriod: the early path
 MAX_WAIT = "10m"  # the fleet's maxWait: longer than any scenario; the give-up scenario sets its job's own
 
 
-def ladder_member_plan(member: str):
-    return plan_for(member, {"fallback": {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
-                                          "stockoutGracePeriod": f"{GRACE_SECONDS}s"},
-                             "fleetMember": {"enabled": True, "rungs": ["onDemand"]}})
+def ladder_member_plan(member: str) -> Plan:
+    fallback = {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s", "stockoutGracePeriod": f"{GRACE_SECONDS}s"}
+    if member == W3:  # no stack file of its own: member 1's config in us-east5-b, with the default rungs (DWS)
+        zone = member.removeprefix("member-")
+        return OfflineEngine(member).run(config_with({"zone": zone, "clusterName": f"tpu-{zone}", "fallback": fallback,
+                                                      "fleetMember": {"enabled": True}}, W1))
+    return plan_for(member, {"fallback": fallback, "fleetMember": {"enabled": True, "rungs": ["onDemand"]}})
 
 
 def ladder_fleet_plan(members: dict):
     """The shipped fleet over these members, as tests/controlplane/fleet_tier.py's, with the shortest step wait."""
-    references = {MEMBER_STACKS[m]: StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
+    stacks = {m: MEMBER_STACKS.get(m, f"my-org/tpu-fallback/{m}") for m in members}
+    references = {stacks[m]: StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
                   for m, plan in members.items()}
-    config = config_with({"fleet": {"members": list(MEMBER_STACKS.values()), "dispatcher": "AllAtOnce",
+    config = config_with({"fleet": {"members": list(stacks.values()), "dispatcher": "AllAtOnce",
                                     "workerLostTimeout": f"{WORKER_LOST_SECONDS}s", "checkpointLocation": "US",
                                     "stepWait": f"{STEP_WAIT_SECONDS}s", "maxWait": MAX_WAIT}}, "fleet")
     return OfflineEngine("fleet", False, references).run(config)
@@ -143,7 +151,7 @@ class LadderFleet(FleetStacks):
         return None
 
     def no_requests_anywhere(self) -> bool:
-        return not any(self.all_requests(m) for m in MEMBERS)
+        return not any(self.all_requests(m) for m in self.members)
 
     def moves(self, name: str) -> list[decisions.Move]:
         job = self.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
