@@ -21,8 +21,7 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from infra.kueue import (COHORT, COVERED_RESOURCES, DEFAULT_FLAVOR, KUEUE_API_VERSION, NAMESPACE as KUEUE_NAMESPACE,
-                         Kueue, no_quota, queue_chain)
+from infra.kueue import COHORT, COVERED_RESOURCES, DEFAULT_FLAVOR, KUEUE_API_VERSION, Kueue, no_quota, queue_chain
 from infra.settings import PlanSettings, PlatformSettings
 
 # The fleet's jobs live in a namespace of their own on the manager and on every member: a MultiKueue worker needs
