@@ -373,7 +373,10 @@ def test_a_partition_of_the_member_running_the_job_moves_it_on_and_one_run_goes_
     assert f"member {W1} evicted it" in event["message"]
     recorded = fleet.manager_workload(workload)
     assert recorded["status"]["clusterName"] == W2 and condition(recorded, "Admitted") == "True"
-    (removed,) = fleet.events_of(name, fleet_watch.STALE_STEP_REMOVED)
-    assert removed["message"].startswith(f"deleted the run and the copy in {W1} left by an older step")
+    # The old step's run and copy are gone (asserted above); the watch removes them, once, unless Kueue got there
+    # first (one loaded CI run saw no Event: the outcome held). Never twice.
+    removed = fleet.events_of(name, fleet_watch.STALE_STEP_REMOVED)
+    assert len(removed) <= 1 and all(e["message"].startswith(
+        f"deleted the run and the copy in {W1} left by an older step") for e in removed)
     assert fleet.member_failover.alive()
     fleet.finish(name)
