@@ -66,7 +66,29 @@ def _is_stockout(event: dict) -> bool:
             and bool(decisions.STOCKOUT_MESSAGE.search(event.get("message") or "")))
 
 
-class Controller:
+class GuardedWrites:
+    """The reads and writes of a controller that moves jobs (this one, and the fleet's ladder in failover/ladder.py):
+    a read that is None when the object is gone, and a merge patch guarded by the resourceVersion it was read at."""
+
+    api: dynamic.DynamicClient
+
+    def _get(self, resource, name: str, namespace: str) -> dict | None:
+        try:
+            return self.api.get(resource, name=name, namespace=namespace).to_dict()
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def _patch(self, resource, obj: dict, patch: dict) -> dict:
+        """A merge patch that fails with 409 if `obj` changed since it was read."""
+        meta = obj["metadata"]
+        guarded = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
+        return self.api.patch(resource, body=guarded, name=meta["name"], namespace=meta.get("namespace"),
+                              content_type=MERGE_PATCH).to_dict()
+
+
+class Controller(GuardedWrites):
     def __init__(self, api_client: client.ApiClient, chain: Chain, grace: datetime.timedelta,
                  clock: Callable[[], datetime.datetime] = utcnow, metrics: Metrics | None = None):
         self.api = dynamic.DynamicClient(api_client)
@@ -303,22 +325,6 @@ class Controller:
         message = decisions.move_message(move, from_queue or "?")
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
         rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock())
-
-    # ---- reads and writes --------------------------------------------------------------------------------------
-    def _get(self, resource, name: str, namespace: str) -> dict | None:
-        try:
-            return self.api.get(resource, name=name, namespace=namespace).to_dict()
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
-    def _patch(self, resource, obj: dict, patch: dict) -> dict:
-        """A merge patch that fails with 409 if `obj` changed since it was read."""
-        meta = obj["metadata"]
-        guarded = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
-        return self.api.patch(resource, body=guarded, name=meta["name"], namespace=meta.get("namespace"),
-                              content_type=MERGE_PATCH).to_dict()
 
     def _events(self, namespace: str) -> list[dict]:
         """The autoscaler's stockout events in a namespace, as the event informer last saw them."""

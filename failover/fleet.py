@@ -425,48 +425,33 @@ class FleetWatch:
             self._queue_all()
 
     def _member_handlers(self, member: _Member, generation: int):
-        def current() -> bool:
-            return member.generation == generation
+        """The (listed, changed) callbacks of a member's informers, for its Workload copies (a change queues the
+        manager's job the copy belongs to) and its RayJobs (named as the manager's); a superseded informer's are
+        dropped."""
+        def handlers(held: str, job_of: Callable[[Key], Key | None]):
+            def listed(items: list[dict]) -> None:
+                with self._lock:
+                    if member.generation != generation:
+                        return
+                    setattr(member, held, {_key(item): item for item in items})
+                self._queue_all()
 
-        def copies_listed(items: list[dict]) -> None:
-            with self._lock:
-                if not current():
-                    return
-                member.copies = {_key(item): item for item in items}
-            self._queue_all()
+            def changed(event_type: str, obj: dict) -> None:
+                key = _key(obj)
+                with self._lock:
+                    if member.generation != generation:
+                        return
+                    if event_type == "DELETED":
+                        getattr(member, held).pop(key, None)
+                    else:
+                        getattr(member, held)[key] = obj
+                    job = job_of(key)
+                if job is not None:
+                    self.queue.add(job)
 
-        def copy_changed(event_type: str, obj: dict) -> None:
-            key = _key(obj)
-            with self._lock:
-                if not current():
-                    return
-                if event_type == "DELETED":
-                    member.copies.pop(key, None)
-                else:
-                    member.copies[key] = obj
-                job = self._job_of.get(key)
-            if job is not None:
-                self.queue.add(job)
+            return listed, changed
 
-        def rayjobs_listed(items: list[dict]) -> None:
-            with self._lock:
-                if not current():
-                    return
-                member.rayjobs = {_key(item): item for item in items}
-            self._queue_all()
-
-        def rayjob_changed(event_type: str, obj: dict) -> None:
-            key = _key(obj)
-            with self._lock:
-                if not current():
-                    return
-                if event_type == "DELETED":
-                    member.rayjobs.pop(key, None)
-                else:
-                    member.rayjobs[key] = obj
-            self.queue.add(key)
-
-        return copies_listed, copy_changed, rayjobs_listed, rayjob_changed
+        return (*handlers("copies", lambda key: self._job_of.get(key)), *handlers("rayjobs", lambda key: key))
 
     def _restart_member(self, member: _Member, stale: bool = True) -> None:
         """New informers for a member (its first, a new kubeconfig, or an answer after none): a fresh list. After a

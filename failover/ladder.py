@@ -62,7 +62,7 @@ from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 
 from failover import decisions
-from failover.controller import MERGE_PATCH, RAYJOB, WORKLOAD, rayjob_event, utcnow
+from failover.controller import RAYJOB, WORKLOAD, GuardedWrites, rayjob_event, utcnow
 from failover.decisions import FAILOVER_ANNOTATION, MOVED, MOVING, QUEUE_LABEL, FinishMove, Move, StartMove
 from failover.informer import Informer, RawClient, Watched
 from failover.workqueue import WorkQueue
@@ -430,7 +430,7 @@ class _Member:
         self.events: dict[str, dict] = {}  # uid -> a stockout Event
 
 
-class LadderController:
+class LadderController(GuardedWrites):
     def __init__(self, api_client: client.ApiClient, ladder: Ladder, namespace: str,
                  step_wait: datetime.timedelta | None = None, clock: Callable[[], datetime.datetime] = utcnow,
                  max_wait: datetime.timedelta | None = None,
@@ -667,23 +667,17 @@ class LadderController:
         for a member to report it), then record it done with an Event. Resumable from any point."""
         deadline = time.monotonic() + MOVE_WAIT_SECONDS
         while True:
-            workload = self._get(self.workloads, workload_name, namespace)
-            if workload is None:
+            read = self._read(workload_name, namespace)
+            if read is None:
                 return False
-            view = LadderView.from_object(workload)
-            job = self._get(self.rayjobs, view.rayjob, namespace) if view.rayjob else None
-            if job is None:
-                return False
+            workload, view, job = read
             if view.active:
                 self._patch(self.workloads, workload, {"spec": {"active": False}})
                 continue
-            state = (job.get("status") or {}).get("jobDeploymentStatus") or ""
-            if view.quota_reserved and job["spec"].get("suspend") and state not in INACTIVE_STATES:
-                self._patch(self.rayjobs.status, job, {"status": {"jobDeploymentStatus": "Suspended"}})
-                continue
-            if view.quota_reserved:
-                if not self._wait(deadline):
-                    return False
+            released = self._release_quota(view, job, deadline)
+            if released is None:
+                return False
+            if not released:
                 continue
             current = GiveUp.from_json((job["metadata"].get("annotations") or {}).get(GAVE_UP_ANNOTATION))
             if current is not None and current.state == GAVE_UP:
@@ -703,13 +697,10 @@ class LadderController:
         to_check = self.ladder.steps[to].admission_check if to is not None else None
         deadline = time.monotonic() + MOVE_WAIT_SECONDS
         while True:
-            workload = self._get(self.workloads, workload_name, namespace)
-            if workload is None:
+            read = self._read(workload_name, namespace)
+            if read is None:
                 return False
-            view = LadderView.from_object(workload)
-            job = self._get(self.rayjobs, view.rayjob, namespace) if view.rayjob else None
-            if job is None:
-                return False
+            workload, view, job = read
             label = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
             if view.queue_name == move.to_local_queue and label == move.to_local_queue and view.active:
                 self._record_done(job, move, member)
@@ -717,15 +708,10 @@ class LadderController:
             if view.queue_name != move.to_local_queue and view.active:  # 1. deactivate
                 self._patch(self.workloads, workload, {"spec": {"active": False}})
                 continue
-            state = (job.get("status") or {}).get("jobDeploymentStatus") or ""
-            if (view.quota_reserved and job["spec"].get("suspend") and state not in INACTIVE_STATES):
-                # 2. Kueue suspended the manager's RayJob; its copied status still says it runs: Kueue would wait
-                # for a member to report otherwise (none will, if the member is lost).
-                self._patch(self.rayjobs.status, job, {"status": {"jobDeploymentStatus": "Suspended"}})
-                continue
-            if view.quota_reserved:  # 3. wait for the quota to be released
-                if not self._wait(deadline):
-                    return False
+            released = self._release_quota(view, job, deadline)  # 2. and 3.
+            if released is None:
+                return False
+            if not released:
                 continue
             if label != move.to_local_queue:  # 4. relabel, then repoint
                 self._patch(self.rayjobs, job, {"metadata": {"labels": {QUEUE_LABEL: move.to_local_queue}}})
@@ -738,6 +724,29 @@ class LadderController:
                     return False
                 continue
             self._patch(self.workloads, workload, {"spec": {"active": True}})  # 6. reactivate
+
+    def _read(self, workload_name: str, namespace: str) -> tuple[dict, LadderView, dict] | None:
+        """The manager's Workload, as read now, its view, and its RayJob; None once either is gone."""
+        workload = self._get(self.workloads, workload_name, namespace)
+        if workload is None:
+            return None
+        view = LadderView.from_object(workload)
+        job = self._get(self.rayjobs, view.rayjob, namespace) if view.rayjob else None
+        return None if job is None else (workload, view, job)
+
+    def _release_quota(self, view: LadderView, job: dict, deadline: float) -> bool | None:
+        """Route D's steps 2 and 3, which giving up takes too, after the deactivation: True once Kueue has
+        released its quota; False after a write or a wait (read both again); None when Kueue has not released it
+        by the deadline."""
+        state = (job.get("status") or {}).get("jobDeploymentStatus") or ""
+        if view.quota_reserved and job["spec"].get("suspend") and state not in INACTIVE_STATES:
+            # 2. Kueue suspended the manager's RayJob; its copied status still says it runs: Kueue would wait for a
+            # member to report otherwise (none will, if the member is lost).
+            self._patch(self.rayjobs.status, job, {"status": {"jobDeploymentStatus": "Suspended"}})
+            return False
+        if view.quota_reserved:  # 3. wait for the quota to be released
+            return False if self._wait(deadline) else None
+        return True
 
     @staticmethod
     def _wait(deadline: float) -> bool:
@@ -757,22 +766,6 @@ class LadderController:
         message = move_message(move, member)
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
         rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock())
-
-    # ---- reads and writes --------------------------------------------------------------------------------------
-    def _get(self, resource, name: str, namespace: str) -> dict | None:
-        try:
-            return self.api.get(resource, name=name, namespace=namespace).to_dict()
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
-    def _patch(self, resource, obj: dict, patch: dict) -> dict:
-        """A merge patch that fails with 409 if `obj` changed since it was read."""
-        meta = obj["metadata"]
-        guarded = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
-        return self.api.patch(resource, body=guarded, name=meta["name"], namespace=meta.get("namespace"),
-                              content_type=MERGE_PATCH).to_dict()
 
 
 def main() -> int:
