@@ -62,9 +62,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from infra.fleet_member import FLEET_NAMESPACE  # noqa: E402
 from tests.controlplane import jobs  # noqa: E402
 from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,  # noqa: E402
-                                           WORKLOAD, FleetStacks, FleetTier, fleet_plan, member_plan)
-from tests.controlplane.ladder_tier import (GRACE_SECONDS, STEP1, STEP2, LadderFleet,  # noqa: E402
-                                            ladder_fleet_plan, ladder_member_plan)
+                                           WORKLOAD, FleetStacks, FleetTier, applied_fleet, fleet_plan,
+                                           member_plan)
+from tests.controlplane.ladder_tier import (GRACE_SECONDS, ON_DEMAND_ONLY, ON_DEMAND_W1, ON_DEMAND_W2,  # noqa: E402
+                                            LadderFleet, ladder_fleet_plan, ladder_member_plan)
 from tests.controlplane.kube import wait_for  # noqa: E402
 from tests.controlplane.stack import release_values  # noqa: E402
 
@@ -214,7 +215,7 @@ SCRIPTS = (
            {W1: REPORTED, W2: REPORTED}, W2),
     Script("S4", "member 1 stocked out (not reported), member 2 has a free on-demand slice", {W1: SILENT, W2: FREE}, W2),
 )
-LADDER_STEPS = ((STEP1, W1), (STEP2, W2))
+LADDER_STEPS = ((ON_DEMAND_W1, W1), (ON_DEMAND_W2, W2))
 
 
 def _admitted_copy(fleet: FleetStacks, member: str, workload: str, queue: str) -> dict | None:
@@ -260,10 +261,9 @@ def script_round(fleet: FleetStacks, script: Script, job: str, ladder: bool, dws
             if state == REPORTED:
                 _at_a_whole_second()
                 reported = fleet.play_stockout(member, job)
-            nxt = STEP2 if step == STEP1 else None
-            if nxt:
-                wait_for(lambda: _admitted_copy(fleet, W2, workload, STEP2), REACTION + PODS_READY_TIMEOUT_SECONDS,
-                         f"{job} admitted at {STEP2}", interval=0.02)
+            if step == ON_DEMAND_W1:
+                wait_for(lambda: _admitted_copy(fleet, W2, workload, ON_DEMAND_W2),
+                         REACTION + PODS_READY_TIMEOUT_SECONDS, f"{job} admitted at {ON_DEMAND_W2}", interval=0.02)
             else:
                 wait_for(lambda: all(fleet.requests_in(m, workload) for m in MEMBERS),
                          REACTION + PODS_READY_TIMEOUT_SECONDS, f"{job}'s DWS requests", interval=0.02)
@@ -424,24 +424,12 @@ def main() -> None:
 
 def ladder_scripts(scripts: list[Script], rounds: int, dws_seconds: float) -> list[dict]:
     """The scripts on a fleet whose members offer their on-demand rung: a tier of its own."""
-    members = {m: ladder_member_plan(m) for m in MEMBERS}
-    manager_plan = ladder_fleet_plan(members)
-    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
-    print(f"\nstarting the ladder's fleet tier in {tier.workdir} ...", flush=True)
-    failed = True
-    try:
-        tier.start()
-        fleet = LadderFleet(tier, manager_plan, members)
-        fleet.apply()
+    members = {m: ladder_member_plan(m, ON_DEMAND_ONLY) for m in MEMBERS}
+    print("\nstarting the ladder's fleet tier ...", flush=True)
+    with applied_fleet(ladder_fleet_plan(members), members, LadderFleet) as fleet:
         fleet.start_ladder()
-        print(f"ladder: {' -> '.join(s['localQueue'] for s in manager_plan.outputs['ladder'])}", flush=True)
-        samples = run_scripts(fleet, scripts, rounds, True, dws_seconds)
-        failed = False
-        return samples
-    finally:
-        tier.stop(keep_workdir=failed)
-        if failed:
-            print(f"\nladder tier logs kept in {tier.workdir}")
+        print(f"ladder: {' -> '.join(s['localQueue'] for s in fleet.manager_plan.outputs['ladder'])}", flush=True)
+        return run_scripts(fleet, scripts, rounds, True, dws_seconds)
 
 
 if __name__ == "__main__":

@@ -37,12 +37,12 @@ from ops.status.snapshot import ClusterReader
 from tests.conftest import REPO, plan_for
 from tests.controlplane import jobs
 from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS,
-                                           FleetStacks, FleetTier, Timeline, fleet_plan, loaded_configuration,
-                                           member_plan)
+                                           FleetStacks, Timeline, applied_fleet, fleet_plan,
+                                           loaded_configuration, member_plan)
 from tests.controlplane.failover_tier import FailoverTier
 from tests.controlplane.kube import Kube, Rejected, condition, wait_for
 from tests.controlplane.processes import Process
-from tests.controlplane.stack import creation_order as deploy_steps, destroy, release_values
+from tests.controlplane.stack import creation_order as deploy_steps, destroy
 
 DWS_FLAVOR = FLEX_START.flavor  # the members' fleet queue starts at DWS (the default start rung)
 pytestmark = pytest.mark.controlplane
@@ -52,20 +52,9 @@ pytestmark = pytest.mark.controlplane
 @pytest.fixture(scope="module")
 def fleet(request) -> Iterator[FleetStacks]:
     members = {m: member_plan(m) for m in MEMBERS}
-    manager_plan = fleet_plan(members)
-    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
-    failed = True
-    try:
-        tier.start()
-        state = FleetStacks(tier, manager_plan, members)
-        state.apply()
+    with applied_fleet(fleet_plan(members), members, keep_logs=lambda: request.session.testsfailed > 0) as state:
         state.start_watch()
         yield state
-        failed = request.session.testsfailed > 0
-    finally:
-        tier.stop(keep_workdir=failed)
-        if failed:
-            print(f"\nfleet tier logs kept in {tier.workdir}")
 
 
 def test_the_fleet_connects_to_every_member_with_the_managers_short_lived_token(fleet):
@@ -309,16 +298,8 @@ def run_until_winner_is_cut_off(fleet: FleetStacks, job: str) -> tuple[str, str,
     wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE).get("status") or {}).get(
         "jobDeploymentStatus") == "Running", REACTION, "region 2's status on the manager's RayJob")
     timeline = Timeline(fleet, job, workload).__enter__()
-    timeline.frozen.add(W2)
-    fleet.tier.members[W2].freeze()
-    timeline.zero = time.monotonic()
+    timeline.freeze(W2)
     return workload, original, timeline
-
-
-def thaw(fleet: FleetStacks, timeline: Timeline) -> None:
-    fleet.tier.members[W2].thaw()
-    timeline.frozen.discard(W2)
-    timeline.events.append((round(time.monotonic() - timeline.zero, 2), "thawed", W2))
 
 
 def condition_time(obj: dict, kind: str) -> float:
@@ -482,7 +463,7 @@ def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visibl
             assert run["metadata"]["uid"] != original
             during = (fleet.manager_workload(workload).get("status") or {}).get("clusterName")
         finally:
-            thaw(fleet, timeline)
+            timeline.thaw(W2)
         # Back: until Kueue reconnects, both runs go on; then Kueue keeps region 2's older admission and deletes
         # region 1's run. Never none in between.
         never_none = []
@@ -542,7 +523,7 @@ def test_a_member_back_before_the_takeover_provisions_is_recorded_by_kueue(fleet
         try:
             wait_for(lambda: fleet.requests_in(W1, workload), 180 + WORKER_LOST_SECONDS, f"a new request in {W1}")
         finally:
-            thaw(fleet, timeline)
+            timeline.thaw(W2)
         wait_for(lambda: kueue_reaches(fleet, W2) and fleet.copy_in(W1, workload) is None, RECONNECT,
                  f"Kueue back in {W2}, and {W1}'s copy gone")
         # Kueue writes clusterName, then Admitted (a moment apart on a loaded CI run): wait for both.

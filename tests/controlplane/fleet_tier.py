@@ -10,6 +10,7 @@ Ref: ../shared/notes/multikueue.md
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -18,6 +19,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +37,7 @@ from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.google import FakeGoogle
 from tests.controlplane.kube import Kube, Rejected, condition, wait_for
 from tests.controlplane.processes import Process, free_port
-from tests.controlplane.stack import Step, deploy
+from tests.controlplane.stack import Step, deploy, release_values
 
 MANAGER = "manager"
 CONFIG_KEY = "controllerManagerConfigYaml"
@@ -194,6 +196,25 @@ def fleet_plan(members: dict[str, Plan]) -> Plan:
                                     "workerLostTimeout": f"{WORKER_LOST_SECONDS}s", "checkpointLocation": "US"}},
                          "fleet")
     return OfflineEngine("fleet", False, references).run(config)
+
+
+@contextlib.contextmanager
+def applied_fleet(manager_plan: Plan, members: dict[str, Plan], stacks: type[FleetStacks] | None = None,
+                  keep_logs: Callable[[], bool] = lambda: False) -> Iterator[FleetStacks]:
+    """A FleetTier for these plans, started, with the stacks applied (the members', then the fleet's); stopped after,
+    its logs kept, and where said, when the body raised or `keep_logs()` (a module fixture: a test failed)."""
+    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
+    failed = True
+    try:
+        tier.start()
+        fleet = (stacks or FleetStacks)(tier, manager_plan, members)
+        fleet.apply()
+        yield fleet
+        failed = keep_logs()
+    finally:
+        tier.stop(keep_workdir=failed)
+        if failed:
+            print(f"\nfleet tier logs kept in {tier.workdir}")
 
 
 class FleetStacks:
@@ -356,6 +377,20 @@ class Timeline:
     def __enter__(self) -> Timeline:
         self._thread.start()
         return self
+
+    def freeze(self, member: str) -> None:
+        """Freeze the member's API server (a partition: what runs there goes on), from now the timeline's zero."""
+        self.frozen.add(member)
+        self.fleet.tier.members[member].freeze()
+        self.zero = time.monotonic()
+
+    def thaw(self, member: str) -> float:
+        """The member answers again; the seconds since the freeze, recorded as an event."""
+        self.fleet.tier.members[member].thaw()
+        self.frozen.discard(member)
+        at = round(time.monotonic() - self.zero, 2)
+        self.events.append((at, "thawed", member))
+        return at
 
     def __exit__(self, *_) -> None:
         self._stop.set()

@@ -1,8 +1,10 @@
-"""The fleet's ladder on a FleetTier (tests/test_fleet_ladder_controlplane.py, bench/bench_fleet.py): members 1 and 2
-offer their on-demand rung (`fleetMember.rungs: [onDemand]`) and a third (LADDER_MEMBERS; the bench runs the first
-two) offers DWS only, as today's members do, so the ladder is on-demand in member 1, on-demand in member 2, then DWS
-in every member; the ladder controller and a member's own failover controller run as deployed, with
-their ServiceAccounts' rights; the test plays KubeRay and GKE's autoscaler ("GCE out of resources").
+"""The fleet's ladder on a FleetTier (tests/test_fleet_ladder_controlplane.py, bench/bench_fleet.py). What each member
+offers the fleet (`fleetMember.rungs`, OFFERED): member 1 its on-demand rung; member 2 a reservation of one slice,
+its on-demand rung and Spot; a third (LADDER_MEMBERS) DWS only, as today's members do. So the ladder, in the default
+order, is member 2's reservation, on-demand in member 1, on-demand in member 2, Spot in member 2, then DWS in every
+member. The bench runs the first two members, each offering on-demand only (ON_DEMAND_ONLY). The ladder controller
+and a member's own failover controller run as deployed, with their ServiceAccounts' rights; the test plays KubeRay
+and GKE's autoscaler ("GCE out of resources").
 """
 
 from __future__ import annotations
@@ -33,19 +35,31 @@ W3 = "member-us-east5-b"  # a third member: W1's stack in another zone, offering
 # on 2 cores: the fleet starts in 54 s with two, 80 s with three; the walk's DWS step, asked in every member, took
 # 31.4-31.9 s with two and 31.8-32.1 s with three, against its 32 s budget).
 LADDER_MEMBERS = (W1, W2) if os.environ.get("TPU_FALLBACK_LADDER_MEMBERS") == "2" else (W1, W2, W3)
-STEP1, STEP2 = f"fleet-on-demand-{W1}", f"fleet-on-demand-{W2}"
+OFFERED = {W1: ("onDemand",), W2: ("reservation", "onDemand", "spot"), W3: ()}
+ON_DEMAND_ONLY = ("onDemand",)
+RESERVATION = "fleet-tier-reserved"  # member 2's, one slice (the program cannot read a reservation: config says it)
+# The ladder's steps (infra/fleet.py fleet_steps): a member's step is named by the member's flavor and the member.
+RESERVED_W2, ON_DEMAND_W1 = f"fleet-reservation-{W2}", f"fleet-on-demand-{W1}"
+ON_DEMAND_W2, SPOT_W2 = f"fleet-on-demand-{W2}", f"fleet-spot-{W2}"
 STEP_WAIT_SECONDS = 5  # the fleet's stepWait (the shortest allowed)
 GRACE_SECONDS = 4  # the members' stockoutGracePeriod: the early path
 MAX_WAIT = "10m"  # the fleet's maxWait: longer than any scenario; the give-up scenario sets its job's own
 
 
-def ladder_member_plan(member: str) -> Plan:
+def ladder_member_plan(member: str, offered: tuple[str, ...] | None = None) -> Plan:
+    """The member's stack with what it offers the fleet (OFFERED unless said) and the capacity that takes: a
+    reservation of one slice, a Spot pool of one."""
+    offered = OFFERED[member] if offered is None else offered
     fallback = {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s", "stockoutGracePeriod": f"{GRACE_SECONDS}s"}
-    if member == W3:  # no stack file of its own: member 1's config in us-east5-b, with the default rungs (DWS)
+    config = {"fallback": fallback, "fleetMember": {"enabled": True, **({"rungs": list(offered)} if offered else {})}}
+    if "reservation" in offered:
+        config["reservation"] = {"reservations": [{"name": RESERVATION, "slices": 1}]}
+    if "spot" in offered:
+        config["spot"] = {"maxSlices": 1}
+    if member == W3:  # no stack file of its own: member 1's config in us-east5-b
         zone = member.removeprefix("member-")
-        return OfflineEngine(member).run(config_with({"zone": zone, "clusterName": f"tpu-{zone}", "fallback": fallback,
-                                                      "fleetMember": {"enabled": True}}, W1))
-    return plan_for(member, {"fallback": fallback, "fleetMember": {"enabled": True, "rungs": ["onDemand"]}})
+        return OfflineEngine(member).run(config_with({"zone": zone, "clusterName": f"tpu-{zone}", **config}, W1))
+    return plan_for(member, config)
 
 
 def ladder_fleet_plan(members: dict):
