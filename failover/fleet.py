@@ -48,7 +48,7 @@ from kubernetes.client.rest import ApiException
 
 from failover.controller import rayjob_event
 from failover.decisions import MULTIKUEUE_ORIGIN_LABEL, WorkloadView, format_time
-from failover.informer import METADATA_ONLY_LIST, Informer, RawClient, Watched
+from failover.informer import METADATA_ONLY_LIST, Informer, RawClient, Watched, release
 from failover.metrics import FleetMetrics
 from failover.workqueue import WorkQueue
 
@@ -506,10 +506,10 @@ class FleetWatch:
         answered = False
         if member.api is not None:
             try:
-                RawClient(member.api).request(
+                release(RawClient(member.api).request(
                     "GET", WATCHED_MEMBER_WORKLOADS.path, serialize=False, _request_timeout=REQUEST_TIMEOUT_SECONDS,
                     query_params=[("limit", 1), ("labelSelector", f"{MULTIKUEUE_ORIGIN_LABEL}={self.origin}")],
-                    header_params={"Accept": METADATA_ONLY_LIST}).release_conn()
+                    header_params={"Accept": METADATA_ONLY_LIST}))
                 answered = True
             except Exception as error:  # noqa: BLE001 - any failure to answer is "does not answer"
                 log.warning("member %s does not answer: %s", member.name, str(error).splitlines()[0][:200])
@@ -675,9 +675,10 @@ class FleetWatch:
         body = {"apiVersion": "/".join(KUEUE), "kind": "Workload", "metadata": {
             "name": meta["name"], "namespace": meta["namespace"], "resourceVersion": meta["resourceVersion"]},
             "status": repaired_status(workload, member)}
-        self.raw.request("PATCH", f"/apis/{'/'.join(KUEUE)}/namespaces/{meta['namespace']}/workloads/{meta['name']}"
-                                  "/status", body=json.dumps(body), serialize=False, content_type=APPLY_PATCH,
-                         query_params=[("fieldManager", KUEUE_ADMISSION), ("force", "true")]).release_conn()
+        release(self.raw.request(
+            "PATCH", f"/apis/{'/'.join(KUEUE)}/namespaces/{meta['namespace']}/workloads/{meta['name']}/status",
+            body=json.dumps(body), serialize=False, content_type=APPLY_PATCH,
+            query_params=[("fieldManager", KUEUE_ADMISSION), ("force", "true")]))
         with self._lock:
             self._repaired_at[key] = now
         self.queue.add(key, delay=REPAIR_RETRY_SECONDS + 0.01)  # recorded by then, or tried again

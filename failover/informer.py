@@ -51,6 +51,14 @@ class RawClient:
         self.client = api_client
 
 
+def release(response) -> None:
+    """Hand a raw response's connection back to the pool with nothing of it left unread: an unread body would be read
+    as the next request's status line on that connection (http.client.BadStatusLine, seen on the fleet watch's
+    manager client after a status apply whose answer it did not read)."""
+    response.drain_conn()
+    response.release_conn()
+
+
 class Informer(threading.Thread):
     """Calls `on_list(items)` after each (re)list and `on_event(type, object)` for each change, in order."""
 
@@ -117,6 +125,7 @@ class Informer(threading.Thread):
                  ("timeoutSeconds", WATCH_SECONDS + random.randint(0, 60)), *self._selectors()]
         response = self._request(query, METADATA_ONLY if self.watched.metadata_only else "application/json",
                                  WATCH_SECONDS + 120)
+        ended = False
         try:
             for event_type, obj in _decoded(iter_resp_lines(response)):
                 if self.stopping.is_set():
@@ -126,7 +135,11 @@ class Informer(threading.Thread):
                 resource_version = obj["metadata"]["resourceVersion"]
                 if event_type != "BOOKMARK":
                     self.on_event(event_type, obj)
+            else:
+                ended = True  # the server ended the watch: nothing is left unread
         finally:
+            if not ended:
+                response.close()  # events left unread: the connection must not serve another request
             response.release_conn()
         return resource_version
 

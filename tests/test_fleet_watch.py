@@ -126,9 +126,14 @@ class _Manager:
         assert method == "PATCH" and params["content_type"] == "application/apply-patch+yaml"
         self.applies.append((path, json.loads(body), params["query_params"]))
 
-        class Response:
+        class Response:  # the pool takes a connection back only with nothing of the answer left unread
+            drained = False
+
+            def drain_conn(self):
+                self.drained = True
+
             def release_conn(self):
-                pass
+                assert self.drained, "a connection handed back with its answer unread"
         return Response()
 
 
