@@ -243,6 +243,16 @@ def record_to_repair(workload: Mapping, admitted_in: Iterable[str], connected: I
     return members[0]
 
 
+def admitted_at_current_step(workload: Mapping, copies: Mapping[str, Mapping | None]) -> list[str]:
+    """The members where the job's copy of its current step (the manager Workload's queue name) is admitted. A copy
+    of an older step of the fleet's ladder is not one: a member cut off in the middle of a move still shows it (its
+    last state, while the manager's Workload waits at the next step), and naming that member in Kueue's record would
+    dispatch the job back to the step it left (seen on the tier before this rule)."""
+    queue = (workload.get("spec") or {}).get("queueName")
+    return [member for member, found in copies.items()
+            if live(found, None) and (found.get("spec") or {}).get("queueName") == queue]
+
+
 def stale_step_copies(workload: Mapping, copies: Mapping[str, Mapping | None],
                       rayjobs: Mapping[str, Mapping | None]) -> list[str]:
     """The members holding a copy of the job from an older step of the fleet's ladder (README "The fleet's ladder"):
@@ -657,7 +667,7 @@ class FleetWatch:
         self._event(rayjob, EVICTION_UNBLOCKED, message, "Warning")
 
     def _repair(self, key: Key, workload: Mapping, copies: Mapping[str, dict | None], connected: set[str]) -> None:
-        admitted_in = [name for name, found in copies.items() if live(found, None)]
+        admitted_in = admitted_at_current_step(workload, copies)
         member = record_to_repair(workload, admitted_in, connected)
         now = time.monotonic()
         with self._lock:

@@ -83,6 +83,12 @@ GAVE_UP_ANNOTATION = "tpu-fallback/gave-up"
 NEVER = "none"
 GIVING_UP, GAVE_UP = "deactivating", "done"
 MOVE_WAIT_SECONDS = 15.0  # how long one pass waits for Kueue within a move; the next pass resumes it
+# MultiKueue reconciles a Workload one pass at a time, and a pass that reaches a member which stopped answering (the
+# old step's, deleting its copy there in a move) holds that Workload until client-go gives up on the connection:
+# 53 s on the tier (HTTP/2 health check, 30 s idle + 15 s ping, then a 10 s TLS handshake). Until MultiKueue has sent
+# the job to the step's member its step wait has not begun (`waiting_since`); after this long it begins anyway, so a
+# step whose member Kueue never reaches is left as a busy one.
+DISPATCH_BOUND = datetime.timedelta(seconds=120)
 POLL_SECONDS = 0.05
 # The manager's RayJob status that Kueue reads as "still running" (rayjob_controller.go IsActive: anything but
 # Suspended and New); an empty status releases at once (measured, §8.4).
@@ -175,6 +181,7 @@ class LadderView:
     # changes it only when the status changes: a job that never ran keeps the time it was first set).
     pods_ready: bool = False
     pods_not_ready_since: datetime.datetime | None = None
+    nominated: tuple[str, ...] = ()  # the members MultiKueue sent it to and that have not admitted it (yet)
 
     @classmethod
     def from_object(cls, obj: Mapping) -> LadderView:
@@ -196,7 +203,8 @@ class LadderView:
             finished=(conditions.get("Finished") or {}).get("status") == "True",
             pods_ready=pods_ready.get("status") == "True",
             pods_not_ready_since=decisions.parse_time(pods_ready.get("lastTransitionTime"))
-            if pods_ready.get("status") == "False" else None)
+            if pods_ready.get("status") == "False" else None,
+            nominated=tuple(status.get("nominatedClusterNames") or ()))
 
     def check(self, name: str) -> CheckState | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -259,16 +267,31 @@ def admitted_at(step: Step, view: LadderView) -> datetime.datetime | None:
     return check.since if check is not None and check.state == "Ready" and view.admitted else None
 
 
-def waiting_since(step: Step, view: LadderView) -> datetime.datetime | None:
+def dispatched(step: Step, view: LadderView) -> bool:
+    """Whether MultiKueue has sent the job to the step's members: it names them in `nominatedClusterNames` before it
+    creates the copies there (multikueue/workload.go nominateAndSynchronizeWorkers)."""
+    return any(member in view.nominated for member in step.members)
+
+
+def waiting_since(step: Step, view: LadderView, dispatched_seen: datetime.datetime | None = None
+                  ) -> datetime.datetime | None:
     """Since when the job waits at `step` without being admitted there (None: admitted). The step's check entry is
     written when the job comes to the step (route D's repoint, or the Workload's creation) and its state's time
-    changes when a member admits it; without an entry yet, the Workload's creation."""
+    changes when a member admits it; without an entry yet (the manager's own quota for the step is in use), the
+    Workload's creation. With the manager's quota reserved, the wait is the member's: it begins once MultiKueue has
+    sent the job there (`dispatched_seen`: when the controller saw it, if it did), or DISPATCH_BOUND after the job
+    came to the step."""
     check = view.check(step.admission_check)
     if check is None:
         return view.created
     if check.state == "Ready":
         return None
-    return check.since or view.created
+    since = check.since or view.created
+    if since is None or not view.quota_reserved:
+        return since
+    if not dispatched(step, view):
+        return since + DISPATCH_BOUND
+    return max(since, dispatched_seen) if dispatched_seen is not None else since
 
 
 def unadmitted_since(view: LadderView) -> datetime.datetime | None:
@@ -295,7 +318,7 @@ def max_wait_of(fleet_max_wait: datetime.timedelta | None, job_max_wait: str | N
 def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime.datetime,
            step_wait: datetime.timedelta | None = None, *, max_wait: datetime.timedelta | None = None,
            job_max_wait: str | None = None, gave_up: str | None = None,
-           stockout: datetime.datetime | None = None
+           stockout: datetime.datetime | None = None, dispatched_seen: datetime.datetime | None = None
            ) -> StartMove | FinishMove | StartGiveUp | FinishGiveUp | None:
     """The one next step for a manager Workload owned by a RayJob; None when there is nothing to do.
 
@@ -304,8 +327,8 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     (deactivated by someone else, or given up). A job no member admits `max_wait` (or its own annotation's) after its
     submission or its last run is given up, at any step. Three causes move a job on: the step's member evicted it;
     the step's member reports a stockout for its pods (`stockout`: since when, this admission) for its grace period;
-    or (with `step_wait`) the step has not admitted it for that long: its capacity is in use (a reservation or
-    on-demand slice that is free admits within a second)."""
+    or (with `step_wait`) the step has not admitted it for that long since the job was sent there (`waiting_since`):
+    its capacity is in use (a reservation or on-demand slice that is free admits within a second)."""
     pending = Move.from_json(job_move)
     if pending is not None and pending.state == MOVING:
         return FinishMove(pending)
@@ -331,7 +354,7 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
           and now - stockout >= step.stockout_grace):
         reason = MEMBER_STOCKOUT
     else:
-        waiting = waiting_since(step, view)
+        waiting = waiting_since(step, view, dispatched_seen)
         if step_wait is None or waiting is None or now - waiting < step_wait:
             return None
         reason = STEP_BUSY
@@ -341,7 +364,8 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
 
 def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | None,
               now: datetime.datetime, *, max_wait: datetime.timedelta | None = None, job_max_wait: str | None = None,
-              stockout: datetime.datetime | None = None) -> float | None:
+              stockout: datetime.datetime | None = None, dispatched_seen: datetime.datetime | None = None
+              ) -> float | None:
     """Seconds until the next moment a decision may change without Kueue writing anything: the end of the step wait
     of a job waiting at a step before the last, of its maximum wait, or of its member's stockout grace period
     (None: nothing to wait for)."""
@@ -355,7 +379,7 @@ def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | 
         moments.append(since + limit)
     if index + 1 < len(ladder.steps):
         step = ladder.steps[index]
-        waiting = waiting_since(step, view)
+        waiting = waiting_since(step, view, dispatched_seen)
         if step_wait is not None and waiting is not None:
             moments.append(waiting + step_wait)
         if stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None:
@@ -445,6 +469,9 @@ class LadderController(GuardedWrites):
         self.queue = WorkQueue()
         self._lock = threading.Lock()
         self._views: dict[Key, LadderView] = {}
+        # When this process first saw MultiKueue send a job to its step's members: (the step's queue, that moment), or
+        # None for the moment when it was so at this process's first list (then the step's own time is used).
+        self._dispatched_seen: dict[Key, tuple[str, datetime.datetime | None]] = {}
         self._workload_of_job: dict[Key, Key] = {}
         self._jobs: dict[Key, JobMeta] = {}
         self._members: dict[str, _Member] = {}
@@ -462,14 +489,17 @@ class LadderController(GuardedWrites):
         with self._lock:
             self._views.clear()
             self._workload_of_job.clear()
+            listed = {(i["metadata"].get("namespace", ""), i["metadata"]["name"]) for i in items}
+            self._dispatched_seen = {k: v for k, v in self._dispatched_seen.items() if k in listed}
         for item in items:
-            self._workload_changed("ADDED", item)
+            self._workload_changed("ADDED", item, listed=True)
 
-    def _workload_changed(self, event_type: str, obj: dict) -> None:
+    def _workload_changed(self, event_type: str, obj: dict, listed: bool = False) -> None:
         key = (obj["metadata"].get("namespace", ""), obj["metadata"]["name"])
         with self._lock:
             if event_type == "DELETED":
                 view = self._views.pop(key, None)
+                self._dispatched_seen.pop(key, None)
                 if view is not None and view.rayjob:
                     self._workload_of_job.pop((key[0], view.rayjob), None)
                 return
@@ -477,7 +507,16 @@ class LadderController(GuardedWrites):
             self._views[key] = view
             if view.rayjob:
                 self._workload_of_job[(key[0], view.rayjob)] = key
+            index = self.ladder.index(view.queue_name)
+            seen = self._dispatched_seen.get(key)
+            if (index is not None and dispatched(self.ladder.steps[index], view)
+                    and (seen is None or seen[0] != view.queue_name)):
+                self._dispatched_seen[key] = (view.queue_name, None if listed else self.clock())
         self.queue.add(key)
+
+    def _dispatched_at(self, key: Key, view: LadderView) -> datetime.datetime | None:
+        seen = self._dispatched_seen.get(key)
+        return seen[1] if seen is not None and seen[0] == view.queue_name else None
 
     def _rayjobs_listed(self, items: list[dict]) -> None:
         with self._lock:
@@ -609,9 +648,11 @@ class LadderController(GuardedWrites):
             finally:
                 self.queue.done(key)
 
-    def _decide(self, view: LadderView, meta: JobMeta, stockout: datetime.datetime | None, now: datetime.datetime):
+    def _decide(self, view: LadderView, meta: JobMeta, stockout: datetime.datetime | None, now: datetime.datetime,
+                dispatched_seen: datetime.datetime | None):
         return decide(self.ladder, view, meta.move, now, self.step_wait, max_wait=self.max_wait,
-                      job_max_wait=meta.max_wait, gave_up=meta.gave_up, stockout=stockout)
+                      job_max_wait=meta.max_wait, gave_up=meta.gave_up, stockout=stockout,
+                      dispatched_seen=dispatched_seen)
 
     def reconcile_key(self, key: Key) -> int:
         """Decide on the cached view; before acting, decide again on the objects as they are now (a cache may lag
@@ -619,13 +660,14 @@ class LadderController(GuardedWrites):
         with self._lock:
             view = self._views.get(key)
             meta = self._jobs.get((key[0], view.rayjob), JobMeta()) if view and view.rayjob else JobMeta()
+            dispatched_seen = self._dispatched_at(key, view) if view else None
         if view is None or view.rayjob is None:
             return 0
         now = self.clock()
         stockout = self._stockout(view)
-        if self._decide(view, meta, stockout, now) is None:
+        if self._decide(view, meta, stockout, now, dispatched_seen) is None:
             wait = next_look(self.ladder, view, self.step_wait, now, max_wait=self.max_wait,
-                             job_max_wait=meta.max_wait, stockout=stockout)
+                             job_max_wait=meta.max_wait, stockout=stockout, dispatched_seen=dispatched_seen)
             if wait is not None:  # a wait ends at a known time: look again then
                 self.queue.add(key, delay=wait)
             return 0
@@ -633,7 +675,7 @@ class LadderController(GuardedWrites):
         if workload is None or job is None:
             return 0
         view, meta = LadderView.from_object(workload), JobMeta.of(job)
-        action = self._decide(view, meta, stockout, self.clock())
+        action = self._decide(view, meta, stockout, self.clock(), dispatched_seen)
         if isinstance(action, StartMove):
             index = self.ladder.index(view.queue_name)
             member = evicting_member(self.ladder.steps[index] if index is not None else None, view)

@@ -194,7 +194,7 @@ NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
 
 
 def workload(queue: str, checks: list[dict], active: bool = True, evicted: str = "",
-             reserved: bool = True) -> ladder_controller.LadderView:
+             reserved: bool = True, nominated: tuple[str, ...] = ()) -> ladder_controller.LadderView:
     conditions = [{"type": "QuotaReserved", "status": "True" if reserved else "False"}]
     if evicted:
         conditions.append({"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": evicted})
@@ -202,7 +202,7 @@ def workload(queue: str, checks: list[dict], active: bool = True, evicted: str =
         "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}],
                      "creationTimestamp": "2026-12-01T11:59:50Z"},
         "spec": {"queueName": queue, "active": active},
-        "status": {"conditions": conditions, "admissionChecks": checks}})
+        "status": {"conditions": conditions, "admissionChecks": checks, "nominatedClusterNames": list(nominated)}})
 
 
 def test_a_job_admitted_on_its_step_stays():
@@ -258,12 +258,13 @@ WAIT = datetime.timedelta(seconds=30)
 
 def test_a_step_that_does_not_admit_within_the_step_wait_is_left():
     since = {"lastTransitionTime": "2026-12-01T11:59:20Z"}
-    pending = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}])
+    pending = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}],
+                       nominated=("w1",))
     action = ladder_controller.decide(LADDER, pending, None, NOW, WAIT)
     assert (action.move.to_flavor, action.move.reason) == ("fleet-on-demand-w2", ladder_controller.STEP_BUSY)
     assert ladder_controller.decide(LADDER, pending, None, NOW, None) is None  # no wait set: it waits there
     younger = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending",
-                                               "lastTransitionTime": "2026-12-01T11:59:45Z"}])
+                                               "lastTransitionTime": "2026-12-01T11:59:45Z"}], nominated=("w1",))
     assert ladder_controller.decide(LADDER, younger, None, NOW, WAIT) is None
     assert ladder_controller.next_look(LADDER, younger, WAIT, NOW) == pytest.approx(15.05)
     # Waiting for the manager's own quota (another fleet job holds the step): since the Workload's creation.
@@ -275,6 +276,32 @@ def test_a_step_that_does_not_admit_within_the_step_wait_is_left():
     assert ladder_controller.next_look(LADDER, admitted, WAIT, NOW) is None
     last = workload("fleet-queue", [{"name": "fleet-multikueue", "state": "Pending", **since}])
     assert ladder_controller.decide(LADDER, last, None, NOW, WAIT) is None  # DWS everywhere waits as long as it takes
+
+
+def test_a_steps_wait_begins_once_multikueue_has_sent_the_job_to_its_member():
+    """MultiKueue's pass over a Workload may be held by a member that stopped answering (the step the job left): the
+    next step has then not been asked yet, so it is not busy; its wait begins when the job is sent there."""
+    since = {"lastTransitionTime": "2026-12-01T11:59:20Z"}  # came to the step 40 s before NOW
+    held = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}])
+    assert ladder_controller.decide(LADDER, held, None, NOW, WAIT) is None
+    came = NOW - datetime.timedelta(seconds=40)
+    assert ladder_controller.next_look(LADDER, held, WAIT, NOW) == pytest.approx(
+        (came + ladder_controller.DISPATCH_BOUND + WAIT - NOW).total_seconds() + 0.05)
+    # A member of another step named (the one the job left, in a stale record) is not this step's dispatch.
+    elsewhere = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}],
+                         nominated=("w2",))
+    assert ladder_controller.decide(LADDER, elsewhere, None, NOW, WAIT) is None
+    # Sent there 10 s ago, as the controller saw it: 20 s of its wait are left, whatever the step's own time says.
+    sent = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}],
+                    nominated=("w1",))
+    seen = NOW - datetime.timedelta(seconds=10)
+    assert ladder_controller.decide(LADDER, sent, None, NOW, WAIT, dispatched_seen=seen) is None
+    assert ladder_controller.next_look(LADDER, sent, WAIT, NOW, dispatched_seen=seen) == pytest.approx(20.05)
+    assert ladder_controller.decide(LADDER, sent, None, NOW + datetime.timedelta(seconds=20), WAIT,
+                                    dispatched_seen=seen).move.reason == ladder_controller.STEP_BUSY
+    # Never sent (Kueue never reaches the step's member): left as a busy step after the bound and the wait.
+    late = NOW + ladder_controller.DISPATCH_BOUND + WAIT - datetime.timedelta(seconds=40)
+    assert ladder_controller.decide(LADDER, held, None, late, WAIT).move.reason == ladder_controller.STEP_BUSY
 
 
 # ---- giving up (issue 18 item 3) -----------------------------------------------------------------------------

@@ -336,6 +336,73 @@ def test_a_job_no_step_admits_within_its_maximum_wait_is_given_up_and_leaves_not
     fleet.finish(name)
 
 
+def test_a_partition_of_the_old_steps_member_in_the_middle_of_a_move_does_not_stop_it(fleet):
+    """Member 1 reports a stockout for the job's pods; the moment the ladder has written its move, member 1's API
+    server freezes (a partition), so nothing in the move's route D can reach it: MultiKueue cannot delete the old
+    copy there. The move finishes on the manager at once, but MultiKueue's pass over the Workload that went to delete
+    the old copy holds the Workload until its client gives up on member 1 (53 s measured), so the next step, member
+    2's on-demand, is asked only then: the ladder must wait for that (not leave the step as busy after its step wait,
+    as it did, down to DWS everywhere), and the job is admitted there and runs. Once member 1 answers again its copy
+    and run of the old step are gone, and exactly one run goes on."""
+    name = "ladder-mid-move"
+    if fleet.watch is None:
+        fleet.start_watch()  # the fleet's watch, deployed next to the ladder
+    workload = fleet.submit_to(name, ON_DEMAND_W1)
+    wait_for(lambda: fleet.admitted_copy(W1, workload, ON_DEMAND_W1), REACTION, "the copy admitted in member 1")
+    original = wait_for(lambda: fleet.rayjob_in(W1, name), REACTION, "the RayJob in member 1")["metadata"]["uid"]
+    timeline = Timeline(fleet, name, workload).__enter__()
+    marks = {}
+    try:
+        try:
+            fleet.play_stockout(W1, name)
+            wait_for(lambda: (move := decisions.Move.from_json((fleet.manager.get(
+                *jobs.RAYJOB, name, FLEET_NAMESPACE)["metadata"].get("annotations") or {}).get(
+                decisions.FAILOVER_ANNOTATION))) is not None and move.state == decisions.MOVING,
+                GRACE_SECONDS + REACTION, "the ladder's move written", interval=0.02)
+            timeline.freeze(W1)
+            wait_for(lambda: fleet.admitted_copy(W2, workload, ON_DEMAND_W2),
+                     ladder_controller.DISPATCH_BOUND.total_seconds() + STEP_WAIT_SECONDS,
+                     "the job admitted at member 2's on-demand step", interval=0.05)
+            marks["admitted in member 2"] = round(time.monotonic() - timeline.zero, 2)
+            run = wait_for(lambda: (r := fleet.rayjob_in(W2, name)) is not None and not r["spec"].get("suspend")
+                           and r, REACTION, f"{name} running in {W2}")
+            fleet.play_running(W2, name)
+            marks["running in member 2"] = round(time.monotonic() - timeline.zero, 2)
+            takeover = run["metadata"]["uid"]
+        finally:
+            marks["thawed"] = timeline.thaw(W1)
+        never_none = []
+
+        def settled() -> bool:
+            running = [m for m in fleet.members if (r := fleet.rayjob_in(m, name)) is not None
+                       and not r["spec"].get("suspend")]
+            never_none.append(bool(running))
+            return running == [W2] and fleet.copy_in(W1, workload) is None and fleet.rayjob_in(W1, name) is None
+        wait_for(settled, REACTION, "member 1's old copy and run gone, one run left", interval=0.2)
+        marks["one run left"] = round(time.monotonic() - timeline.zero, 2)
+        time.sleep(2)  # nothing comes back
+        assert settled(), timeline.text()
+    except BaseException:
+        print(f"\ntimeline (s since the freeze): {marks}\n{timeline.text()}")
+        raise
+    finally:
+        timeline.__exit__()
+    print(f"\npartition in the middle of a move: {marks}; timeline (s since the freeze):\n{timeline.text()}")
+    assert all(never_none), timeline.text()
+    assert fleet.rayjob_in(W2, name)["metadata"]["uid"] == takeover != original
+    assert len({v[0] for v in timeline.seen(f"{W2}-rayjob") if v}) == 1, timeline.text()  # created once
+    assert fleet.no_requests_anywhere()
+    (move,) = fleet.moves(name)
+    assert (move.from_flavor, move.to_flavor, move.reason) == (ON_DEMAND_W1, ON_DEMAND_W2,
+                                                               ladder_controller.MEMBER_STOCKOUT)
+    (event,) = fleet.move_events(name)
+    assert f"member {W1} reported no capacity for its pods" in event["message"]
+    recorded = fleet.manager_workload(workload)
+    assert recorded["status"]["clusterName"] == W2 and condition(recorded, "Admitted") == "True"
+    assert fleet.member_failover.alive()
+    fleet.finish(name)
+
+
 # Kueue reconnects to a member that answers again with a backoff of 5 s doubling up to 5 min 20 s per failed attempt
 # (multikueuecluster.go retryAfter): a minute-long partition's return is seen within about 160 s.
 RECONNECT = 330

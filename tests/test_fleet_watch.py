@@ -325,6 +325,24 @@ def test_a_job_whose_member_kueue_lost_is_marked_before_kueue_evicts_it():
     assert manager.events[0][0] == "FleetEvictionUnblocked" and manager.events[0][1].startswith("Kueue lost w2")
 
 
+def test_only_a_copy_of_the_jobs_current_step_counts_as_admitted_for_the_record():
+    from failover.fleet import admitted_at_current_step
+
+    workload = _manager_workload("j", true=("QuotaReserved",), checks="Pending")
+    workload["spec"] = {"queueName": "fleet-on-demand-w2"}
+
+    def copy(queue: str, *true: str) -> dict:
+        return {"metadata": {"name": "j"}, "spec": {"queueName": queue},
+                "status": {"conditions": [{"type": kind, "status": "True"} for kind in true]}}
+
+    # Member 1 was cut off in the middle of a move: its copy of the step the job left still shows admitted.
+    copies = {"w1": copy("fleet-on-demand-w1", "QuotaReserved", "Admitted"), "w2": copy("fleet-on-demand-w2")}
+    assert admitted_at_current_step(workload, copies) == []
+    copies["w2"] = copy("fleet-on-demand-w2", "QuotaReserved", "Admitted")
+    assert admitted_at_current_step(workload, copies) == ["w2"]
+    assert admitted_at_current_step(workload, {"w1": None, "w2": None}) == []
+
+
 def test_kueues_record_is_repaired_only_when_it_cannot_record_the_member_it_adopted():
     from failover.fleet import record_to_repair, repaired_status
 
