@@ -125,10 +125,10 @@ def test_an_idle_reservation_runs_the_job_there_and_a_busy_step_is_left_after_th
 
 def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_ends_at_dws_everywhere(fleet):
     """Member 2's reservation is held by a running fleet job, so the walk's job leaves it after the step wait; then
-    no step has capacity: on-demand in member 1 and in member 2 never get their pods ready and nothing says why (each
-    member's podsReadyTimeout evicts), Spot in member 2 reports "GCE out of resources" (the early path); then DWS in
-    every member, where the first provisioned wins. The controller is killed -9 during the first move and started
-    again."""
+    no step has capacity: on-demand in member 1 never gets its pods ready and nothing says why (the member's
+    podsReadyTimeout evicts), on-demand and then Spot in member 2 report "GCE out of resources" for the same pod name
+    (the early path, each for its own admission); then DWS in every member, where the first provisioned wins. The
+    controller is killed -9 during the first move and started again."""
     holder, name = "ladder-holder", "ladder-walk"
     held = fleet.submit(holder)
     wait_for(lambda: fleet.admitted_copy(W2, held, RESERVED_W2), REACTION, "the holder at member 2's reservation")
@@ -152,10 +152,10 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
                 return
             time.sleep(0.02)
 
-    def spot_run_in_member_2() -> dict | None:
-        """Member 2's run of the Spot step's copy (the on-demand step's, of the same name, is deleted first)."""
+    def run_in_member_2(step: str) -> dict | None:
+        """Member 2's run of the step's copy (an earlier step's, of the same name, is deleted first)."""
         run = fleet.rayjob_in(W2, name)
-        return run if run and run["metadata"]["labels"].get(jobs.QUEUE_LABEL) == SPOT_W2 else None
+        return run if run and run["metadata"]["labels"].get(jobs.QUEUE_LABEL) == step else None
 
     killer = threading.Thread(target=kill_during_the_first_move, daemon=True)
     killer.start()
@@ -172,13 +172,17 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
         admitted[ON_DEMAND_W2] = time.monotonic()
         assert fleet.copy_in(W1, workload) is None or fleet.copy_in(W1, workload)["spec"]["queueName"] == ON_DEMAND_W2
         assert fleet.no_requests_anywhere()
-        # The same there: then Spot in member 2, whose autoscaler says it has no capacity for the run's pod.
-        wait_for(lambda: fleet.admitted_copy(W2, workload, SPOT_W2), PODS_READY_TIMEOUT_SECONDS + REACTION,
-                 "Spot in member 2", interval=0.05)
+        # Member 2's autoscaler says it has no capacity for the run's pod: the early path, to Spot in member 2.
+        wait_for(lambda: run_in_member_2(ON_DEMAND_W2), REACTION, "the on-demand step's RayJob in member 2")
+        stocked = {ON_DEMAND_W2: fleet.play_stockout(W2, name)}
+        wait_for(lambda: fleet.admitted_copy(W2, workload, SPOT_W2), EARLY_BUDGET + REACTION, "Spot in member 2",
+                 interval=0.05)
         admitted[SPOT_W2] = time.monotonic()
-        wait_for(spot_run_in_member_2, REACTION, "the Spot step's RayJob in member 2")
+        wait_for(lambda: run_in_member_2(SPOT_W2), REACTION, "the Spot step's RayJob in member 2")
         assert fleet.no_requests_anywhere()
-        stocked = fleet.play_stockout(W2, name)
+        # The same for Spot: the report about the on-demand admission's pod (the same name) no longer counts; this
+        # one, made after the Spot admission, does.
+        stocked[SPOT_W2] = fleet.play_stockout(W2, name)
         # The last step: DWS in every member at once (member 3's only step).
         requests = wait_for(lambda: all(fleet.requests_in(m, workload) for m in fleet.members) and {
             m: fleet.requests_in(m, workload)[0] for m in fleet.members}, GRACE_SECONDS + REACTION,
@@ -201,28 +205,29 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
             (SPOT_W2, FLEET_LOCAL_QUEUE)]
     assert [(m.from_flavor, m.to_flavor) for m in moves] == hops
     assert [m.reason for m in moves] == [ladder_controller.STEP_BUSY, ladder_controller.MEMBER_EVICTED,
-                                         ladder_controller.MEMBER_EVICTED, ladder_controller.MEMBER_STOCKOUT]
+                                         ladder_controller.MEMBER_STOCKOUT, ladder_controller.MEMBER_STOCKOUT]
     wait_for(lambda: len(fleet.move_events(name)) >= len(hops), REACTION, "an Event per hop")
     time.sleep(1)
     messages = " | ".join(e["message"] for e in fleet.move_events(name))
     assert len(fleet.move_events(name)) == len(hops), messages  # one per hop, the kill -9 included
-    assert f"member {W1} evicted it" in messages and f"member {W2} evicted it" in messages
-    assert f"member {W2} reported no capacity for its pods" in messages
+    assert f"member {W1} evicted it" in messages
+    assert messages.count(f"member {W2} reported no capacity for its pods") == 2
     job = fleet.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == FLEET_LOCAL_QUEUE
     per_step = {RESERVED_W2: admitted[ON_DEMAND_W1] - admitted[RESERVED_W2],
                 ON_DEMAND_W1: admitted[ON_DEMAND_W2] - admitted[ON_DEMAND_W1],
-                ON_DEMAND_W2: admitted[SPOT_W2] - admitted[ON_DEMAND_W2],
-                SPOT_W2: admitted[FLEET_LOCAL_QUEUE] - stocked}
-    print(f"\nladder walk: seconds per failed step (the busy reservation: submitted -> next step admitted; silent "
-          f"stockouts: admitted there -> next step admitted; Spot: the stockout Event -> DWS asked): "
+                ON_DEMAND_W2: admitted[SPOT_W2] - stocked[ON_DEMAND_W2],
+                SPOT_W2: admitted[FLEET_LOCAL_QUEUE] - stocked[SPOT_W2]}
+    print(f"\nladder walk: seconds per failed step (the busy reservation: submitted -> next step admitted; the silent "
+          f"stockout: admitted there -> next step admitted; reported: the stockout Event -> next step admitted or "
+          f"DWS asked): "
           f"{json.dumps({k: round(v, 2) for k, v in per_step.items()})}; killed -9 during the first move, restarted "
           f"and running again in {restart[0]:.2f} s")
     # The first hop also paid for the controller's restart (a new process lists what it watches).
     assert per_step[RESERVED_W2] <= STEP_WAIT_SECONDS + REACTION / 4 + restart[0], per_step
     assert per_step[ON_DEMAND_W1] <= STEP_BUDGET, f"{ON_DEMAND_W1} cost {per_step[ON_DEMAND_W1]:.2f} s"
-    assert per_step[ON_DEMAND_W2] <= STEP_BUDGET, f"{ON_DEMAND_W2} cost {per_step[ON_DEMAND_W2]:.2f} s"
-    assert per_step[SPOT_W2] <= EARLY_BUDGET, f"{SPOT_W2} cost {per_step[SPOT_W2]:.2f} s: not the early path"
+    for step in (ON_DEMAND_W2, SPOT_W2):
+        assert per_step[step] <= EARLY_BUDGET, f"{step} cost {per_step[step]:.2f} s: not the early path"
     fleet.finish(name)
     fleet.finish(holder)
 
