@@ -193,14 +193,23 @@ def test_an_eviction_in_the_winner_dispatches_again_to_every_member(fleet):
     first = fleet.wait_requests_everywhere(workload)
     copies = {m: fleet.copy_in(m, workload)["metadata"]["uid"] for m in MEMBERS}
     fleet.provision(W2, first[W2])
-    wait_for(lambda: fleet.rayjob_in(W2, job), REACTION, f"{job} created in {W2}")
+    evicted = wait_for(lambda: fleet.rayjob_in(W2, job), REACTION, f"{job} created in {W2}")["metadata"]["uid"]
     admitted = time.monotonic()
     for member in MEMBERS:
         wait_for(lambda m=member: next((r for r in fleet.requests_in(m, workload)
                                         if r["metadata"]["uid"] != first[m]["metadata"]["uid"]), None),
                  PODS_READY_TIMEOUT_SECONDS + REACTION, f"a new request in {member}")
     assert time.monotonic() - admitted >= PODS_READY_TIMEOUT_SECONDS - 1
-    assert fleet.rayjob_in(W2, job) is None  # the evicted run is gone
+    # The evicted run goes (MultiKueue deletes it with the old copy; on a loaded suite it was still there when the
+    # new requests appeared, twice): no member admitted a new copy, so no new run may take its place.
+    try:
+        wait_for(lambda: fleet.rayjob_in(W2, job) is None, REACTION, "the evicted run gone")
+    except TimeoutError:
+        run = fleet.rayjob_in(W2, job) or {"metadata": {}, "spec": {}}
+        raise AssertionError(f"a RayJob is left in {W2}: uid {run['metadata'].get('uid')} (the evicted run's "
+                             f"{evicted}), suspend {run['spec'].get('suspend')}, deletionTimestamp "
+                             f"{run['metadata'].get('deletionTimestamp')}, finalizers "
+                             f"{run['metadata'].get('finalizers')}") from None
     assert not (fleet.manager_workload(workload).get("status") or {}).get("clusterName")
     for member in MEMBERS:
         copy = fleet.copy_in(member, workload)
