@@ -25,8 +25,14 @@ import pytest
 from failover import decisions
 from failover import fleet as fleet_watch
 from failover import ladder as ladder_controller
+from infra import failover as stack_failover
+from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE
 from infra.kueue import KUEUE_API_VERSION
+from ops.status import health
+from ops.status.render import render_table
+from ops.status.report import build_report
+from ops.status.snapshot import ClusterReader
 from tests.controlplane import jobs
 from tests.controlplane.fleet_tier import (PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS, Timeline,
                                            applied_fleet)
@@ -86,6 +92,11 @@ def test_the_ladders_steps_are_active_on_both_sides(fleet):
                          "Active") == "True"
         assert fleet.kubes[W3].get(KUEUE_API_VERSION, "ClusterQueue", "fleet-on-demand") is None
     assert fleet.template["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == RESERVED_W2
+    # `ops status` on the manager finds the ladder controller's Deployment (the tier has no kubelet: its pods never
+    # run, the controller runs as a process beside them).
+    report = build_report(ClusterReader(fleet.manager.api_client).read(FLEET_NAMESPACE, "manager"))
+    assert (report.fleet.ladder.name, report.fleet.ladder.state) == (stack_fleet.LADDER_NAME, health.DEGRADED)
+    assert f"FLEET LADDER {stack_failover.NAMESPACE}/{stack_fleet.LADDER_NAME}: not ready" in render_table(report)
 
 
 def test_an_idle_reservation_runs_the_job_there_and_a_busy_step_is_left_after_the_step_wait(fleet):

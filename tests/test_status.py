@@ -738,7 +738,7 @@ def namespace_only_snapshot() -> Snapshot:
     slice_wait = next(w for w in base.workloads if w["spec"]["queueName"] == "user-queue-dws")
     slice_wait["status"]["admissionChecks"] = [{"name": stack_kueue.ADMISSION_CHECK, "state": "Pending"}]
     for field in ("cluster_queues", "cohorts", "resource_flavors", "admission_checks", "provisioning_requests",
-                  "controller", "kueue_config", "multikueue_clusters", "fleet_watch"):
+                  "controller", "kueue_config", "multikueue_clusters", "fleet_watch", "fleet_ladder"):
         setattr(base, field, [] if isinstance(getattr(base, field), list) else None)
         base.deny(field, DENIED if field == "cluster_queues" else f"cannot read {field}: 403 Forbidden")
     return base
@@ -929,11 +929,31 @@ def test_a_fleet_manager_shows_its_members_and_its_watch():
     rows = {r["NAME"]: r for r in columns(text.split("connected)\n")[1].split("\n\n")[0])}
     assert (rows["w1"]["CONNECTED"], rows["w2"]["CONNECTED"], rows["w2"]["MESSAGE"]) == ("yes", "NO", "TLS timeout")
     assert report_dict(report)["fleet"]["members"][1]["reason"] == "ClientConnectionFailed"
+    # A DWS-only fleet without a maximum wait has no ladder controller: a state, not a problem.
+    assert report.fleet.ladder.state == health.NOT_DEPLOYED and "FLEET LADDER" in text
     assert report.controller.words == "not deployed (a fleet's manager has none: see FLEET WATCH)"
     assert build_report(snapshot()).fleet is None  # not a manager: no section
     denied = snapshot(fleet_watch=watch)
     denied.deny("multikueue_clusters", "cannot list MultiKueueClusters (cluster-wide): 403 Forbidden for u")
     assert report_dict(build_report(denied))["fleet"]["members"] is None
+
+
+def test_a_fleet_manager_shows_its_ladder_controllers_health_and_never_calls_a_denied_read_absent():
+    from infra.fleet import LADDER_NAME
+
+    ladder = deployment_with(ready=0, available={"type": "Available", "status": "False", "message": "minimum replicas"})
+    ladder["metadata"]["name"] = LADDER_NAME
+    report = build_report(snapshot(multikueue_clusters=[multikueue_cluster("w1", True, "Active")],
+                                   fleet_ladder=ladder, fleet_ladder_pods=[controller_pod(3)]))
+    assert (report.fleet.ladder.state, report.fleet.ladder.restarts) == (health.DEGRADED, 3)
+    text = render_table(report)
+    assert (f"FLEET LADDER {stack_failover.NAMESPACE}/{LADDER_NAME}: not ready: minimum replicas, 0/1 ready, "
+            "3 restarts") in text
+    assert report_dict(report)["fleet"]["ladder"]["state"] == health.DEGRADED
+    assert build_report(snapshot(fleet_ladder=ladder)).fleet is not None  # the ladder alone marks a manager
+    denied = snapshot(multikueue_clusters=[multikueue_cluster("w1", True, "Active")])
+    denied.deny("fleet_ladder", "cannot read deployments in tpu-fallback-system: 403 Forbidden for u")
+    assert build_report(denied).fleet.ladder.state == health.UNKNOWN
 
 
 def test_a_client_read_again_gets_one_timeout_wrapper_not_one_more_each_time():

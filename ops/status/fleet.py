@@ -1,5 +1,5 @@
 """A fleet's manager (plan C), as `status` shows it: each member's connection as Kueue's MultiKueueCluster reports
-it (no member kubeconfig needed), and the fleet watch's health. Where each fleet job runs is per job
+it (no member kubeconfig needed), and the health of the fleet watch and of the ladder controller. Where each fleet job runs is per job
 (jobs.FleetPlacement). Pure functions of dicts, like the rest of the report."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from infra.failover import NAMESPACE
-from infra.fleet import WATCH_NAME
+from infra.fleet import LADDER_NAME, WATCH_NAME
 from ops.status.health import ControllerView, controller_view
 from ops.status.objects import changed_at, conditions, name_of
 
@@ -36,6 +36,7 @@ class FleetView:
     members: tuple[MemberView, ...]
     members_known: bool  # False: the MultiKueueClusters could not be read (see the problems)
     watch: ControllerView
+    ladder: ControllerView  # the fleet's ladder controller (failover/ladder.py): moves jobs from step to step
 
     @property
     def connected(self) -> int:
@@ -52,12 +53,15 @@ def member_view(cluster: Mapping) -> MemberView:
 def fleet_view(snapshot) -> FleetView | None:
     """None on a cluster that shows no sign of being a fleet's manager: no MultiKueueCluster, no fleet watch (when
     neither could be read, the problems say so)."""
-    if not snapshot.multikueue_clusters and snapshot.fleet_watch is None:
+    if not snapshot.multikueue_clusters and snapshot.fleet_watch is None and snapshot.fleet_ladder is None:
         return None
-    members_known, watch_known = snapshot.readable("multikueue_clusters"), snapshot.readable("fleet_watch")
-    watch = controller_view(snapshot.fleet_watch, snapshot.fleet_watch_pods, (), watch_known, name=WATCH_NAME,
-                            namespace=NAMESPACE, absent="not deployed",
+    watch = controller_view(snapshot.fleet_watch, snapshot.fleet_watch_pods, (), snapshot.readable("fleet_watch"),
+                            name=WATCH_NAME, namespace=NAMESPACE, absent="not deployed",
                             scaled_to_zero="scaled to 0 replicas: no fleet job is watched")
+    ladder = controller_view(snapshot.fleet_ladder, snapshot.fleet_ladder_pods, (), snapshot.readable("fleet_ladder"),
+                             name=LADDER_NAME, namespace=NAMESPACE,
+                             absent="not deployed (no member offers a step before DWS, and no fleet.maxWait)",
+                             scaled_to_zero="scaled to 0 replicas: no fleet job moves to the next step or is given up")
     return FleetView(tuple(member_view(c) for c in sorted(snapshot.multikueue_clusters, key=name_of)),
-                     members_known, watch)
+                     snapshot.readable("multikueue_clusters"), watch, ladder)
 

@@ -104,7 +104,7 @@ def fleet_dict(fleet: FleetView | None) -> dict | None:
     return {"members": [{"name": m.name, "active": m.active, "reason": m.reason, "message": m.message,
                          "since": time_or_none(m.since), "words": m.words()} for m in fleet.members]
             if fleet.members_known else None,  # null: the MultiKueueClusters could not be read
-            "watch": controller_dict(fleet.watch)}
+            "watch": controller_dict(fleet.watch), "ladder": controller_dict(fleet.ladder)}
 
 
 def report_dict(report: Report) -> dict:
@@ -284,15 +284,14 @@ def fleet_lines(report: Report) -> list[str]:
     fleet = report.fleet
     if fleet is None:
         return []
-    watch = fleet.watch
-    head = f"FLEET WATCH {watch.namespace}/{watch.name}: {watch.words}"
-    if watch.desired:
-        head += f", {watch.ready}/{watch.desired} ready, {watch.restarts} restarts"
+    head = [f"{title} {view.namespace}/{view.name}: {view.words}"
+            + (f", {view.ready}/{view.desired} ready, {view.restarts} restarts" if view.desired else "")
+            for title, view in (("FLEET WATCH", fleet.watch), ("FLEET LADDER", fleet.ladder))]
     if not fleet.members_known:
-        return [head, "MEMBERS unknown (see PROBLEMS)"]
+        return [*head, "MEMBERS unknown (see PROBLEMS)"]
     rows = [(m.name, {True: "yes", False: "NO", None: "?"}[m.active], m.reason,
              time_or_none(m.since), m.message if not m.active else None) for m in fleet.members]
-    return [head, f"MEMBERS (Kueue's MultiKueueClusters: {fleet.connected}/{len(fleet.members)} connected)"] + table(
+    return [*head, f"MEMBERS (Kueue's MultiKueueClusters: {fleet.connected}/{len(fleet.members)} connected)"] + table(
         ("NAME", "CONNECTED", "REASON", "SINCE", "MESSAGE"), rows)
 
 

@@ -20,7 +20,7 @@ from ops.status.objects import conditions, created_at, is_true, key_of, labels, 
 # What the snapshot reads, by its field: JSON's `readable` says which of them the cluster allowed.
 READS = ("cluster_queues", "cohorts", "resource_flavors", "admission_checks", "local_queues", "workloads", "rayjobs",
          "provisioning_requests", "pods", "move_events", "controller", "controller_pods", "fleet_watch",
-         "fleet_watch_pods", "multikueue_clusters", "kueue_config")
+         "fleet_watch_pods", "fleet_ladder", "fleet_ladder_pods", "multikueue_clusters", "kueue_config")
 
 # A job counts as admitted on its rung in these states, as pending in these (unless deactivated: a move in progress
 # reactivates it at its target).
@@ -53,6 +53,8 @@ class Snapshot:
     controller_pods: list[dict] = field(default_factory=list)
     fleet_watch: dict | None = None  # on a fleet's manager: the fleet watch's Deployment
     fleet_watch_pods: list[dict] = field(default_factory=list)
+    fleet_ladder: dict | None = None  # on a fleet's manager: the ladder controller's Deployment
+    fleet_ladder_pods: list[dict] = field(default_factory=list)
     multikueue_clusters: list[dict] = field(default_factory=list)  # on a fleet's manager: its members
     kueue_config: dict | None = None  # Kueue's manager ConfigMap: the pods-ready timeout
     move_events: list[dict] = field(default_factory=list)  # MovedToNextRung Events in the namespaces shown

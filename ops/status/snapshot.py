@@ -23,6 +23,7 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from failover.controller import EVENT_REASON
 from infra.failover import NAME as CONTROLLER_NAME
 from infra.failover import NAMESPACE as CONTROLLER_NAMESPACE
+from infra.fleet import LADDER_NAME as FLEET_LADDER
 from infra.fleet import WATCH_NAME as FLEET_WATCH
 from infra.kueue import KUEUE_API_VERSION, MANAGER_CONFIG_MAP
 from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
@@ -209,10 +210,12 @@ class ClusterReader:
         if snapshot.controller is not None:
             snapshot.controller_pods = listed("controller_pods", POD, CONTROLLER_NAMESPACE,
                                               label_selector=selector_of(snapshot.controller))
-        snapshot.fleet_watch = self._get_into(snapshot, "fleet_watch", DEPLOYMENT, FLEET_WATCH, CONTROLLER_NAMESPACE)
-        if snapshot.fleet_watch is not None:
-            snapshot.fleet_watch_pods = listed("fleet_watch_pods", POD, CONTROLLER_NAMESPACE,
-                                               label_selector=selector_of(snapshot.fleet_watch))
+        for field, name in (("fleet_watch", FLEET_WATCH), ("fleet_ladder", FLEET_LADDER)):
+            deployment = self._get_into(snapshot, field, DEPLOYMENT, name, CONTROLLER_NAMESPACE)
+            setattr(snapshot, field, deployment)
+            if deployment is not None:
+                setattr(snapshot, f"{field}_pods", listed(f"{field}_pods", POD, CONTROLLER_NAMESPACE,
+                                                          label_selector=selector_of(deployment)))
         snapshot.kueue_config = self._get_into(snapshot, "kueue_config", CONFIG_MAP, MANAGER_CONFIG_MAP, KUEUE_NAMESPACE)
         self._positions(snapshot)
         return snapshot
