@@ -11,30 +11,24 @@ import pytest
 from kubernetes import client
 
 from failover.informer import RawClient, release
+from tests.controlplane.google import JsonHandler
 
 BIG = "x" * 200_000  # a Workload's whole status with its managedFields, as an apply answers it
 
 
-class _Handler(http.server.BaseHTTPRequestHandler):
+class _Handler(JsonHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: one connection serves the requests in turn
 
     def do_PATCH(self):
-        self._answer({"kind": "Workload", "status": {"big": BIG}})
+        self._read_body()
+        self._json({"kind": "Workload", "status": {"big": BIG}})
 
     def do_POST(self):
-        self._answer({"kind": "Event"})
+        self._read_body()
+        self._json({"kind": "Event"})
 
-    def _answer(self, body: dict) -> None:
+    def _read_body(self) -> None:
         self.rfile.read(int(self.headers.get("Content-Length") or 0))
-        data = json.dumps(body).encode()
-        self.send_response(200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *_):
-        pass
 
 
 @pytest.fixture

@@ -96,7 +96,7 @@ class FakeGoogle:
     def _issuer_handler(self) -> type:
         google = self
 
-        class Issuer(_Quiet):
+        class Issuer(JsonHandler):
             def do_GET(self):  # noqa: N802 - http.server's name
                 if self.path == "/.well-known/openid-configuration":
                     self._json({"issuer": google.issuer_url, "jwks_uri": f"{google.issuer_url}/keys",
@@ -113,7 +113,7 @@ class FakeGoogle:
     def _metadata_handler(self) -> type:
         google = self
 
-        class Metadata(_Quiet):
+        class Metadata(JsonHandler):
             def do_GET(self):  # noqa: N802
                 if self.headers.get("Metadata-Flavor") != "Google":
                     self.send_error(403, "Missing Metadata-Flavor:Google header")
@@ -161,7 +161,9 @@ class FakeGoogle:
         return [m for m in self.minted if m.expires <= at]
 
 
-class _Quiet(http.server.BaseHTTPRequestHandler):
+class JsonHandler(http.server.BaseHTTPRequestHandler):
+    """A handler that answers JSON and logs nothing (the tier's fake servers; tests/test_failover_informer.py)."""
+
     def _json(self, body: dict) -> None:
         data = json.dumps(body).encode()
         self.send_response(200)
