@@ -15,10 +15,11 @@ A fleet of its own (the shared one of tests/test_fleet_controlplane.py is not to
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -352,6 +353,52 @@ def test_a_job_no_step_admits_within_its_maximum_wait_is_given_up_and_leaves_not
     fleet.finish(name)
 
 
+@contextlib.contextmanager
+def shown(timeline: Timeline, marks: dict, what: str) -> Iterator[Timeline]:
+    """The timeline runs in the body, and is printed with the marks after it, whether the body failed or not."""
+    timeline.__enter__()
+    try:
+        yield timeline
+    except BaseException:
+        print(f"\ntimeline (s since the freeze): {marks}\n{timeline.text()}")
+        raise
+    finally:
+        timeline.__exit__()
+    print(f"\n{what}: {marks}; timeline (s since the freeze):\n{timeline.text()}")
+
+
+def runs_in_member_2(fleet: LadderFleet, name: str, workload: str, timeline: Timeline, marks: dict,
+                     timeout: float) -> str:
+    """The job admitted at member 2's on-demand step within `timeout`, then its run there, whose pods run (member 2's
+    podsReadyTimeout does not evict it); the run's uid, the moments in `marks`."""
+    wait_for(lambda: fleet.admitted_copy(W2, workload, ON_DEMAND_W2), timeout,
+             "the job admitted at member 2's on-demand step", interval=0.05)
+    marks["admitted in member 2"] = timeline.now()
+    run = wait_for(lambda: (r := fleet.rayjob_in(W2, name)) is not None and not r["spec"].get("suspend") and r,
+                   REACTION, f"{name} running in {W2}")
+    fleet.play_running(W2, name)
+    marks["running in member 2"] = timeline.now()
+    return run["metadata"]["uid"]
+
+
+def one_run_left(fleet: LadderFleet, name: str, workload: str, timeline: Timeline, marks: dict,
+                 done: Callable[[], bool], timeout: float, what: str, interval: float = 0.2) -> None:
+    """Wait until member 2's run is the only one, member 1's old copy is gone and `done()`, and it stays so (2 s);
+    some run went on at every look (never none)."""
+    never_none = []
+
+    def settled() -> bool:
+        running = [m for m in fleet.members if (r := fleet.rayjob_in(m, name)) is not None
+                   and not r["spec"].get("suspend")]
+        never_none.append(bool(running))
+        return running == [W2] and fleet.copy_in(W1, workload) is None and done()
+    wait_for(settled, timeout, what, interval=interval)
+    marks["one run left"] = timeline.now()
+    time.sleep(2)  # nothing comes back
+    assert settled(), timeline.text()
+    assert all(never_none), timeline.text()
+
+
 def test_a_partition_of_the_old_steps_member_in_the_middle_of_a_move_does_not_stop_it(fleet):
     """Member 1 reports a stockout for the job's pods; the moment the ladder has written its move, member 1's API
     server freezes (a partition), so nothing in the move's route D can reach it: MultiKueue cannot delete the old
@@ -366,9 +413,8 @@ def test_a_partition_of_the_old_steps_member_in_the_middle_of_a_move_does_not_st
     workload = fleet.submit_to(name, ON_DEMAND_W1)
     wait_for(lambda: fleet.admitted_copy(W1, workload, ON_DEMAND_W1), REACTION, "the copy admitted in member 1")
     original = wait_for(lambda: fleet.rayjob_in(W1, name), REACTION, "the RayJob in member 1")["metadata"]["uid"]
-    timeline = Timeline(fleet, name, workload).__enter__()
     marks = {}
-    try:
+    with shown(Timeline(fleet, name, workload), marks, "partition in the middle of a move") as timeline:
         try:
             fleet.play_stockout(W1, name)
             wait_for(lambda: (move := decisions.Move.from_json((fleet.manager.get(
@@ -376,35 +422,12 @@ def test_a_partition_of_the_old_steps_member_in_the_middle_of_a_move_does_not_st
                 decisions.FAILOVER_ANNOTATION))) is not None and move.state == decisions.MOVING,
                 GRACE_SECONDS + REACTION, "the ladder's move written", interval=0.02)
             timeline.freeze(W1)
-            wait_for(lambda: fleet.admitted_copy(W2, workload, ON_DEMAND_W2),
-                     ladder_controller.DISPATCH_BOUND.total_seconds() + STEP_WAIT_SECONDS,
-                     "the job admitted at member 2's on-demand step", interval=0.05)
-            marks["admitted in member 2"] = round(time.monotonic() - timeline.zero, 2)
-            run = wait_for(lambda: (r := fleet.rayjob_in(W2, name)) is not None and not r["spec"].get("suspend")
-                           and r, REACTION, f"{name} running in {W2}")
-            fleet.play_running(W2, name)
-            marks["running in member 2"] = round(time.monotonic() - timeline.zero, 2)
-            takeover = run["metadata"]["uid"]
+            takeover = runs_in_member_2(fleet, name, workload, timeline, marks,
+                                        ladder_controller.DISPATCH_BOUND.total_seconds() + STEP_WAIT_SECONDS)
         finally:
             marks["thawed"] = timeline.thaw(W1)
-        never_none = []
-
-        def settled() -> bool:
-            running = [m for m in fleet.members if (r := fleet.rayjob_in(m, name)) is not None
-                       and not r["spec"].get("suspend")]
-            never_none.append(bool(running))
-            return running == [W2] and fleet.copy_in(W1, workload) is None and fleet.rayjob_in(W1, name) is None
-        wait_for(settled, REACTION, "member 1's old copy and run gone, one run left", interval=0.2)
-        marks["one run left"] = round(time.monotonic() - timeline.zero, 2)
-        time.sleep(2)  # nothing comes back
-        assert settled(), timeline.text()
-    except BaseException:
-        print(f"\ntimeline (s since the freeze): {marks}\n{timeline.text()}")
-        raise
-    finally:
-        timeline.__exit__()
-    print(f"\npartition in the middle of a move: {marks}; timeline (s since the freeze):\n{timeline.text()}")
-    assert all(never_none), timeline.text()
+        one_run_left(fleet, name, workload, timeline, marks, lambda: fleet.rayjob_in(W1, name) is None, REACTION,
+                     "member 1's old copy and run gone, one run left")
     assert fleet.rayjob_in(W2, name)["metadata"]["uid"] == takeover != original
     assert len({v[0] for v in timeline.seen(f"{W2}-rayjob") if v}) == 1, timeline.text()  # created once
     assert fleet.no_requests_anywhere()
@@ -442,42 +465,18 @@ def test_a_partition_of_the_member_running_the_job_moves_it_on_and_one_run_goes_
     wait_for(lambda: condition(fleet.copy_in(W1, workload), "PodsReady") == "True", REACTION, "PodsReady in member 1")
     wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE).get("status") or {}).get(
         "jobDeploymentStatus") == "Running", REACTION, "member 1's status on the manager's RayJob")
-    timeline = Timeline(fleet, name, workload).__enter__()
-    timeline.freeze(W1)
     marks = {}
-    try:
+    with shown(Timeline(fleet, name, workload), marks, "partition of the running member") as timeline:
+        timeline.freeze(W1)
         try:
             # Kueue notices the lost member through client timeouts (about a minute), then waits workerLostTimeout.
-            wait_for(lambda: fleet.admitted_copy(W2, workload, ON_DEMAND_W2), 180 + WORKER_LOST_SECONDS,
-                                 "the job admitted at member 2's on-demand step", interval=0.1)
-            marks["admitted in member 2"] = round(time.monotonic() - timeline.zero, 2)
-            run = wait_for(lambda: (r := fleet.rayjob_in(W2, name)) is not None and not r["spec"].get("suspend")
-                           and r, REACTION, f"{name} running in {W2}")
-            fleet.play_running(W2, name)  # its pods run: member 2's podsReadyTimeout does not evict it
-            marks["running in member 2"] = round(time.monotonic() - timeline.zero, 2)
+            takeover = runs_in_member_2(fleet, name, workload, timeline, marks, 180 + WORKER_LOST_SECONDS)
             assert marks["admitted in member 2"] >= WORKER_LOST_SECONDS
-            takeover = run["metadata"]["uid"]
         finally:
             marks["thawed"] = timeline.thaw(W1)
-        never_none = []
-
-        def settled() -> bool:
-            running = [m for m in fleet.members if (r := fleet.rayjob_in(m, name)) is not None
-                       and not r["spec"].get("suspend")]
-            never_none.append(bool(running))
-            return (condition(fleet.manager.get(KUEUE_API_VERSION, "MultiKueueCluster", W1), "Active") == "True"
-                    and running == [W2] and fleet.copy_in(W1, workload) is None)
-        wait_for(settled, RECONNECT, "Kueue back in member 1, its old copy and run gone, one run left", interval=0.5)
-        marks["one run left"] = round(time.monotonic() - timeline.zero, 2)
-        time.sleep(2)  # nothing comes back
-        assert settled(), timeline.text()
-    except BaseException:
-        print(f"\ntimeline (s since the freeze): {marks}\n{timeline.text()}")
-        raise
-    finally:
-        timeline.__exit__()
-    print(f"\npartition of the running member: {marks}; timeline (s since the freeze):\n{timeline.text()}")
-    assert all(never_none), timeline.text()
+        one_run_left(fleet, name, workload, timeline, marks, lambda: condition(fleet.manager.get(
+            KUEUE_API_VERSION, "MultiKueueCluster", W1), "Active") == "True", RECONNECT,
+            "Kueue back in member 1, its old copy and run gone, one run left", interval=0.5)
     assert fleet.rayjob_in(W2, name)["metadata"]["uid"] == takeover != original
     # The takeover's run was created once, in member 2; no DWS request anywhere (the job never reached that step).
     assert len({v[0] for v in timeline.seen(f"{W2}-rayjob") if v}) == 1, timeline.text()

@@ -378,6 +378,10 @@ class Timeline:
         self._thread.start()
         return self
 
+    def now(self) -> float:
+        """Seconds since the timeline's zero."""
+        return round(time.monotonic() - self.zero, 2)
+
     def freeze(self, member: str) -> None:
         """Freeze the member's API server (a partition: what runs there goes on), from now the timeline's zero."""
         self.frozen.add(member)
@@ -388,7 +392,7 @@ class Timeline:
         """The member answers again; the seconds since the freeze, recorded as an event."""
         self.fleet.tier.members[member].thaw()
         self.frozen.discard(member)
-        at = round(time.monotonic() - self.zero, 2)
+        at = self.now()
         self.events.append((at, "thawed", member))
         return at
 
