@@ -65,6 +65,8 @@ def _version_ldflags(version: str) -> str:
 # name -> (wrapper folder or None, Go package, ldflags)
 def _targets() -> dict[str, tuple[str | None, str, str]]:
     kueue_path, kueue_version = versions.MODULES["kueue"]
+    kuberay_path, kuberay_version = versions.MODULES["kuberay"]
+    kwok_path, kwok_version = versions.MODULES["kwok"]
     return {
         "etcd": ("etcd", "go.etcd.io/etcd/server/v3", "-s -w"),
         "kube-apiserver": ("kubernetes", "k8s.io/kubernetes/cmd/kube-apiserver",
@@ -75,6 +77,11 @@ def _targets() -> dict[str, tuple[str | None, str, str]]:
                   f"-s -w -X {kueue_path}/pkg/version.GitVersion={kueue_version}"),
         "helm": (None, f"helm.sh/helm/v3/cmd/helm@{versions.HELM}",
                  f"-s -w -X helm.sh/helm/v3/internal/version.version={versions.HELM}"),
+        "kube-scheduler": ("kubernetes", "k8s.io/kubernetes/cmd/kube-scheduler",
+                           _version_ldflags(versions.KUBERNETES)),
+        # KWOK's own version constant already says the tag; KubeRay's main has only build-time and commit strings.
+        "kwok": (None, f"{kwok_path}/cmd/kwok@{kwok_version}", "-s -w"),
+        "kuberay-operator": (None, f"{kuberay_path}@{kuberay_version}", "-s -w"),
     }
 
 
@@ -107,7 +114,9 @@ def _build(name: str, target: Path) -> None:
                                     env={**_go_env(), "GOBIN": gobin}, text=True, capture_output=True)
             if result.returncode != 0:
                 raise RuntimeError(f"building {name} failed:\n{result.stderr[-4000:]}")
-            shutil.move(Path(gobin) / name, partial)
+            # `go install` names the binary after the package's last element (ray-operator for KubeRay).
+            installed = package.split("@")[0].rsplit("/", 1)[-1]
+            shutil.move(Path(gobin) / installed, partial)
     else:
         _go("build", "-trimpath", "-ldflags", ldflags, "-o", str(partial), package, cwd=GOMOD / wrapper)
     partial.rename(target)  # atomic: a killed build never leaves a binary that looks finished
@@ -129,7 +138,8 @@ def write_wrappers() -> None:
     replaces = "\n".join(f"\t{module} => {module} {versions.KUBERNETES_STAGING}" for module in staging)
     _write_wrapper("kubernetes", f"require k8s.io/kubernetes {versions.KUBERNETES}\n\nreplace (\n{replaces}\n)\n",
                    [f"k8s.io/kubernetes/cmd/kube-apiserver@{versions.KUBERNETES}",
-                    f"k8s.io/kubernetes/cmd/kube-controller-manager@{versions.KUBERNETES}"])
+                    f"k8s.io/kubernetes/cmd/kube-controller-manager@{versions.KUBERNETES}",
+                    f"k8s.io/kubernetes/cmd/kube-scheduler@{versions.KUBERNETES}"])
     _write_wrapper("etcd", "", [f"go.etcd.io/etcd/server/v3@{versions.ETCD}"])
 
 

@@ -19,7 +19,11 @@ ETCD = "v3.6.16"
 HELM = "v3.22.0"
 # ../shared/schemas holds KubeRay 1.7.0's CRDs; the Go proxy does not serve 1.7.0, so the tier installs the
 # newest 1.6 it serves, the one Kueue 0.19.2's go.mod requires, and a fleet's manager installs the same (its chart).
+# The tier also runs this version's operator: `go list -m -versions` names only v1.4.0 and v1.5.0, yet the proxy
+# serves v1.6.2 and everything it requires, so the operator the tests run is the one a fleet's manager installs.
 KUBERAY = "v" + KUBERAY_VERSION
+# KWOK: the tier's nodes and pods (their status only; no container runs). The newest release the Go proxy serves.
+KWOK = "v0.8.0"
 # The ProvisioningRequest API Kueue 0.19.2 is built against (its go.mod).
 AUTOSCALER_APIS = "v0.0.0-20240830133931-adfbe7e45277"
 # Google Cloud Managed Service for Prometheus: its PodMonitoring CRD (GKE installs its own copy with managed
@@ -34,6 +38,7 @@ MODULES = {
     "kuberay": ("github.com/ray-project/kuberay/ray-operator", KUBERAY),
     "autoscaler": ("k8s.io/autoscaler/cluster-autoscaler/apis", AUTOSCALER_APIS),
     "prometheus-engine": ("github.com/GoogleCloudPlatform/prometheus-engine", PROMETHEUS_ENGINE),
+    "kwok": ("sigs.k8s.io/kwok", KWOK),
 }
 
 
@@ -53,4 +58,8 @@ BINARIES = {
     "kube-controller-manager": KUBERNETES,
     "kueue": KUEUE,
     "helm": HELM,
+    # After admission (tests/controlplane/runtime.py): the scheduler, KWOK's nodes and KubeRay's operator.
+    "kube-scheduler": KUBERNETES,
+    "kwok": KWOK,
+    "kuberay-operator": KUBERAY,
 }

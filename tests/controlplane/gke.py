@@ -1,0 +1,491 @@
+"""GKE's half of the tier, derived from the plan: its node pools as node templates, and an autoscaler stand-in.
+
+Every node pool the plan declares (the cluster's `default-pool` and each `NodePool`) becomes a `NodeTemplate`
+carrying what GKE puts on that pool's nodes; nothing here is written per test. The `Autoscaler` plays GKE's
+cluster autoscaler and DWS over those templates: it grows a pool when a pod the scheduler could not place fits the
+pool's template (a multi-host slice appears whole), creates a queued pool's slice once its ProvisioningRequest is
+Provisioned, says "GCE out of resources" about a pod when a stockout is scripted, and removes a slice once no pod
+runs on it. Nodes are KWOK's (tests/controlplane/runtime.py): they become Ready, pods on them Running, no container
+runs.
+
+What GKE puts on a node, with where each comes from:
+- labels on every node: `cloud.google.com/gke-nodepool`, `node.kubernetes.io/instance-type`,
+  `topology.kubernetes.io/zone` and `region`, `kubernetes.io/hostname`, `kubernetes.io/os`, `kubernetes.io/arch`;
+  Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/creating-managing-labels#automatically-applied-labels
+- TPU nodes: `cloud.google.com/gke-tpu-accelerator` and `cloud.google.com/gke-tpu-topology` (the slice's, or the
+  machine's single-host topology), the taint `google.com/tpu=present:NoSchedule` and `google.com/tpu` chips
+  allocatable; Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/tpus and
+  https://cloud.google.com/kubernetes-engine/docs/how-to/tpus (nodeSelector and toleration examples);
+- Spot nodes: the label `cloud.google.com/gke-spot=true` (GKE adds no Spot taint: a pool that wants one declares
+  it, and it is then on the template from the pool's own `nodeConfig.taints`);
+  Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms#scheduling-workloads
+- flex-start nodes: the label `cloud.google.com/gke-flex-start=true` (../shared/notes/gke-tpu.md §3);
+- queued-provisioning nodes: the taint `cloud.google.com/gke-queued` (NoSchedule) and, per ProvisioningRequest, the
+  label `autoscaling.gke.io/provisioning-request=<ResizeRequestName>` that Kueue's podSetUpdates select.
+  Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest ("tolerate the
+  cloud.google.com/gke-queued taint"). **Assumed:** the taint's value `true` (the docs name only its key; every
+  toleration here uses `operator: Exists`, so the value cannot matter).
+- allocatable: the machine's vCPU and memory less GKE's reservations (CPU: 6 % of the first core, 1 % of the next,
+  0.5 % of the next two, 0.25 % above four; memory: 25 % of the first 4 GiB, 20 % of the next 4, 10 % of the next 8,
+  6 % of the next 112, 2 % above 128, and a 100 MiB eviction threshold), 110 pods.
+  Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes#cpu_reservations
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import math
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from infra import tpu as catalogue
+from infra.cpu import lookup_cpu_machine
+from infra.offline import Plan
+from tests.controlplane.kube import Kube, condition
+
+CLUSTER_TYPE = "gcp:container/cluster:Cluster"
+NODE_POOL_TYPE = "gcp:container/nodePool:NodePool"
+DEFAULT_POOL = "default-pool"  # the pool GKE makes from the cluster's own node_config
+NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+SPOT_LABEL = "cloud.google.com/gke-spot"
+FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
+QUEUED_TAINT = "cloud.google.com/gke-queued"
+PROVISIONING_REQUEST_LABEL = "autoscaling.gke.io/provisioning-request"
+TPU_TAINT = {"key": catalogue.TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
+# KWOK manages exactly the nodes carrying this annotation (runtime.py starts it with that selector).
+KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+# The tier's own bookkeeping on a node: which slice it belongs to (a multi-host slice comes and goes whole).
+SLICE_ANNOTATION = "tier.tpu-fallback/slice"
+MAX_PODS = "110"
+# What GKE's autoscaler says on a pod when the zone has no capacity (failover/decisions.py matches it).
+STOCKOUT_MESSAGE = ("Node scale up in zones {zone} associated with this pod failed: GCE out of resources. "
+                    "Pod is at risk of not being scheduled.")
+# The Pulumi enum of a taint's effect and the Kubernetes one.
+_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
+
+
+# ---- what GKE leaves to pods ------------------------------------------------------------------------------------
+def reserved_millicores(vcpus: int) -> int:
+    """GKE's CPU reservation for a node of `vcpus` cores, in millicores."""
+    tiers = ((1, 60), (1, 10), (2, 5))  # (cores, millicores reserved per core)
+    reserved, left = 0.0, vcpus
+    for cores, per_core in tiers:
+        taken = min(left, cores)
+        reserved, left = reserved + taken * per_core, left - taken
+    return round(reserved + left * 2.5)
+
+
+def reserved_mebibytes(memory_gib: int) -> int:
+    """GKE's memory reservation (eviction threshold included) for a node of `memory_gib` GiB, in MiB."""
+    tiers = ((4, 0.25), (4, 0.20), (8, 0.10), (112, 0.06))  # (GiB, fraction reserved)
+    reserved, left = 0.0, float(memory_gib)
+    for gib, fraction in tiers:
+        taken = min(left, gib)
+        reserved, left = reserved + taken * fraction, left - taken
+    return round((reserved + left * 0.02) * 1024) + 100
+
+
+def allocatable(vcpus: int, memory_gib: int, tpu_chips: int = 0) -> dict[str, str]:
+    resources = {"cpu": f"{vcpus * 1000 - reserved_millicores(vcpus)}m",
+                 "memory": f"{memory_gib * 1024 - reserved_mebibytes(memory_gib)}Mi", "pods": MAX_PODS}
+    if tpu_chips:
+        resources[catalogue.TPU_RESOURCE] = str(tpu_chips)
+    return resources
+
+
+# ---- node templates ---------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class NodeTemplate:
+    """One node pool as GKE makes its nodes: a slice is `hosts` nodes created and removed together."""
+
+    pool: str
+    machine_type: str
+    labels: Mapping[str, str]
+    taints: tuple[Mapping[str, str], ...]
+    allocatable: Mapping[str, str]
+    hosts: int
+    max_nodes: int  # autoscaling.maxNodeCount (one zone), or the fixed size of a pool that does not autoscale
+    autoscaled: bool
+    queued: bool  # queued provisioning: nodes only through a ProvisioningRequest
+    spot: bool
+
+    @property
+    def tpu(self) -> bool:
+        return catalogue.TPU_RESOURCE in self.allocatable
+
+
+def node_templates(plan: Plan) -> tuple[NodeTemplate, ...]:
+    """Every pool the plan declares, as GKE would make its nodes."""
+    cluster = plan.only(CLUSTER_TYPE).inputs
+    zone = cluster["location"]
+    default = cluster["nodeConfig"]
+    templates = [_template(DEFAULT_POOL, default, zone, autoscaling=None, topology=None, queued=False,
+                           fixed_nodes=int(cluster["initialNodeCount"]))]
+    for pool in plan.of_type(NODE_POOL_TYPE):
+        inputs = pool.inputs
+        templates.append(_template(
+            inputs["name"], inputs["nodeConfig"], inputs.get("location") or zone, inputs.get("autoscaling"),
+            (inputs.get("placementPolicy") or {}).get("tpuTopology"),
+            bool((inputs.get("queuedProvisioning") or {}).get("enabled")),
+            fixed_nodes=int(inputs.get("nodeCount") or inputs.get("initialNodeCount") or 0)))
+    return tuple(templates)
+
+
+def _template(pool: str, node_config: Mapping, zone: str, autoscaling: Mapping | None, topology: str | None,
+              queued: bool, fixed_nodes: int) -> NodeTemplate:
+    machine_type = node_config["machineType"]
+    spot = bool(node_config.get("spot"))
+    labels = {**(node_config.get("labels") or {}), NODEPOOL_LABEL: pool,
+              "node.kubernetes.io/instance-type": machine_type, "topology.kubernetes.io/zone": zone,
+              "topology.kubernetes.io/region": zone.rsplit("-", 1)[0], "kubernetes.io/os": "linux",
+              "kubernetes.io/arch": "amd64"}
+    taints = [{"key": t["key"], "value": t.get("value", ""), "effect": _EFFECTS[t["effect"]]}
+              for t in node_config.get("taints") or []]
+    hosts = 1
+    machine = catalogue.MACHINE_TYPES.get(machine_type)
+    if machine is not None:
+        tpu_slice = catalogue.lookup_slice(machine_type, topology or machine.single_host_topology)
+        hosts = tpu_slice.hosts
+        labels |= {catalogue.ACCELERATOR_LABEL_KEY: tpu_slice.accelerator_label,
+                   catalogue.TOPOLOGY_LABEL_KEY: tpu_slice.topology}
+        taints.append(dict(TPU_TAINT))
+        resources = allocatable(machine.vcpus, machine.memory_gib, machine.chips_per_host)
+    else:
+        shape = lookup_cpu_machine(machine_type)
+        resources = allocatable(shape.vcpus, shape.memory_gib)
+    if spot:
+        labels[SPOT_LABEL] = "true"
+    if node_config.get("flexStart"):
+        labels[FLEX_START_LABEL] = "true"
+    if queued:
+        taints.append({"key": QUEUED_TAINT, "value": "true", "effect": "NoSchedule"})
+    return NodeTemplate(pool, machine_type, MappingProxyType(labels), tuple(MappingProxyType(t) for t in taints),
+                        MappingProxyType(resources), hosts,
+                        int(autoscaling["maxNodeCount"]) if autoscaling else fixed_nodes,
+                        autoscaled=autoscaling is not None, queued=queued, spot=spot)
+
+
+# ---- would a pod fit a template? (the scheduler's own tests, for the autoscaler and for static checks) ----------
+_QUANTITY = re.compile(r"^([0-9.]+)([a-zA-Z]*)$")
+_SUFFIXES = {"": 1, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "Ki": 2**10, "Mi": 2**20, "Gi": 2**30,
+             "Ti": 2**40}
+
+
+def quantity(text: str | int | float) -> float:
+    number, suffix = _QUANTITY.match(str(text)).groups()
+    return float(number) * _SUFFIXES[suffix]
+
+
+def pod_requests(spec: Mapping) -> dict[str, float]:
+    """What the scheduler counts for a pod: the sum of its containers' requests (limits where only those are set),
+    or its largest init container's where that is more."""
+    def of(containers: Iterable[Mapping]) -> list[dict[str, float]]:
+        out = []
+        for container in containers:
+            resources = container.get("resources") or {}
+            wanted = {**(resources.get("limits") or {}), **(resources.get("requests") or {})}
+            out.append({name: quantity(value) for name, value in wanted.items()})
+        return out
+
+    total: dict[str, float] = {}
+    for each in of(spec.get("containers") or []):
+        for name, value in each.items():
+            total[name] = total.get(name, 0) + value
+    for each in of(spec.get("initContainers") or []):
+        for name, value in each.items():
+            total[name] = max(total.get(name, 0), value)
+    return total
+
+
+def tolerated(taint: Mapping[str, str], tolerations: Iterable[Mapping]) -> bool:
+    for toleration in tolerations:
+        if toleration.get("effect") and toleration["effect"] != taint["effect"]:
+            continue
+        if not toleration.get("key") and toleration.get("operator") == "Exists":
+            return True
+        if toleration.get("key") != taint["key"]:
+            continue
+        if toleration.get("operator", "Equal") == "Exists" or toleration.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _matches_expression(labels: Mapping[str, str], expression: Mapping) -> bool:
+    key, operator, values = expression["key"], expression["operator"], expression.get("values") or []
+    if operator == "In":
+        return labels.get(key) in values
+    if operator == "NotIn":
+        return labels.get(key) not in values
+    if operator == "Exists":
+        return key in labels
+    if operator == "DoesNotExist":
+        return key not in labels
+    raise ValueError(f"node affinity operator {operator!r} is not played by the tier")
+
+
+def why_not(template: NodeTemplate, spec: Mapping, labels: Mapping[str, str] | None = None) -> str | None:
+    """Why a pod with this spec could never run on a node of this template (None: it fits an empty node). `labels`
+    are the node's own when they differ from the template's (a DWS node's provisioning-request label)."""
+    labels = template.labels if labels is None else labels
+    for key, value in (spec.get("nodeSelector") or {}).items():
+        if labels.get(key) != value:
+            return f"nodeSelector {key}={value} (the pool's nodes have {labels.get(key)!r})"
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution") or {})
+    terms = required.get("nodeSelectorTerms") or []
+    if terms and not any(all(_matches_expression(labels, e) for e in term.get("matchExpressions") or [])
+                         for term in terms):
+        return "required node affinity"
+    for taint in template.taints:
+        if taint["effect"] in ("NoSchedule", "NoExecute") and not tolerated(taint, spec.get("tolerations") or []):
+            return f"untolerated taint {taint['key']}={taint.get('value', '')}:{taint['effect']}"
+    for name, wanted in pod_requests(spec).items():
+        have = quantity(template.allocatable.get(name, "0"))
+        if wanted > have:
+            return f"{name}: requests {wanted:g}, a node has {have:g}"
+    return None
+
+
+def fitting(templates: Iterable[NodeTemplate], spec: Mapping) -> list[NodeTemplate]:
+    return [t for t in templates if why_not(t, spec) is None]
+
+
+# ---- the autoscaler and DWS -------------------------------------------------------------------------------------
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def unschedulable(pod: Mapping) -> bool:
+    """The scheduler tried the pod and found no node: what the cluster autoscaler acts on."""
+    spec, status = pod["spec"], pod.get("status") or {}
+    if spec.get("nodeName") or pod["metadata"].get("deletionTimestamp") or spec.get("schedulingGates"):
+        return False
+    return any(c["type"] == "PodScheduled" and c["status"] == "False" and c.get("reason") == "Unschedulable"
+               for c in status.get("conditions") or [])
+
+
+def holds_node(pod: Mapping) -> bool:
+    return bool(pod["spec"].get("nodeName")) and (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+@dataclass
+class Slice:
+    id: str
+    pool: str
+    nodes: tuple[str, ...]
+    provisioning_request: str | None = None
+    idle_since: float | None = None
+
+
+@dataclass
+class Autoscaler:
+    """Plays GKE's cluster autoscaler and DWS over `templates` in one thread (`start`, `stop`).
+
+    Scripted by the tests: `stockout(pool)` makes the pool unable to grow (the autoscaler reports it on each pod it
+    could not serve, as GKE does), `restore(pool)` gives capacity back. `scale_up_seconds` is how long a new slice
+    takes to appear (GKE: minutes), `scale_down_seconds` how long an empty slice stays (GKE: about 10 min)."""
+
+    kubeconfig: object
+    templates: tuple[NodeTemplate, ...]
+    cluster_name: str
+    zone: str
+    scale_up_seconds: float = 0.5
+    scale_down_seconds: float = 1.0
+    period: float = 0.2
+    slices: dict[str, Slice] = field(default_factory=dict)
+    stocked_out: set[str] = field(default_factory=set)
+    reported: dict[str, str] = field(default_factory=dict)  # pod uid -> pool it was reported for
+    problems: list[str] = field(default_factory=list)  # what the stand-in could not do: a test asserts none
+    history: list[tuple[float, str, str, str]] = field(default_factory=list)  # (time, up|down, pool, slice)
+
+    def __post_init__(self) -> None:
+        self.by_pool = {t.pool: t for t in self.templates}
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._ids = itertools.count(1)
+        self._arriving: dict[str, list[tuple[float, Slice]]] = {}  # pool -> slices not created yet
+        self._provisioned: set[str] = set()  # ResizeRequestNames whose slice was made
+
+    # ---- scripting ---------------------------------------------------------------------------------------------
+    def stockout(self, pool: str) -> None:
+        with self._lock:
+            self.stocked_out.add(self._known(pool))
+
+    def restore(self, pool: str) -> None:
+        with self._lock:
+            self.stocked_out.discard(self._known(pool))
+
+    def _known(self, pool: str) -> str:
+        if pool not in self.by_pool:
+            raise KeyError(f"no node pool {pool!r} in the plan; pools: {', '.join(self.by_pool)}")
+        return pool
+
+    def nodes_of(self, pool: str) -> list[str]:
+        with self._lock:
+            return [n for s in self.slices.values() if s.pool == pool for n in s.nodes]
+
+    # ---- running -----------------------------------------------------------------------------------------------
+    def start(self) -> Autoscaler:
+        self.kube = Kube(self.kubeconfig)
+        for template in self.templates:  # pools that do not autoscale have their nodes from the start
+            if not template.autoscaled and not template.queued:
+                for _ in range(template.max_nodes // template.hosts):
+                    self._create_slice(template)
+        self._thread = threading.Thread(target=self._run, daemon=True, name="gke-autoscaler")
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.step()
+            except Exception as error:  # noqa: BLE001 - a pass that failed (API server frozen) is tried again
+                self.problems.append(f"autoscaler pass failed: {error!r}")
+                if len(self.problems) > 1000:
+                    del self.problems[:500]
+
+    def step(self) -> None:
+        """One pass: arrivals, DWS requests, scale-ups for unschedulable pods, scale-downs of empty slices."""
+        pods = self.kube.list("v1", "Pod")
+        now = time.monotonic()
+        with self._lock:
+            self._arrive(now)
+            self._provision()
+            self._scale_up(pods)
+            self._scale_down(pods, now)
+
+    def _arrive(self, now: float) -> None:
+        for pool, arriving in self._arriving.items():
+            due = [s for at, s in arriving if at <= now]
+            self._arriving[pool] = [(at, s) for at, s in arriving if at > now]
+            for planned in due:
+                self._create_slice(self.by_pool[pool], planned.id)
+
+    def _create_slice(self, template: NodeTemplate, slice_id: str | None = None,
+                      provisioning_request: str | None = None) -> Slice:
+        slice_id = slice_id or f"{next(self._ids):04x}"
+        labels = dict(template.labels)
+        if provisioning_request:
+            labels[PROVISIONING_REQUEST_LABEL] = provisioning_request
+        names = []
+        for host in range(template.hosts):
+            name = f"gke-{self.cluster_name}-{template.pool}-{slice_id}-{host}"[:63].rstrip("-")
+            self.kube.create({
+                "apiVersion": "v1", "kind": "Node",
+                "metadata": {"name": name, "labels": {**labels, "kubernetes.io/hostname": name},
+                             "annotations": {KWOK_ANNOTATION[0]: KWOK_ANNOTATION[1], SLICE_ANNOTATION: slice_id}},
+                "spec": {"taints": [dict(t) for t in template.taints]},
+                "status": {"allocatable": dict(template.allocatable), "capacity": dict(template.allocatable)}})
+            names.append(name)
+        created = Slice(slice_id, template.pool, tuple(names), provisioning_request)
+        self.slices[slice_id] = created
+        self.history.append((time.monotonic(), "up", template.pool, slice_id))
+        return created
+
+    def _provision(self) -> None:
+        """DWS: a Provisioned request's slice appears in the queued pool its pods select, labelled with the
+        request's ResizeRequestName (GKE creates it before it says Provisioned; here the test's mark comes first)."""
+        for request in self.kube.list("autoscaling.x-k8s.io/v1", "ProvisioningRequest"):
+            if condition(request, "Provisioned") != "True":
+                continue
+            resize = ((request.get("status") or {}).get("provisioningClassDetails") or {}).get("ResizeRequestName")
+            if not resize or resize in self._provisioned:
+                continue
+            self._provisioned.add(resize)
+            namespace = request["metadata"]["namespace"]
+            for pod_set in request["spec"]["podSets"]:
+                template = self.kube.get("v1", "PodTemplate", pod_set["podTemplateRef"]["name"], namespace)
+                spec = template["template"]["spec"] if template else {}
+                pools = [t for t in self.templates if t.queued and why_not(t, spec) is None]
+                if len(pools) != 1:
+                    self.problems.append(f"ProvisioningRequest {namespace}/{request['metadata']['name']}: "
+                                         f"{len(pools)} queued pools fit its pods")
+                    continue
+                (pool,) = pools
+                for _ in range(math.ceil(int(pod_set["count"]) / pool.hosts)):
+                    self._create_slice(pool, provisioning_request=resize)
+
+    def _scale_up(self, pods: list[dict]) -> None:
+        waiting: dict[str, list[dict]] = {}
+        for pod in pods:
+            if not unschedulable(pod):
+                continue
+            pools = [t for t in self.templates if t.autoscaled and not t.queued and why_not(t, pod["spec"]) is None]
+            if pools:  # the first pool that fits, as the autoscaler's default expander is free to pick
+                waiting.setdefault(pools[0].pool, []).append(pod)
+        for pool, pending in waiting.items():
+            template = self.by_pool[pool]
+            if pool in self.stocked_out:
+                for pod in pending:
+                    self._report_stockout(pod, template)
+                continue
+            free = self._free_hosts(pool, pods) + sum(template.hosts for _ in self._arriving.get(pool, []))
+            need = len(pending) - free
+            room = template.max_nodes - len(self._nodes(pool)) - template.hosts * len(
+                self._arriving.get(pool, []))
+            slices = min(math.ceil(need / template.hosts), room // template.hosts) if need > 0 else 0
+            for _ in range(max(0, slices)):
+                planned = Slice(f"{next(self._ids):04x}", pool, ())
+                self._arriving.setdefault(pool, []).append((time.monotonic() + self.scale_up_seconds, planned))
+
+    def _nodes(self, pool: str) -> list[str]:
+        return [n for s in self.slices.values() if s.pool == pool for n in s.nodes]
+
+    def _free_hosts(self, pool: str, pods: list[dict]) -> int:
+        busy = {p["spec"]["nodeName"] for p in pods if holds_node(p)}
+        return sum(1 for node in self._nodes(pool) if node not in busy)
+
+    def _report_stockout(self, pod: dict, template: NodeTemplate) -> None:
+        uid = pod["metadata"]["uid"]
+        if self.reported.get(uid) == template.pool:
+            return
+        self.reported[uid] = template.pool
+        meta, stamp = pod["metadata"], _now()
+        self.kube.create({
+            "apiVersion": "v1", "kind": "Event",
+            "metadata": {"name": f"{meta['name']}.{time.time_ns():x}", "namespace": meta["namespace"]},
+            "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": meta["name"],
+                               "namespace": meta["namespace"], "uid": uid},
+            "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE.format(zone=self.zone), "type": "Warning",
+            "source": {"component": "cluster-autoscaler"}, "count": 1, "firstTimestamp": stamp,
+            "lastTimestamp": stamp})
+
+    def _scale_down(self, pods: list[dict], now: float) -> None:
+        busy = {p["spec"]["nodeName"] for p in pods if holds_node(p)}
+        for slice_id, each in list(self.slices.items()):
+            template = self.by_pool[each.pool]
+            if not (template.autoscaled or template.queued):
+                continue
+            if any(node in busy for node in each.nodes):
+                each.idle_since = None
+                continue
+            each.idle_since = each.idle_since or now
+            if now - each.idle_since >= self.scale_down_seconds:
+                for node in each.nodes:
+                    self.kube.delete("v1", "Node", node, propagation="Background")
+                del self.slices[slice_id]
+                self.history.append((now, "down", each.pool, slice_id))
+
+
+def placement(kube: Kube, namespace: str, selector: Callable[[dict], bool]) -> dict[str, list[str]]:
+    """pod name -> [its node, the node's pool] for the pods `selector` picks (a pod not placed: [])."""
+    nodes = {n["metadata"]["name"]: n for n in kube.list("v1", "Node")}
+    out = {}
+    for pod in kube.list("v1", "Pod", namespace=namespace):
+        if not selector(pod):
+            continue
+        node = nodes.get(pod["spec"].get("nodeName") or "")
+        out[pod["metadata"]["name"]] = [node["metadata"]["name"], node["metadata"]["labels"][NODEPOOL_LABEL]] \
+            if node else []
+    return out
