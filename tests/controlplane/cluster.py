@@ -1,9 +1,10 @@
-"""A real control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager (garbage collector, namespace
-and ServiceAccount token controllers) and Kueue, configured from the chart the stack installs.
+"""A real control plane on 127.0.0.1: etcd, kube-apiserver, kube-controller-manager and Kueue, configured from the
+chart the stack installs.
 
-No kubelet or scheduler: Pods are never created, so TPU pods never become ready (a natural stockout), and no
-KubeRay operator: RayJobs are judged by Kueue's and KubeRay's CRDs and webhooks, never run.
-Ref: ../shared/notes/real-control-plane.md
+Given a plan, the parts after admission run too (runtime.py): kube-scheduler, KWOK nodes shaped like the plan's
+pools, the KubeRay operator, and GKE's autoscaler and the Ray head played. Without one, nothing runs a pod: TPU pods
+never become ready (a natural stockout) and RayJobs are judged by Kueue's and KubeRay's CRDs and webhooks only.
+Ref: ../shared/notes/real-control-plane.md, ../shared/notes/kuberay-kwok.md
 """
 
 from __future__ import annotations
@@ -23,14 +24,17 @@ import yaml
 
 from failover import credentials
 from infra import kueue as stack_kueue
+from infra.offline import Plan
 from tests import upstream
 from tests.controlplane import build, chart, pki
 from tests.controlplane.kube import Kube, wait_for
 from tests.controlplane.processes import Process, Supervisor, free_port, http_ok
+from tests.controlplane.runtime import AfterAdmission
 
 # Kueue opens this pair whenever its internal cert management is off, metrics or not (cmd/kueue/main.go).
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
-RAY_CRDS = ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml")
+# RayService's too: the KubeRay operator watches all three kinds and does not start without them.
+RAY_CRDS = ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml", "ray.io_rayservices.yaml")
 PROVISIONING_REQUEST_CRD = "autoscaling.x-k8s.io_provisioningrequests.yaml"
 SERVICE_CIDR = "10.0.0.0/24"
 # What deletion needs (the garbage collector removes `foregroundDeletion` finalizers and cascades to dependents; the
@@ -40,7 +44,10 @@ SERVICE_CIDR = "10.0.0.0/24"
 # rules) from the ClusterRoles labelled to aggregate into them, the Kueue chart's among them, as on GKE.
 # Ref: https://kubernetes.io/docs/reference/access-authn-authz/rbac/#aggregated-clusterroles
 # Measured: no slower to start (the controller-manager step 0.24 s either way, median of 4 interleaved starts).
-CONTROLLERS = ("garbagecollector", "namespace", "serviceaccount-token", "clusterrole-aggregation")
+# And what real nodes need (../shared/notes/kuberay-kwok.md): `job` runs KubeRay's submitter Job, `podgc` deletes
+# the pods of a node that is gone, `nodelifecycle` lifts the not-ready taint every new node is created with.
+CONTROLLERS = ("garbagecollector", "namespace", "serviceaccount-token", "clusterrole-aggregation", "job", "podgc",
+               "nodelifecycle")
 
 
 @dataclass
@@ -58,10 +65,14 @@ class Timings:
 class ControlPlane:
     """Start with `start()`, stop with `stop()`; `kube` is an admin client, `kubeconfig` its file."""
 
-    def __init__(self, kueue_values: dict, workdir: Path | None = None, apiserver_args: tuple[str, ...] = ()):
+    def __init__(self, kueue_values: dict, workdir: Path | None = None, apiserver_args: tuple[str, ...] = (),
+                 nodes_of: Plan | None = None):
         """`kueue_values`: the values a stack's Helm release passes (stack.release_values(plan)); `apiserver_args`:
-        more flags for kube-apiserver (a fleet member's: the Google-like token issuer it trusts)."""
+        more flags for kube-apiserver (a fleet member's: the Google-like token issuer it trusts); `nodes_of`: the
+        plan whose node pools the tier plays, with the parts after admission (`after`) running."""
         self.kueue_values = kueue_values
+        self.nodes_of = nodes_of
+        self.after: AfterAdmission | None = None
         self.apiserver_args = tuple(apiserver_args)
         self._own_workdir = workdir is None
         self.workdir = Path(tempfile.mkdtemp(prefix="tpu-fallback-cp-")) if workdir is None else workdir
@@ -110,7 +121,10 @@ class ControlPlane:
         self._start_controller_manager(binaries["kube-controller-manager"])
         now = self.timings.mark("kube-controller-manager", now)
         self._start_kueue(binaries["kueue"])
-        self.timings.mark("kueue", now)
+        now = self.timings.mark("kueue", now)
+        if self.nodes_of is not None:
+            self.after = AfterAdmission(self.supervisor, self.workdir, self.kubeconfig, self.nodes_of).start()
+            self.timings.mark("after admission", now)
 
     def _start_etcd(self, binary: Path) -> None:
         client, peer = free_port(), free_port()
@@ -294,6 +308,8 @@ class ControlPlane:
 
     def stop(self, keep_workdir: bool = False) -> None:
         self.thaw()  # a stopped process ignores SIGTERM, and Kueue's shutdown would wait on the API server
+        if self.after is not None:
+            self.after.stop()
         self.supervisor.stop_all()
         if self._own_workdir and not keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)

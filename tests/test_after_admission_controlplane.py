@@ -1,0 +1,174 @@
+"""After admission, for real: the dev stack's jobs run to their end on real KubeRay, kube-scheduler and KWOK nodes
+shaped like the plan's GKE pools (tests/controlplane/runtime.py, gke.py).
+
+What is played: GCE capacity (the autoscaler stand-in grows a pool for a pod the scheduler could not place; a DWS
+slice appears when the test marks its ProvisioningRequest Provisioned) and the Ray head's Jobs API (the test ends a
+job). Everything else is the real thing: Kueue admits, KubeRay makes the RayCluster, its pods and the submitter Job,
+the scheduler places each pod on a node, Kueue reads PodsReady from KubeRay's status, KubeRay and the job controller
+finish the run, Kueue frees the quota.
+
+This is the tutorial's own check (`kubectl logs job/rayjob-tpu-v6e-dws-1`: `Job ... succeeded`) for a job on plan A
+and one on plan B, on the tier.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from tests.conftest import plan_for
+from tests.controlplane import gke, jobs
+from tests.controlplane.cluster import ControlPlane
+from tests.controlplane.kube import condition, wait_for
+from tests.controlplane.stack import deploy, release_values
+
+pytestmark = pytest.mark.controlplane
+
+NAMESPACE = "default"
+# Generous: four test files run at once on two cores; nothing here measures time.
+REACTION = 90
+RAY_CLUSTER = ("ray.io/v1", "RayCluster")
+BATCH_JOB = ("batch/v1", "Job")
+
+
+@pytest.fixture(scope="module")
+def tier(request):
+    plan = plan_for("dev")
+    plane = ControlPlane(release_values(plan), nodes_of=plan).start()
+    try:
+        yield plane, plan
+    finally:
+        failed = request.session.testsfailed > 0
+        plane.stop(keep_workdir=failed)
+        if failed:
+            print(f"\nafter-admission tier logs kept in {plane.supervisor.logs}")
+
+
+def rayjob_names(plan) -> list[str]:
+    return [m["metadata"]["name"] for m in plan.kubernetes_manifests() if m["kind"] == "RayJob"]
+
+
+def pods_of(kube, rayjob: str) -> dict[str, list[dict]]:
+    """The run's pods by role: head, worker (KubeRay's ray.io/node-type) and submitter (KubeRay's Job)."""
+    job = kube.get(*jobs.RAYJOB, rayjob, NAMESPACE) or {}
+    cluster = (job.get("status") or {}).get("rayClusterName")
+    roles: dict[str, list[dict]] = {"head": [], "worker": [], "submitter": []}
+    for pod in kube.list("v1", "Pod", namespace=NAMESPACE):
+        labels = pod["metadata"].get("labels") or {}
+        if cluster and labels.get("ray.io/cluster") == cluster:
+            roles[labels.get("ray.io/node-type", "?")].append(pod)
+        elif any(o["kind"] == "Job" and o["name"] == rayjob for o in pod["metadata"].get("ownerReferences") or []):
+            roles["submitter"].append(pod)
+    return roles
+
+
+def pool_of(kube, pod: dict) -> str | None:
+    node = kube.get("v1", "Node", pod["spec"].get("nodeName") or "-")
+    return node["metadata"]["labels"][gke.NODEPOOL_LABEL] if node else None
+
+
+def running(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running" and condition(pod, "Ready") == "True"
+
+
+def wait_pods_ready(kube, rayjob: str) -> dict:
+    """The Workload once Kueue says PodsReady (read from KubeRay's RayCluster status, after the head answered)."""
+    def ready():
+        workload = jobs.workload_of(kube, NAMESPACE, rayjob)
+        return workload if condition(workload, "PodsReady") == "True" else None
+    return wait_for(ready, REACTION, f"{rayjob}: PodsReady")
+
+
+def wait_finished(kube, rayjob: str) -> dict:
+    def finished():
+        job = kube.get(*jobs.RAYJOB, rayjob, NAMESPACE)
+        workload = jobs.workload_of(kube, NAMESPACE, rayjob)
+        done = job and (job.get("status") or {}).get("jobDeploymentStatus") in ("Complete", "Failed")
+        return job if done and condition(workload, "Finished") == "True" else None
+    return wait_for(finished, REACTION, f"{rayjob}: done and its Workload Finished")
+
+
+def placed(kube, rayjob: str) -> dict[str, list[str]]:
+    """role -> the pools its pods run on (each pod Running and Ready)."""
+    roles = pods_of(kube, rayjob)
+    assert all(running(p) for ps in roles.values() for p in ps), {
+        p["metadata"]["name"]: (p.get("status") or {}).get("phase") for ps in roles.values() for p in ps}
+    return {role: sorted(pool_of(kube, p) for p in ps) for role, ps in roles.items()}
+
+
+def test_the_tutorial_s_two_jobs_run_on_plan_a_and_plan_b_to_their_end(tier):
+    plane, plan = tier
+    kube, after = plane.kube, plane.after
+    first, second = rayjob_names(plan)
+    deploy(kube, plan, after_create=jobs.judged_in_order(kube))
+
+    # Plan A: admitted on on-demand at once; the autoscaler grows the pool by one whole 4x4 slice.
+    assert jobs.decision(kube, NAMESPACE, first).flavor == "on-demand"
+    wait_pods_ready(kube, first)
+    wait_for(lambda: len(pods_of(kube, first)["submitter"]) == 1 and placed(kube, first), REACTION,
+             f"{first}: every pod Running")
+    assert placed(kube, first) == {"head": ["default-pool"], "worker": ["on-demand-pool"] * 4,
+                                   "submitter": ["default-pool"]}
+    workers = pods_of(kube, first)["worker"]
+    assert len({p["spec"]["nodeName"] for p in workers}) == 4  # one worker per host of the slice
+    assert len(after.gke.nodes_of("on-demand-pool")) == 4
+
+    # Plan B: on-demand is full, so Kueue reserves dws and asks DWS; nothing runs until the slice is provisioned.
+    request = jobs.wait_provisioning_request(kube, NAMESPACE, second)
+    assert not pods_of(kube, second)["worker"]
+    jobs.mark_provisioned(kube, request, "tier-resize-1")
+    wait_pods_ready(kube, second)
+    wait_for(lambda: len(pods_of(kube, second)["submitter"]) == 1 and placed(kube, second), REACTION,
+             f"{second}: every pod Running")
+    assert placed(kube, second) == {"head": ["default-pool"], "worker": ["dws-pool"] * 4,
+                                    "submitter": ["default-pool"]}
+    dws_nodes = {n["metadata"]["name"]: n for n in kube.list("v1", "Node")
+                 if n["metadata"]["labels"][gke.NODEPOOL_LABEL] == "dws-pool"}
+    assert {n["metadata"]["labels"].get(gke.PROVISIONING_REQUEST_LABEL) for n in dws_nodes.values()} == {
+        "tier-resize-1"}
+    assert all(p["spec"]["nodeName"] in dws_nodes for p in pods_of(kube, second)["worker"])
+
+    # Both end: KubeRay completes each RayJob once the Ray job succeeded and its submitter exited 0; Kueue marks the
+    # Workload Finished and frees the quota; KubeRay deletes the RayCluster (shutdownAfterJobFinishes); the slices go.
+    for rayjob in (first, second):
+        after.ray_head.finish(NAMESPACE, rayjob, "SUCCEEDED")
+    for rayjob in (first, second):
+        job = wait_finished(kube, rayjob)
+        assert (job["status"]["jobDeploymentStatus"], job["status"]["jobStatus"]) == ("Complete", "SUCCEEDED")
+        submitter = kube.get(*BATCH_JOB, rayjob, NAMESPACE)
+        assert condition(submitter, "Complete") == "True"  # `kubectl logs job/<name>` is this Job's pod
+    wait_for(lambda: not kube.list(*RAY_CLUSTER, namespace=NAMESPACE), REACTION, "the RayClusters deleted")
+    wait_for(lambda: not [p for p in kube.list("v1", "Pod", namespace=NAMESPACE)
+                          if (p["metadata"].get("labels") or {}).get("ray.io/cluster")], REACTION, "Ray pods gone")
+    wait_for(lambda: not after.gke.nodes_of("on-demand-pool") and not after.gke.nodes_of("dws-pool"), REACTION,
+             "both TPU pools shrunk to zero")
+    assert len(after.gke.nodes_of("default-pool")) == 3  # the CPU pool does not autoscale
+
+    # The quota is free: the next job is admitted on plan A and runs there.
+    started = time.monotonic()
+    kube.create(jobs.dev_rayjob("after-both"))
+    assert jobs.wait_decided(kube, NAMESPACE, "after-both") and jobs.decision(
+        kube, NAMESPACE, "after-both").flavor == "on-demand"
+    wait_pods_ready(kube, "after-both")
+    print(f"submission -> PodsReady on plan A (slice scale-up {after.gke.scale_up_seconds} s): "
+          f"{time.monotonic() - started:.1f} s")
+    assert placed(kube, "after-both")["worker"] == ["on-demand-pool"] * 4
+    assert not after.gke.problems, after.gke.problems[-5:]
+
+
+def test_every_pool_s_nodes_carry_its_template(tier):
+    """The nodes the stand-in made are the plan's templates, as the API server and KWOK keep them (labels, taints,
+    allocatable; Ready)."""
+    plane, plan = tier
+    templates = {t.pool: t for t in gke.node_templates(plan)}
+    nodes = plane.kube.list("v1", "Node")
+    assert nodes
+    for node in nodes:
+        template = templates[node["metadata"]["labels"][gke.NODEPOOL_LABEL]]
+        assert all(node["metadata"]["labels"].get(k) == v for k, v in template.labels.items())
+        assert [dict(t) for t in template.taints] == [
+            {k: t.get(k, "") for k in ("key", "value", "effect")} for t in node["spec"].get("taints") or []
+            if t["key"] != "node.kubernetes.io/not-ready"]
+        assert {k: node["status"]["allocatable"][k] for k in template.allocatable} == dict(template.allocatable)
+        assert condition(node, "Ready") == "True"
