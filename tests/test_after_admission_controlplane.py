@@ -49,37 +49,6 @@ def rayjob_names(plan) -> list[str]:
     return [m["metadata"]["name"] for m in plan.kubernetes_manifests() if m["kind"] == "RayJob"]
 
 
-def pods_of(kube, rayjob: str) -> dict[str, list[dict]]:
-    """The run's pods by role: head, worker (KubeRay's ray.io/node-type) and submitter (KubeRay's Job)."""
-    job = kube.get(*jobs.RAYJOB, rayjob, NAMESPACE) or {}
-    cluster = (job.get("status") or {}).get("rayClusterName")
-    roles: dict[str, list[dict]] = {"head": [], "worker": [], "submitter": []}
-    for pod in kube.list("v1", "Pod", namespace=NAMESPACE):
-        labels = pod["metadata"].get("labels") or {}
-        if cluster and labels.get("ray.io/cluster") == cluster:
-            roles[labels.get("ray.io/node-type", "?")].append(pod)
-        elif any(o["kind"] == "Job" and o["name"] == rayjob for o in pod["metadata"].get("ownerReferences") or []):
-            roles["submitter"].append(pod)
-    return roles
-
-
-def pool_of(kube, pod: dict) -> str | None:
-    node = kube.get("v1", "Node", pod["spec"].get("nodeName") or "-")
-    return node["metadata"]["labels"][gke.NODEPOOL_LABEL] if node else None
-
-
-def running(pod: dict) -> bool:
-    return (pod.get("status") or {}).get("phase") == "Running" and condition(pod, "Ready") == "True"
-
-
-def wait_pods_ready(kube, rayjob: str) -> dict:
-    """The Workload once Kueue says PodsReady (read from KubeRay's RayCluster status, after the head answered)."""
-    def ready():
-        workload = jobs.workload_of(kube, NAMESPACE, rayjob)
-        return workload if condition(workload, "PodsReady") == "True" else None
-    return wait_for(ready, REACTION, f"{rayjob}: PodsReady")
-
-
 def wait_finished(kube, rayjob: str) -> dict:
     def finished():
         job = kube.get(*jobs.RAYJOB, rayjob, NAMESPACE)
@@ -90,11 +59,16 @@ def wait_finished(kube, rayjob: str) -> dict:
 
 
 def placed(kube, rayjob: str) -> dict[str, list[str]]:
-    """role -> the pools its pods run on (each pod Running and Ready)."""
-    roles = pods_of(kube, rayjob)
-    assert all(running(p) for ps in roles.values() for p in ps), {
-        p["metadata"]["name"]: (p.get("status") or {}).get("phase") for ps in roles.values() for p in ps}
-    return {role: sorted(pool_of(kube, p) for p in ps) for role, ps in roles.items()}
+    """role -> the pools its pods run on, once all of them are Running and Ready."""
+    return wait_for(lambda: jobs.pools_of(kube, NAMESPACE, rayjob), REACTION, f"{rayjob}: every pod Running")
+
+
+def pods_of(kube, rayjob: str) -> dict[str, list[dict]]:
+    return jobs.pods_of(kube, NAMESPACE, rayjob)
+
+
+def wait_pods_ready(kube, rayjob: str) -> dict:
+    return jobs.wait_pods_ready(kube, NAMESPACE, rayjob, REACTION)
 
 
 def test_the_tutorial_s_two_jobs_run_on_plan_a_and_plan_b_to_their_end(tier):
@@ -106,8 +80,6 @@ def test_the_tutorial_s_two_jobs_run_on_plan_a_and_plan_b_to_their_end(tier):
     # Plan A: admitted on on-demand at once; the autoscaler grows the pool by one whole 4x4 slice.
     assert jobs.decision(kube, NAMESPACE, first).flavor == "on-demand"
     wait_pods_ready(kube, first)
-    wait_for(lambda: len(pods_of(kube, first)["submitter"]) == 1 and placed(kube, first), REACTION,
-             f"{first}: every pod Running")
     assert placed(kube, first) == {"head": ["default-pool"], "worker": ["on-demand-pool"] * 4,
                                    "submitter": ["default-pool"]}
     workers = pods_of(kube, first)["worker"]
@@ -119,8 +91,6 @@ def test_the_tutorial_s_two_jobs_run_on_plan_a_and_plan_b_to_their_end(tier):
     assert not pods_of(kube, second)["worker"]
     jobs.mark_provisioned(kube, request, "tier-resize-1")
     wait_pods_ready(kube, second)
-    wait_for(lambda: len(pods_of(kube, second)["submitter"]) == 1 and placed(kube, second), REACTION,
-             f"{second}: every pod Running")
     assert placed(kube, second) == {"head": ["default-pool"], "worker": ["dws-pool"] * 4,
                                     "submitter": ["default-pool"]}
     dws_nodes = {n["metadata"]["name"]: n for n in kube.list("v1", "Node")

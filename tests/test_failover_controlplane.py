@@ -1,7 +1,10 @@
-"""The failover controller against a real kube-apiserver 1.36 and Kueue 0.19.2, with its ServiceAccount's rights.
+"""The failover controller against a real kube-apiserver 1.36 and Kueue 0.19.2, with its ServiceAccount's rights,
+over real KubeRay, kube-scheduler and nodes shaped like the plan's pools.
 
-There is no kubelet, so pods never become ready: a natural stockout. Kueue runs with what the chart renders from
-the stack's values, with `fallback.podsReadyTimeout: 30s` and `stockoutGracePeriod: 4s` set through stack config.
+A stockout is a pod no node ever takes: the test scripts a rung's pool as unable to grow, and GKE's autoscaler
+stand-in says so on the pod ("GCE out of resources") unless the stockout is silent. Kueue runs with what the chart
+renders from the stack's values, with `fallback.podsReadyTimeout: 30s` and `stockoutGracePeriod: 4s` set through
+stack config.
 """
 
 from __future__ import annotations
@@ -69,6 +72,8 @@ def test_capacity_is_counted_once_across_the_chain(clean):
 
 def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
     tier = clean
+    # Nothing reports these stockouts: on-demand's pods wait for good, and so will dws's once "provisioned".
+    tier.stockout("on-demand", "dws", reported=False)
     created = tier.submit("stockout-timeout")
     assert jobs.decision(tier.kube, NAMESPACE, "stockout-timeout").flavor == "on-demand"
     request = jobs.wait_provisioning_request(tier.kube, NAMESPACE, "stockout-timeout",
@@ -104,9 +109,9 @@ def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
 
 def test_early_path_moves_on_the_autoscalers_stockout_before_the_timeout(clean):
     tier = clean
+    tier.stockout("on-demand")
     tier.submit("stockout-early")
     admitted = time.monotonic()
-    tier.play_kuberay_and_a_stockout("stockout-early")
     jobs.wait_provisioning_request(tier.kube, NAMESPACE, "stockout-early", timeout=PODS_READY_TIMEOUT_SECONDS)
     time_to_plan_b = time.monotonic() - admitted
     print(f"early path: stockout reported -> dws ProvisioningRequest in {time_to_plan_b:.1f} s "
@@ -127,6 +132,7 @@ def test_a_job_outside_the_chain_is_left_alone(clean):
                       "metadata": {"name": "outside-queue", "namespace": NAMESPACE},
                       "spec": {"clusterQueue": stack_kueue.CLUSTER_QUEUE}})
     try:
+        tier.stockout("on-demand", reported=False)
         tier.submit("outside", queue="outside-queue")
         wait_for(lambda: jobs.workload_of(tier.kube, NAMESPACE, "outside")["status"].get("requeueState"),
                  PODS_READY_TIMEOUT_SECONDS + 15, "the PodsReady eviction")
@@ -141,6 +147,7 @@ def test_a_job_outside_the_chain_is_left_alone(clean):
 def test_a_restart_mid_move_finishes_the_move(clean):
     tier = clean
     tier.stop_controller()
+    tier.stockout("on-demand")
     tier.submit("restart")
     # What a controller that crashed after its first two writes leaves: the intent, and the Workload inactive.
     move = decisions.Move("on-demand", "dws", "user-queue-dws", "Stockout", "2026-11-30T00:00:00Z")

@@ -40,8 +40,8 @@ def _moved(tier, job: str) -> decisions.Move:
 
 def test_the_early_path_acts_when_the_grace_period_ends_without_a_resync(clean):
     tier = clean
+    tier.stockout("on-demand")
     tier.submit("watch-early")
-    tier.play_kuberay_and_a_stockout("watch-early")
     # The event arrives by watch; the grace period ends with no other change: the controller must have queued
     # the Workload for that moment.
     jobs.wait_provisioning_request(tier.kube, NAMESPACE, "watch-early", timeout=GRACE_SECONDS + REACTION_TIMEOUT)
@@ -60,6 +60,7 @@ def test_a_podsready_eviction_is_moved_without_a_resync(clean):
     tier = clean
     waits_before = {flavor: tier.metric("tpu_fallback_admission_wait_seconds_count", flavor=flavor)
                     for flavor in ("on-demand", "dws")}
+    tier.stockout("on-demand", reported=False)
     tier.submit("watch-timeout")
     assert jobs.decision(tier.kube, NAMESPACE, "watch-timeout").flavor == "on-demand"
     request = jobs.wait_provisioning_request(tier.kube, NAMESPACE, "watch-timeout",

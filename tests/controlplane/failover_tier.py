@@ -1,5 +1,6 @@
 """The failover controller on the tier: the stack's platform with a short PodsReady timeout, the controller run
-from `failover/` with its ServiceAccount's token (not admin), and what the tests play: KubeRay and GKE's autoscaler.
+from `failover/` with its ServiceAccount's token (not admin), over real KubeRay, kube-scheduler and nodes shaped like
+the plan's pools (runtime.py): the tests script only GCE capacity (`stockout`) and the Ray head.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ class FailoverTier:
     def start(self) -> FailoverTier:
         self.plane.start()
         deploy(self.kube, self.plan)  # the controller's Deployment, RBAC and code included: the server judges them
+        for manifest in jobs.dev_job_objects():  # what the submitted copies of the dev jobs run as and mount
+            meta = manifest["metadata"]
+            if self.kube.get(manifest["apiVersion"], manifest["kind"], meta["name"], meta["namespace"]) is None:
+                self.kube.create(manifest)
         return self
 
     def controller_env(self, resync: float = RESYNC_SECONDS) -> dict[str, str]:
@@ -93,6 +98,22 @@ class FailoverTier:
             self.plane.supervisor.stop(self.controller)
             self.controller = None
 
+    @property
+    def gke(self):
+        """The autoscaler stand-in over the plan's pools (tests/controlplane/gke.py)."""
+        return self.plane.after.gke
+
+    def pool_of(self, flavor: str) -> str:
+        (manifest,) = [m for m in self.plan.kubernetes_manifests()
+                       if m["kind"] == "ResourceFlavor" and m["metadata"]["name"] == flavor]
+        return self.gke.pool_for(manifest)
+
+    def stockout(self, *flavors: str, reported: bool = True) -> None:
+        """No capacity behind these rungs: their pools cannot grow, and GKE says so on the pods unless not
+        `reported` (then only Kueue's PodsReady timeout sees it)."""
+        for flavor in flavors:
+            self.gke.stockout(self.pool_of(flavor), reported)
+
     def submit(self, name: str, queue: str = "user-queue") -> float:
         """Create a RayJob and wait for Kueue's first decision; the monotonic time it was created."""
         created = time.monotonic()
@@ -101,14 +122,22 @@ class FailoverTier:
         return created
 
     def delete_all_jobs(self) -> None:
+        """Every job and what it ran gone, and, on a tier with nodes, capacity back and every TPU slice scaled
+        down: the next scenario starts from an empty cluster, not a slice the last one left running."""
         for job in self.kube.list(*jobs.RAYJOB, namespace=NAMESPACE):
             self.kube.delete(*jobs.RAYJOB, job["metadata"]["name"], NAMESPACE, propagation="Background")
         for pod in self.kube.list("v1", "Pod", namespace=NAMESPACE):
             self.kube.delete("v1", "Pod", pod["metadata"]["name"], NAMESPACE, propagation="Background")
         wait_for(lambda: not self.kube.list(*jobs.WORKLOAD, namespace=NAMESPACE), 60, "no Workload left")
+        if self.plane.after is not None:
+            self.gke.restore()
+            wait_for(lambda: not self.kube.list("v1", "Pod", namespace=NAMESPACE), 60, "no pod left")
+            self.gke.remove_idle()
+            assert not any(self.gke.nodes_of(t.pool) for t in self.gke.templates if t.tpu), "a TPU slice left"
 
     def play_kuberay_and_a_stockout(self, job: str, namespace: str = NAMESPACE) -> str:
-        """What a GKE cluster shows in a stockout: KubeRay's RayCluster and TPU worker pod, and the autoscaler's
+        """For a tier without nodes (the fleet's and teams' planes, until they run real KubeRay): what a GKE
+        cluster shows in a stockout: KubeRay's RayCluster and TPU worker pod, and the autoscaler's
         FailedScaleUp event for lack of capacity on it; the event's firstTimestamp."""
         cluster = f"{job}-raycluster"
         self.kube.patch(*jobs.RAYJOB, job, {"status": {"rayClusterName": cluster}}, namespace=namespace,
@@ -167,5 +196,6 @@ def controller_running(tier: FailoverTier, session, resync: float = RESYNC_SECON
 
 
 def start_failover_tier(**settings) -> FailoverTier:
+    """The platform of `platform_plan(**settings)` with its nodes, KubeRay and the scheduler."""
     plan = platform_plan(**settings)
-    return FailoverTier(ControlPlane(release_values(plan)), plan).start()
+    return FailoverTier(ControlPlane(release_values(plan), nodes_of=plan), plan).start()

@@ -279,6 +279,8 @@ class Slice:
     pool: str
     nodes: tuple[str, ...]
     provisioning_request: str | None = None
+    created: float = field(default_factory=time.monotonic)
+    used: bool = False  # a pod has run on it
     idle_since: float | None = None
 
 
@@ -286,9 +288,12 @@ class Slice:
 class Autoscaler:
     """Plays GKE's cluster autoscaler and DWS over `templates` in one thread (`start`, `stop`).
 
-    Scripted by the tests: `stockout(pool)` makes the pool unable to grow (the autoscaler reports it on each pod it
-    could not serve, as GKE does), `restore(pool)` gives capacity back. `scale_up_seconds` is how long a new slice
-    takes to appear (GKE: minutes), `scale_down_seconds` how long an empty slice stays (GKE: about 10 min)."""
+    Scripted by the tests: `stockout(pool)` makes the pool unable to grow: the autoscaler reports it on each pod it
+    could not serve, as GKE does, unless `reported=False` (a stockout nothing says: only Kueue's PodsReady timeout
+    sees it); a queued pool's Provisioned request then brings no slice. `restore(pool)` gives capacity back. `scale_up_seconds` is how long a new slice
+    takes to appear (GKE: minutes), `scale_down_seconds` how long a slice stays once its pods are gone (GKE: about
+    10 min), `unused_seconds` how long a new slice waits for its first pod (GKE's scale-down-delay-after-add, 10 min
+    by default: on a loaded machine KubeRay's pods can come seconds after the slice)."""
 
     kubeconfig: object
     templates: tuple[NodeTemplate, ...]
@@ -296,9 +301,10 @@ class Autoscaler:
     zone: str
     scale_up_seconds: float = 0.5
     scale_down_seconds: float = 1.0
+    unused_seconds: float = 60.0
     period: float = 0.2
     slices: dict[str, Slice] = field(default_factory=dict)
-    stocked_out: set[str] = field(default_factory=set)
+    stocked_out: dict[str, bool] = field(default_factory=dict)  # pool -> whether GKE reports it on the pods
     reported: dict[str, str] = field(default_factory=dict)  # pod uid -> pool it was reported for
     problems: list[str] = field(default_factory=list)  # what the stand-in could not do: a test asserts none
     history: list[tuple[float, str, str, str]] = field(default_factory=list)  # (time, up|down, pool, slice)
@@ -313,13 +319,23 @@ class Autoscaler:
         self._provisioned: set[str] = set()  # ResizeRequestNames whose slice was made
 
     # ---- scripting ---------------------------------------------------------------------------------------------
-    def stockout(self, pool: str) -> None:
+    def stockout(self, pool: str, reported: bool = True) -> None:
         with self._lock:
-            self.stocked_out.add(self._known(pool))
+            self.stocked_out[self._known(pool)] = reported
 
-    def restore(self, pool: str) -> None:
+    def restore(self, pool: str | None = None) -> None:
+        """Capacity back in `pool` (every pool when None)."""
         with self._lock:
-            self.stocked_out.discard(self._known(pool))
+            if pool is None:
+                self.stocked_out.clear()
+            else:
+                self.stocked_out.pop(self._known(pool), None)
+
+    def pool_for(self, flavor: Mapping) -> str:
+        """The pool whose nodes a ResourceFlavor selects (its nodeLabels)."""
+        (pool,) = [t.pool for t in self.templates
+                   if all(t.labels.get(k) == v for k, v in (flavor["spec"].get("nodeLabels") or {}).items())]
+        return pool
 
     def _known(self, pool: str) -> str:
         if pool not in self.by_pool:
@@ -413,6 +429,9 @@ class Autoscaler:
                                          f"{len(pools)} queued pools fit its pods")
                     continue
                 (pool,) = pools
+                if pool.pool in self.stocked_out:  # provisioned, yet the VMs never come
+                    self.history.append((time.monotonic(), "lost", pool.pool, resize))
+                    continue
                 for _ in range(math.ceil(int(pod_set["count"]) / pool.hosts)):
                     self._create_slice(pool, provisioning_request=resize)
 
@@ -427,8 +446,9 @@ class Autoscaler:
         for pool, pending in waiting.items():
             template = self.by_pool[pool]
             if pool in self.stocked_out:
-                for pod in pending:
-                    self._report_stockout(pod, template)
+                if self.stocked_out[pool]:
+                    for pod in pending:
+                        self._report_stockout(pod, template)
                 continue
             free = self._free_hosts(pool, pods) + sum(template.hosts for _ in self._arriving.get(pool, []))
             need = len(pending) - free
@@ -461,21 +481,29 @@ class Autoscaler:
             "source": {"component": "cluster-autoscaler"}, "count": 1, "firstTimestamp": stamp,
             "lastTimestamp": stamp})
 
-    def _scale_down(self, pods: list[dict], now: float) -> None:
+    def _scale_down(self, pods: list[dict], now: float, at_once: bool = False) -> None:
         busy = {p["spec"]["nodeName"] for p in pods if holds_node(p)}
         for slice_id, each in list(self.slices.items()):
             template = self.by_pool[each.pool]
             if not (template.autoscaled or template.queued):
                 continue
             if any(node in busy for node in each.nodes):
-                each.idle_since = None
+                each.idle_since, each.used = None, True
                 continue
             each.idle_since = each.idle_since or now
-            if now - each.idle_since >= self.scale_down_seconds:
+            wait = self.scale_down_seconds if each.used else self.unused_seconds
+            if at_once or now - max(each.idle_since, each.created) >= wait:
                 for node in each.nodes:
                     self.kube.delete("v1", "Node", node, propagation="Background")
                 del self.slices[slice_id]
                 self.history.append((now, "down", each.pool, slice_id))
+
+    def remove_idle(self) -> None:
+        """Between scenarios: every slice no pod runs on goes now, and no slice is on its way (a test's next
+        scenario starts from an empty cluster, not a slice the last one asked for)."""
+        with self._lock:
+            self._arriving.clear()
+            self._scale_down(self.kube.list("v1", "Pod"), time.monotonic(), at_once=True)
 
 
 def placement(kube: Kube, namespace: str, selector: Callable[[dict], bool]) -> dict[str, list[str]]:

@@ -92,6 +92,19 @@ def dev_rayjob(name: str | None = None, queue: str | None = None) -> dict:
     return job
 
 
+def dev_job_objects() -> list[dict]:
+    """What the dev stack's RayJobs need in their namespace: the ServiceAccount they run as and the ConfigMap of the
+    training script. KubeRay creates no pod for a RayCluster whose ServiceAccount is missing (measured: the
+    RayCluster stays without pods, `ServiceAccount "ray-training" not found`), so a tier that submits copies of
+    these jobs on a platform without jobs of its own creates them first."""
+    (template,) = [m for m in plan_for().kubernetes_manifests() if m["kind"] == "RayJob"][:1]
+    spec = template["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    wanted = {("ServiceAccount", spec["serviceAccountName"]),
+              *(("ConfigMap", v["configMap"]["name"]) for v in spec.get("volumes") or [] if "configMap" in v)}
+    return [m for m in plan_for().kubernetes_manifests() if (m["kind"], m["metadata"]["name"]) in wanted
+            and m["metadata"].get("namespace") == template["metadata"]["namespace"]]
+
+
 def provisioning_requests(kube: Kube, namespace: str, workload: dict) -> list[dict]:
     uid = workload["metadata"]["uid"]
     return [request for request in kube.list(*PROVISIONING_REQUEST, namespace=namespace)
@@ -134,3 +147,45 @@ def suspended(rayjob: dict) -> bool:
 def worker_template(rayjob: dict) -> dict:
     (group,) = rayjob["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     return group["template"]
+
+
+# ---- a run's pods, as KubeRay made them and the scheduler placed them (tiers with nodes: runtime.py) -----------
+NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
+
+
+def pods_of(kube: Kube, namespace: str, rayjob: str) -> dict[str, list[dict]]:
+    """The current run's pods by role: head and worker (KubeRay's `ray.io/node-type`) and submitter (KubeRay's
+    Job, named after the RayJob)."""
+    job = kube.get(*RAYJOB, rayjob, namespace) or {}
+    cluster = (job.get("status") or {}).get("rayClusterName")
+    roles: dict[str, list[dict]] = {"head": [], "worker": [], "submitter": []}
+    for pod in kube.list("v1", "Pod", namespace=namespace):
+        labels = pod["metadata"].get("labels") or {}
+        if cluster and labels.get("ray.io/cluster") == cluster:
+            roles.setdefault(labels.get("ray.io/node-type", "?"), []).append(pod)
+        elif any(o["kind"] == "Job" and o["name"] == rayjob for o in pod["metadata"].get("ownerReferences") or []):
+            roles["submitter"].append(pod)
+    return roles
+
+
+def running(pod: dict) -> bool:
+    return (pod.get("status") or {}).get("phase") == "Running" and condition(pod, "Ready") == "True"
+
+
+def pools_of(kube: Kube, namespace: str, rayjob: str) -> dict[str, list[str]] | None:
+    """role -> the node pools its pods run on, once every pod of the run (submitter included) is Running and
+    Ready; None before."""
+    roles = pods_of(kube, namespace, rayjob)
+    if not roles["submitter"] or not all(running(p) for ps in roles.values() for p in ps):
+        return None
+    nodes = {n["metadata"]["name"]: n for n in kube.list("v1", "Node")}
+    return {role: sorted(nodes[p["spec"]["nodeName"]]["metadata"]["labels"][NODEPOOL_LABEL] for p in ps)
+            for role, ps in roles.items()}
+
+
+def wait_pods_ready(kube: Kube, namespace: str, rayjob: str, timeout: float) -> dict:
+    """The Workload once Kueue says PodsReady (read from KubeRay's RayCluster status, after the head answered)."""
+    def ready():
+        workload = workload_of(kube, namespace, rayjob)
+        return workload if condition(workload, "PodsReady") == "True" else None
+    return wait_for(ready, timeout, f"{rayjob}: PodsReady")
