@@ -21,7 +21,7 @@ from tests.conftest import plan_for
 from tests.controlplane import gke, jobs
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.kube import condition, wait_for
-from tests.controlplane.stack import deploy, release_values
+from tests.controlplane.stack import creation_order, deploy, destroy, release_values
 
 pytestmark = pytest.mark.controlplane
 
@@ -142,3 +142,19 @@ def test_every_pool_s_nodes_carry_its_template(tier):
             if t["key"] != "node.kubernetes.io/not-ready"]
         assert {k: node["status"]["allocatable"][k] for k in template.allocatable} == dict(template.allocatable)
         assert condition(node, "Ready") == "True"
+
+
+def test_destroy_leaves_no_pod_ray_cluster_job_or_tpu_node(tier):
+    """`pulumi destroy` after the tutorial's life: the plan's objects in reverse order, as pulumi-kubernetes
+    deletes them. The job a user submitted by hand is the user's to delete first (the plan does not know it)."""
+    plane, plan = tier
+    kube, after = plane.kube, plane.after
+    for job in kube.list(*jobs.RAYJOB, namespace=NAMESPACE):
+        if job["metadata"]["name"] not in rayjob_names(plan):
+            kube.delete(*jobs.RAYJOB, job["metadata"]["name"], NAMESPACE, propagation="Background")
+    result = destroy(kube, creation_order(plan), timeout=60)
+    assert result.stuck == {}, result.stuck
+    for kind in (jobs.RAYJOB, RAY_CLUSTER, BATCH_JOB, jobs.WORKLOAD, ("v1", "Pod")):
+        wait_for(lambda k=kind: not kube.list(*k, namespace=NAMESPACE), REACTION, f"no {kind[1]} left")
+    wait_for(lambda: not any(after.gke.nodes_of(t.pool) for t in after.gke.templates if t.tpu), REACTION,
+             "no TPU node left")

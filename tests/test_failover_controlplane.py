@@ -15,6 +15,7 @@ import pytest
 
 from failover import decisions
 from infra import kueue as stack_kueue
+from infra.tpu_pool import PLAN_LABEL_KEY
 from tests.controlplane import jobs
 from tests.controlplane.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS, RESYNC_SECONDS,
                                               controller_running, start_failover_tier)
@@ -124,6 +125,20 @@ def test_early_path_moves_on_the_autoscalers_stockout_before_the_timeout(clean):
     assert move.reason == "Stockout"
     workload = jobs.workload_of(tier.kube, NAMESPACE, "stockout-early")
     assert workload["spec"].get("active", True) is True  # it always ends active
+
+    # KubeRay tore the stocked-out run down when Kueue suspended the job (no slice held on on-demand), and the
+    # next run's pods land on the DWS slice once GKE provisions it.
+    wait_for(lambda: not [p for p in tier.kube.list("v1", "Pod", namespace=NAMESPACE)
+                          if (p["spec"].get("nodeSelector") or {}).get(PLAN_LABEL_KEY) == "on-demand"],
+             REACTION_TIMEOUT, "the on-demand run's pods gone")
+    assert not tier.gke.nodes_of(tier.pool_of("on-demand"))
+    request = jobs.wait_provisioning_request(tier.kube, NAMESPACE, "stockout-early")
+    jobs.mark_provisioned(tier.kube, request, "tier-resize-early")
+    jobs.wait_pods_ready(tier.kube, NAMESPACE, "stockout-early", REACTION_TIMEOUT)
+    placed = wait_for(lambda: jobs.pools_of(tier.kube, NAMESPACE, "stockout-early"), REACTION_TIMEOUT,
+                      "the DWS run's pods Running")
+    assert placed == {"head": ["default-pool"], "worker": [tier.pool_of("dws")] * 4, "submitter": ["default-pool"]}
+    assert len(tier.kube.list("ray.io/v1", "RayCluster", namespace=NAMESPACE)) == 1  # one run, never two
 
 
 def test_a_job_outside_the_chain_is_left_alone(clean):
