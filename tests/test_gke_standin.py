@@ -179,5 +179,13 @@ def test_every_pod_of_every_job_lands_on_its_rung_s_pool(stack):
                 t.pool: gke.why_not(t, worker) for t in templates})
             (template,) = [t for t in templates if t.pool == pools[0]][:1]
             assert group["numOfHosts"] == template.hosts, (stack, name)  # one worker per host of the slice
+            # A multi-host run on one slice: GKE's one pool per slice is the topology its workers keep together.
+            affinity = group["template"]["spec"].get("affinity") or {}
+            if template.hosts > 1:
+                (together,) = affinity["podAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                (apart,) = affinity["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+                assert together["topologyKey"] == apart["topologyKey"] == gke.NODEPOOL_LABEL, (stack, name)
+            else:
+                assert not affinity, (stack, name)
             checked.add(name)
     assert checked, f"{stack}: no TPU rung checked"

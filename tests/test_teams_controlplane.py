@@ -1,7 +1,8 @@
 """Three teams on one real kube-apiserver 1.36 + Kueue 0.19.2, with the stack's Cohorts and per-team chains and the
-failover controller (its ServiceAccount's rights). The tests play KubeRay (a preempted RayJob's Suspended status)
-and GKE (stockout events, a provisioned DWS request). What a team's Google group may do is asked of the real RBAC
-authorizer (SubjectAccessReviews), on the Kueue chart's ClusterRoles aggregated into `edit` as on GKE.
+failover controller (its ServiceAccount's rights), over real KubeRay, kube-scheduler and nodes shaped like the plan's
+pools (tests/controlplane/runtime.py). The tests play only GCE capacity (a stocked-out pool, a provisioned DWS
+request). What a team's Google group may do is asked of the real RBAC authorizer (SubjectAccessReviews), on the Kueue
+chart's ClusterRoles aggregated into `edit` as on GKE.
 
 Capacity (the dev platform with 3 on-demand and 2 DWS slices): A and B one on-demand slice each, C none; B may
 borrow at most one slice per rung. PodsReady timeout 10m, so no job is evicted for its pods while a scenario runs;
@@ -38,7 +39,10 @@ REACTION_TIMEOUT = 60
 
 def start_teams_tier() -> FailoverTier:
     plan = platform_plan(pods_ready_timeout=600, overrides=OVERRIDES)
-    return FailoverTier(ControlPlane(release_values(plan)), plan).start()
+    tier = FailoverTier(ControlPlane(release_values(plan), nodes_of=plan), plan).start()
+    for team in TEAMS:
+        jobs.prepare_namespace(tier.kube, team["namespace"])
+    return tier
 
 
 @pytest.fixture(scope="module")
@@ -57,6 +61,9 @@ def clean(tier):
                 tier.kube.delete(*kind, obj["metadata"]["name"], namespace, propagation="Background")
     wait_for(lambda: not any(tier.kube.list(*jobs.WORKLOAD, namespace=t["namespace"]) for t in TEAMS), 60,
              "no Workload left")
+    tier.gke.restore()
+    wait_for(lambda: not any(tier.kube.list("v1", "Pod", namespace=t["namespace"]) for t in TEAMS), 60, "no pod left")
+    tier.gke.remove_idle()
 
 
 def submit(tier: FailoverTier, team: dict, name: str, queue: str = "user-queue", wait: bool = True) -> dict | None:
@@ -115,12 +122,14 @@ def all_provisioning_requests(tier: FailoverTier) -> list[dict]:
     return [r for t in TEAMS for r in tier.kube.list(*jobs.PROVISIONING_REQUEST, namespace=t["namespace"])]
 
 
-def play_kuberay_suspended(tier: FailoverTier, team: dict, name: str) -> None:
-    """What KubeRay does once Kueue suspends a RayJob: deletes its cluster and reports Suspended."""
-    wait_for(lambda: jobs.suspended(tier.kube.get(*jobs.RAYJOB, name, team["namespace"])), REACTION_TIMEOUT,
-             f"{name} suspended by Kueue")
-    tier.kube.patch(*jobs.RAYJOB, name, {"status": {"jobDeploymentStatus": "Suspended"}},
-                    namespace=team["namespace"], subresource="status")
+def torn_down(tier: FailoverTier, team: dict, name: str) -> None:
+    """Once Kueue suspends a preempted RayJob, KubeRay deletes its RayCluster and pods and reports Suspended; the
+    pods are gone a moment later (KWOK ends them as a kubelet would)."""
+    wait_for(lambda: (tier.kube.get(*jobs.RAYJOB, name, team["namespace"]).get("status") or {}).get(
+        "jobDeploymentStatus") == "Suspended", REACTION_TIMEOUT, f"{name} suspended and torn down by KubeRay")
+    wait_for(lambda: not [p for p in tier.kube.list("v1", "Pod", namespace=team["namespace"])
+                          if (p["metadata"].get("labels") or {}).get("ray.io/cluster", "").startswith(f"{name}-")],
+             REACTION_TIMEOUT, f"{name}'s pods gone")
 
 
 def test_the_team_objects_are_accepted_by_the_real_server(tier):
@@ -224,9 +233,9 @@ def test_a_local_queue_pointing_at_another_teams_queue_admits_nothing(clean):
 
 def test_a_stocked_out_job_walks_down_its_own_teams_chain(clean):
     tier = clean
+    tier.stockout("on-demand")
     submit(tier, TEAM_A, "a-stockout")
     assert flavor(tier, TEAM_A, "a-stockout") == "on-demand"
-    tier.play_kuberay_and_a_stockout("a-stockout", TEAM_A["namespace"])
     wait_for(lambda: (tier.kube.get(*jobs.RAYJOB, "a-stockout", TEAM_A["namespace"])["metadata"].get("labels") or {})
              .get(jobs.QUEUE_LABEL) == "user-queue-dws", REACTION_TIMEOUT, "the move to A's dws rung")
     w = wait_for(lambda: (w := workload(tier, TEAM_A, "a-stockout")) and condition(w, "QuotaReserved") == "True"
@@ -285,9 +294,13 @@ def test_reclaim_borrowing_limits_and_dws_capacity_across_teams(clean):
     # Kueue's words for InCohortReclamation (the Preempted condition's reason while it lasts).
     assert "due to reclamation within the cohort" in wait_for(
         lambda: preemption_cause(tier, owner, victim), REACTION_TIMEOUT, "Kueue's Preempted event")
-    play_kuberay_suspended(tier, owner, victim)
+    torn_down(tier, owner, victim)
     wait_for(lambda: flavor(tier, TEAM_A, "a-1") is not None, REACTION_TIMEOUT, "a-1 admitted")
     assert flavor(tier, TEAM_A, "a-1") == "on-demand"
+    # The reclaimed run's pods were gone before A's arrived; A's run on an on-demand slice, head on default-pool.
+    placed = wait_for(lambda: jobs.pools_of(tier.kube, TEAM_A["namespace"], "a-1"), REACTION_TIMEOUT, "a-1 running")
+    assert (placed["head"], placed["submitter"]) == (["default-pool"], ["default-pool"])
+    assert tier.on_one_slice_of("on-demand", placed["worker"]), placed
     # A reclaim takes back A's share only: B still holds its own.
     assert reserved_chips(tier, TEAM_B, "on-demand") >= CHIPS_PER_SLICE
     # A preemption is not a stockout: the controller moved nothing.
@@ -356,6 +369,8 @@ def ladder(tier):
             wait_for(lambda m=manifest: condition(tier.kube.get(m["apiVersion"], "ClusterQueue",
                                                                 m["metadata"]["name"]), "Active") == "True",
                      REACTION_TIMEOUT, f"{manifest['metadata']['name']} active")
+    for team in (OWNER, INTERNS):
+        jobs.prepare_namespace(tier.kube, team["namespace"])
     return tier
 
 
@@ -376,7 +391,7 @@ def test_a_team_takes_its_own_share_first_and_only_a_borrower_is_reclaimed(ladde
     assert evicted == {"i-borrow": "Preempted"}, evicted
     assert "due to reclamation within the cohort" in wait_for(
         lambda: preemption_cause(tier, INTERNS, "i-borrow"), REACTION_TIMEOUT, "Kueue's Preempted event")
-    play_kuberay_suspended(tier, INTERNS, "i-borrow")
+    torn_down(tier, INTERNS, "i-borrow")
     wait_for(lambda: flavor(tier, OWNER, "o-2") is not None, REACTION_TIMEOUT, "o-2 admitted")
     assert flavor(tier, OWNER, "o-2") == "reservation"
     # The borrower waits its turn elsewhere; the job within its share was never touched.

@@ -93,6 +93,39 @@ def _script_volume(configmap: str) -> tuple[dict, dict]:
     return volume, mount
 
 
+# KubeRay's labels on a worker pod: its group, its RayCluster, and (KubeRay 1.6's RayMultiHostIndexing, on by default)
+# the multi-host replica it belongs to, one replica being one slice.
+# Ref: https://github.com/ray-project/kuberay/blob/v1.6.2/ray-operator/controllers/ray/utils/constant.go
+RAY_GROUP_LABEL = "ray.io/group"
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+RAY_REPLICA_LABEL = "ray.io/worker-group-replica-name"
+WORKER_GROUP = "tpu-group"
+
+
+def one_slice_affinity() -> dict:
+    """A multi-host run's workers on the hosts of one slice, and no other run's workers there.
+
+    GKE makes each multi-host slice a node pool of its own (infra/tpu_pool.py: one pool per slice), so the pool label
+    is the slice. Without this, the scheduler is free to spread a run over the free hosts of two slices of the same
+    rung: measured on the tier, a 4x4 run got 2 hosts of one slice and 2 of another after a reclaim left both half
+    free. The first worker goes to any pool with room for it; the others follow it (pod affinity on their own run,
+    `matchLabelKeys`: GA in Kubernetes 1.33, beta and on by default since 1.31); another run's workers stay off that
+    pool (anti-affinity). A replica name, where KubeRay gives one, keeps each slice of a job scaled to more than one
+    together; without it (KubeRay before 1.6, or its RayMultiHostIndexing gate off) the key is ignored and the whole
+    RayCluster is kept on one slice, which is the same for the one replica a job starts with.
+    Ref: https://kubernetes.io/docs/concepts/scheduling-eviction/assign-pod-node/#matchlabelkeys-and-mismatchlabelkeys
+    """
+    workers = {"matchLabels": {RAY_GROUP_LABEL: WORKER_GROUP}}
+    return {
+        "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": workers, "matchLabelKeys": [RAY_CLUSTER_LABEL, RAY_REPLICA_LABEL],
+            "topologyKey": NODEPOOL_LABEL_KEY}]},
+        "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
+            "labelSelector": workers, "mismatchLabelKeys": [RAY_CLUSTER_LABEL],
+            "topologyKey": NODEPOOL_LABEL_KEY}]},
+    }
+
+
 def _resources(cpu: str, memory: str, tpu_chips: int = 0) -> dict:
     amounts = {"cpu": cpu, "memory": memory, **({TPU_RESOURCE: str(tpu_chips)} if tpu_chips else {})}
     return {"requests": dict(amounts), "limits": dict(amounts)}
@@ -131,7 +164,7 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
         }},
     }
     worker = {
-        "groupName": "tpu-group",
+        "groupName": WORKER_GROUP,
         "replicas": 1,
         "minReplicas": 1,  # Ray 2.53's slice reservation waits only 100 s for a slice from zero
         "maxReplicas": replicas,
@@ -151,6 +184,8 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
             "volumes": [volume],
         }},
     }
+    if tpu.is_multi_host:
+        worker["template"]["spec"]["affinity"] = one_slice_affinity()
     return {
         "apiVersion": "ray.io/v1",
         "kind": "RayJob",

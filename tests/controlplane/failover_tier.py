@@ -57,10 +57,7 @@ class FailoverTier:
     def start(self) -> FailoverTier:
         self.plane.start()
         deploy(self.kube, self.plan)  # the controller's Deployment, RBAC and code included: the server judges them
-        for manifest in jobs.dev_job_objects():  # what the submitted copies of the dev jobs run as and mount
-            meta = manifest["metadata"]
-            if self.kube.get(manifest["apiVersion"], manifest["kind"], meta["name"], meta["namespace"]) is None:
-                self.kube.create(manifest)
+        jobs.prepare_namespace(self.kube, NAMESPACE)  # what the submitted copies of the dev jobs run as and mount
         return self
 
     def controller_env(self, resync: float = RESYNC_SECONDS) -> dict[str, str]:
@@ -103,16 +100,24 @@ class FailoverTier:
         """The autoscaler stand-in over the plan's pools (tests/controlplane/gke.py)."""
         return self.plane.after.gke
 
-    def pool_of(self, flavor: str) -> str:
+    def pools_of(self, flavor: str) -> list[str]:
+        """The node pools behind a rung (its flavor's nodeLabels select their nodes)."""
         (manifest,) = [m for m in self.plan.kubernetes_manifests()
                        if m["kind"] == "ResourceFlavor" and m["metadata"]["name"] == flavor]
-        return self.gke.pool_for(manifest)
+        return self.gke.pools_for(manifest)
+
+    def on_one_slice_of(self, flavor: str, workers: list[str]) -> bool:
+        """The run's workers (their pools) are all on one pool of this rung, one per host of its slice."""
+        template = self.gke.by_pool.get(workers[0]) if workers else None
+        return (template is not None and template.pool in self.pools_of(flavor) and set(workers) == {template.pool}
+                and len(workers) == template.hosts)
 
     def stockout(self, *flavors: str, reported: bool = True) -> None:
         """No capacity behind these rungs: their pools cannot grow, and GKE says so on the pods unless not
         `reported` (then only Kueue's PodsReady timeout sees it)."""
         for flavor in flavors:
-            self.gke.stockout(self.pool_of(flavor), reported)
+            for pool in self.pools_of(flavor):
+                self.gke.stockout(pool, reported)
 
     def submit(self, name: str, queue: str = "user-queue") -> float:
         """Create a RayJob and wait for Kueue's first decision; the monotonic time it was created."""

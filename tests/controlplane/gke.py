@@ -331,11 +331,11 @@ class Autoscaler:
             else:
                 self.stocked_out.pop(self._known(pool), None)
 
-    def pool_for(self, flavor: Mapping) -> str:
-        """The pool whose nodes a ResourceFlavor selects (its nodeLabels)."""
-        (pool,) = [t.pool for t in self.templates
-                   if all(t.labels.get(k) == v for k, v in (flavor["spec"].get("nodeLabels") or {}).items())]
-        return pool
+    def pools_for(self, flavor: Mapping) -> list[str]:
+        """The pools whose nodes a ResourceFlavor selects (its nodeLabels): one per multi-host slice of a rung, as
+        a multi-host pool holds one slice."""
+        return [t.pool for t in self.templates
+                if all(t.labels.get(k) == v for k, v in (flavor["spec"].get("nodeLabels") or {}).items())]
 
     def _known(self, pool: str) -> str:
         if pool not in self.by_pool:
@@ -436,26 +436,31 @@ class Autoscaler:
                     self._create_slice(pool, provisioning_request=resize)
 
     def _scale_up(self, pods: list[dict]) -> None:
-        waiting: dict[str, list[dict]] = {}
+        """Each pod the scheduler could not place goes to the first pool that fits it and can still take it (free
+        hosts, slices on their way, room to grow: a rung of multi-host slices is one pool per slice); a pool grows by
+        whole slices for the pods it got. Fitting pools all stocked out: GKE's report on the pod, when reported."""
+        arriving = {pool: template.hosts * len(self._arriving.get(pool, []))
+                    for pool, template in self.by_pool.items()}
+        free = {pool: self._free_hosts(pool, pods) + arriving[pool] for pool in self.by_pool}
+        room = {pool: t.max_nodes - len(self._nodes(pool)) - arriving[pool] for pool, t in self.by_pool.items()}
+        taken: dict[str, int] = {}
         for pod in pods:
             if not unschedulable(pod):
                 continue
-            pools = [t for t in self.templates if t.autoscaled and not t.queued and why_not(t, pod["spec"]) is None]
-            if pools:  # the first pool that fits, as the autoscaler's default expander is free to pick
-                waiting.setdefault(pools[0].pool, []).append(pod)
-        for pool, pending in waiting.items():
-            template = self.by_pool[pool]
-            if pool in self.stocked_out:
-                if self.stocked_out[pool]:
-                    for pod in pending:
-                        self._report_stockout(pod, template)
+            fitting = [t for t in self.templates if t.autoscaled and not t.queued and why_not(t, pod["spec"]) is None]
+            open_pools = [t for t in fitting if t.pool not in self.stocked_out]
+            if fitting and not open_pools:
+                if any(self.stocked_out[t.pool] for t in fitting):
+                    self._report_stockout(pod, fitting[0])
                 continue
-            free = self._free_hosts(pool, pods) + sum(template.hosts for _ in self._arriving.get(pool, []))
-            need = len(pending) - free
-            room = template.max_nodes - len(self._nodes(pool)) - template.hosts * len(
-                self._arriving.get(pool, []))
-            slices = min(math.ceil(need / template.hosts), room // template.hosts) if need > 0 else 0
-            for _ in range(max(0, slices)):
+            for template in open_pools:
+                if taken.get(template.pool, 0) < free[template.pool] + room[template.pool]:
+                    taken[template.pool] = taken.get(template.pool, 0) + 1
+                    break
+        for pool, count in taken.items():
+            template = self.by_pool[pool]
+            need = count - free[pool]
+            for _ in range(max(0, min(math.ceil(need / template.hosts), room[pool] // template.hosts))):
                 planned = Slice(f"{next(self._ids):04x}", pool, ())
                 self._arriving.setdefault(pool, []).append((time.monotonic() + self.scale_up_seconds, planned))
 

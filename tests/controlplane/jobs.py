@@ -92,17 +92,29 @@ def dev_rayjob(name: str | None = None, queue: str | None = None) -> dict:
     return job
 
 
-def dev_job_objects() -> list[dict]:
-    """What the dev stack's RayJobs need in their namespace: the ServiceAccount they run as and the ConfigMap of the
-    training script. KubeRay creates no pod for a RayCluster whose ServiceAccount is missing (measured: the
-    RayCluster stays without pods, `ServiceAccount "ray-training" not found`), so a tier that submits copies of
-    these jobs on a platform without jobs of its own creates them first."""
+def dev_job_objects(namespace: str | None = None) -> list[dict]:
+    """What the dev stack's RayJobs need in their namespace (`namespace`: another one's copies): the ServiceAccount
+    they run as and the ConfigMap of the training script. KubeRay creates no pod for a RayCluster whose
+    ServiceAccount is missing (measured: the RayCluster stays without pods, `ServiceAccount "ray-training" not
+    found`), so a tier that submits copies of these jobs where the plan declares none creates them first."""
     (template,) = [m for m in plan_for().kubernetes_manifests() if m["kind"] == "RayJob"][:1]
     spec = template["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     wanted = {("ServiceAccount", spec["serviceAccountName"]),
               *(("ConfigMap", v["configMap"]["name"]) for v in spec.get("volumes") or [] if "configMap" in v)}
-    return [m for m in plan_for().kubernetes_manifests() if (m["kind"], m["metadata"]["name"]) in wanted
-            and m["metadata"].get("namespace") == template["metadata"]["namespace"]]
+    found = [copy.deepcopy(m) for m in plan_for().kubernetes_manifests()
+             if (m["kind"], m["metadata"]["name"]) in wanted
+             and m["metadata"].get("namespace") == template["metadata"]["namespace"]]
+    for manifest in found:
+        manifest["metadata"]["namespace"] = namespace or manifest["metadata"]["namespace"]
+    return found
+
+
+def prepare_namespace(kube: Kube, namespace: str) -> None:
+    """`dev_job_objects` in `namespace`, those it lacks."""
+    for manifest in dev_job_objects(namespace):
+        meta = manifest["metadata"]
+        if kube.get(manifest["apiVersion"], manifest["kind"], meta["name"], namespace) is None:
+            kube.create(manifest)
 
 
 def provisioning_requests(kube: Kube, namespace: str, workload: dict) -> list[dict]:
