@@ -50,6 +50,8 @@ class RayHead:
     kubeconfig: Path
     jobs: dict[tuple[str, str], RayJobState] = field(default_factory=dict)  # (namespace, submission id)
     asked: int = 0
+    submit_delay: float = 0.0  # seconds from the submitter pod Running to its `ray job submit` reaching the head
+    _submitter_seen: dict[tuple[str, str], float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -96,6 +98,11 @@ class RayHead:
                        for o in pod["metadata"].get("ownerReferences") or [])
                 and not pod["metadata"].get("deletionTimestamp")]
 
+    def asked_for(self, namespace: str, submission: str | None) -> bool:
+        """The head has answered for this job (KubeRay's GetJobInfo got it)."""
+        with self._lock:
+            return (namespace, submission or "") in self.jobs
+
     # ---- the head's side ---------------------------------------------------------------------------------------
     def answer(self, method: str, url: str) -> tuple[int, dict]:
         parts = urlsplit(url)
@@ -129,8 +136,11 @@ class RayHead:
         """`ray job submit` has run: the RayJob whose run this is has a Running submitter pod."""
         for job in self._kube.list(*RAYJOB, namespace=namespace):
             if (job.get("status") or {}).get("jobId") == submission:
-                return any((pod.get("status") or {}).get("phase") == "Running"
-                           for pod in self._submitter_pods(namespace, job["metadata"]["name"]))
+                if not any((pod.get("status") or {}).get("phase") == "Running"
+                           for pod in self._submitter_pods(namespace, job["metadata"]["name"])):
+                    return False
+                seen = self._submitter_seen.setdefault((namespace, submission), time.monotonic())
+                return time.monotonic() - seen >= self.submit_delay
         return False
 
     def _handler(self) -> type:
