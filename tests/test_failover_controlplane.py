@@ -19,7 +19,10 @@ from infra.tpu_pool import PLAN_LABEL_KEY
 from tests.controlplane import jobs
 from tests.controlplane.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS, RESYNC_SECONDS,
                                               controller_running, start_failover_tier)
-from tests.controlplane.kube import wait_for
+from ops.status import jobs as status_jobs
+from ops.status.report import build_report
+from ops.status.snapshot import ClusterReader
+from tests.controlplane.kube import condition, wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -183,3 +186,41 @@ def test_a_restart_mid_move_finishes_the_move(clean):
     wait_for(lambda: tier.move_of("restart") == move.done(), REACTION_TIMEOUT, "the move marked done")
     assert len(tier.moves_recorded("restart")) == 1
 
+
+
+def test_a_job_that_fails_is_retried_in_place_shown_failed_and_never_moved(clean):
+    """The Ray job fails every time (a bug, not capacity): KubeRay retries it with a new RayCluster on the same
+    admission (`backoffLimit`), then calls it Failed; Kueue finishes the Workload and frees the quota; the controller
+    never takes a failure for a stockout; `ops status` says it failed."""
+    tier = clean
+    # One retry (the stack's default is 2): each failed run costs KubeRay's submitter Job its own pod retries
+    # (measured: about 40 s a run), and one retry shows the retry stays on the admission as well as two.
+    backoff_limit = 1
+    job = jobs.dev_rayjob("fails")
+    job["spec"]["backoffLimit"] = backoff_limit
+    tier.kube.create(job)
+    jobs.wait_decided(tier.kube, NAMESPACE, "fails")
+    runs = set()
+
+    def failed_for_good():
+        job = tier.kube.get(*jobs.RAYJOB, "fails", NAMESPACE)
+        status = job.get("status") or {}
+        if status.get("jobDeploymentStatus") == "Failed":
+            return job
+        submission = status.get("jobId")
+        if submission and submission not in runs and tier.plane.after.ray_head.asked_for(NAMESPACE, submission):
+            tier.plane.after.ray_head.finish(NAMESPACE, "fails", "FAILED", "Traceback: a bug in train.py")
+            runs.add(submission)
+        return None
+    job = wait_for(failed_for_good, REACTION_TIMEOUT * (backoff_limit + 2), "the RayJob Failed after its retries")
+    assert len(runs) == backoff_limit + 1 and job["status"]["failed"] == backoff_limit + 1, (runs, job["status"])
+    workload = wait_for(lambda: (w := jobs.workload_of(tier.kube, NAMESPACE, "fails")) and condition(
+        w, "Finished") == "True" and w, REACTION_TIMEOUT, "the Workload Finished")
+    assert jobs.tpu_flavor(workload) == "on-demand"  # every retry ran on the rung it was admitted on
+    time.sleep(3 * RESYNC_SECONDS)
+    assert tier.move_of("fails") is None and tier.queues_of("fails") == ("user-queue", "user-queue")
+    assert not tier.moves_recorded("fails")
+
+    report = build_report(ClusterReader(tier.kube.api_client).read(NAMESPACE, "tier"))
+    (view,) = [j for j in report.jobs if j.name == "fails"]
+    assert view.state == status_jobs.FINISHED and view.words == "finished (Failed)", (view.state, view.words)

@@ -11,7 +11,8 @@ What it answers follows what a real head does in KubeRay's default K8sJobMode:
 - then `RUNNING`, until a test ends the job with `finish` (`SUCCEEDED`, `FAILED` or `STOPPED`);
 - at the end, the submitter's `ray job submit` returns with the job's outcome: its pod is annotated with the exit
   code, and KWOK's `pod-exit` stage (runtime.py) terminates it, so the real job controller completes (or fails)
-  KubeRay's Job, which KubeRay waits for before it calls the RayJob done.
+  KubeRay's Job, which KubeRay waits for before it calls the RayJob done. A submitter pod the Job controller starts
+  again after a failure returns at once with the same outcome (the submission exists and has ended).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ EXIT_CODE_ANNOTATION = "tier.tpu-fallback/exit-code"
 
 @dataclass
 class RayJobState:
+    rayjob: str
     status: str = "RUNNING"
     started_ms: int = 0
     ended_ms: int = 0
@@ -89,6 +91,8 @@ class RayHead:
 
     def _submitter_exits(self, namespace: str, rayjob: str, code: int) -> None:
         for pod in self._submitter_pods(namespace, rayjob):
+            if EXIT_CODE_ANNOTATION in (pod["metadata"].get("annotations") or {}):
+                continue
             self._kube.patch("v1", "Pod", pod["metadata"]["name"],
                              {"metadata": {"annotations": {EXIT_CODE_ANNOTATION: str(code)}}}, namespace=namespace)
 
@@ -116,9 +120,12 @@ class RayHead:
             self.asked += 1
             state = self.jobs.get((namespace, submission))
             if state is None:
-                if method != "GET" or not self._submitted(namespace, submission):
+                rayjob = self._submitted(namespace, submission) if method == "GET" else None
+                if rayjob is None:
                     return 404, {"error": f"Job {submission} does not exist"}
-                state = self.jobs[(namespace, submission)] = RayJobState(started_ms=int(time.time() * 1000))
+                state = self.jobs[(namespace, submission)] = RayJobState(rayjob, started_ms=int(time.time() * 1000))
+            if state.status in TERMINAL:  # a submitter started again after the end returns at once
+                self._submitter_exits(namespace, state.rayjob, 0 if state.status == "SUCCEEDED" else 1)
             if method == "POST" and rest[1:] == ["stop"]:
                 if state.status not in TERMINAL:
                     state.status, state.ended_ms = "STOPPED", int(time.time() * 1000)
@@ -132,16 +139,18 @@ class RayHead:
                 info["end_time"] = state.ended_ms
             return 200, info
 
-    def _submitted(self, namespace: str, submission: str) -> bool:
-        """`ray job submit` has run: the RayJob whose run this is has a Running submitter pod."""
+    def _submitted(self, namespace: str, submission: str) -> str | None:
+        """The RayJob whose run this is, once `ray job submit` has run: its submitter pod Running (for
+        `submit_delay` seconds)."""
         for job in self._kube.list(*RAYJOB, namespace=namespace):
             if (job.get("status") or {}).get("jobId") == submission:
+                name = job["metadata"]["name"]
                 if not any((pod.get("status") or {}).get("phase") == "Running"
-                           for pod in self._submitter_pods(namespace, job["metadata"]["name"])):
-                    return False
+                           for pod in self._submitter_pods(namespace, name)):
+                    return None
                 seen = self._submitter_seen.setdefault((namespace, submission), time.monotonic())
-                return time.monotonic() - seen >= self.submit_delay
-        return False
+                return name if time.monotonic() - seen >= self.submit_delay else None
+        return None
 
     def _handler(self) -> type:
         head = self
