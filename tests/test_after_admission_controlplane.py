@@ -17,6 +17,8 @@ import time
 
 import pytest
 
+from ops.status.report import build_report
+from ops.status.snapshot import ClusterReader
 from tests.conftest import plan_for
 from tests.controlplane import gke, jobs
 from tests.controlplane.cluster import ControlPlane
@@ -47,6 +49,13 @@ def tier(request):
 
 def rayjob_names(plan) -> list[str]:
     return [m["metadata"]["name"] for m in plan.kubernetes_manifests() if m["kind"] == "RayJob"]
+
+
+def status_of(kube, rayjob: str):
+    """The job as `ops status` reports it, read from the tier (admin: Nodes readable)."""
+    report = build_report(ClusterReader(kube.api_client).read(NAMESPACE, "tier"))
+    (view,) = [job for job in report.jobs if job.name == rayjob]
+    return view
 
 
 def wait_finished(kube, rayjob: str) -> dict:
@@ -85,6 +94,10 @@ def test_the_tutorial_s_two_jobs_run_on_plan_a_and_plan_b_to_their_end(tier):
     workers = pods_of(kube, first)["worker"]
     assert len({p["spec"]["nodeName"] for p in workers}) == 4  # one worker per host of the slice
     assert len(after.gke.nodes_of("on-demand-pool")) == 4
+    # `ops status` from these real pods: all of the Workload's pods ready (head, 4 workers, submitter), on which pools.
+    running = status_of(kube, first)
+    assert running.size.pods == 6 and running.pods_ready == 6, (running.pods_ready, running.size)
+    assert running.pools == ("default-pool", "on-demand-pool") and running.run_seconds is None
 
     # Plan B: on-demand is full, so Kueue reserves dws and asks DWS; nothing runs until the slice is provisioned.
     request = jobs.wait_provisioning_request(kube, NAMESPACE, second)
@@ -108,6 +121,8 @@ def test_the_tutorial_s_two_jobs_run_on_plan_a_and_plan_b_to_their_end(tier):
         assert (job["status"]["jobDeploymentStatus"], job["status"]["jobStatus"]) == ("Complete", "SUCCEEDED")
         submitter = kube.get(*BATCH_JOB, rayjob, NAMESPACE)
         assert condition(submitter, "Complete") == "True"  # `kubectl logs job/<name>` is this Job's pod
+        done = status_of(kube, rayjob)
+        assert done.words == "finished (Succeeded)" and done.run_seconds is not None and done.run_seconds >= 0
     wait_for(lambda: not kube.list(*RAY_CLUSTER, namespace=NAMESPACE), REACTION, "the RayClusters deleted")
     wait_for(lambda: not [p for p in kube.list("v1", "Pod", namespace=NAMESPACE)
                           if (p["metadata"].get("labels") or {}).get("ray.io/cluster")], REACTION, "Ray pods gone")

@@ -969,3 +969,24 @@ def test_a_client_read_again_gets_one_timeout_wrapper_not_one_more_each_time():
     for _ in range(3):
         ClusterReader(api_client, 7)
     assert api_client.rest_client.request is wrapped and api_client.rest_client.status_request_timeout == 7
+
+
+def test_node_pools_are_those_of_the_pods_on_nodes_and_unknown_without_nodes():
+    pods = [{"metadata": {"name": "head"}, "spec": {"nodeName": "gke-a-default-pool-1"}},
+            {"metadata": {"name": "w0"}, "spec": {"nodeName": "gke-a-on-demand-pool-1"}},
+            {"metadata": {"name": "w1"}, "spec": {"nodeName": "gke-a-on-demand-pool-2"}},
+            {"metadata": {"name": "pending"}, "spec": {}},
+            {"metadata": {"name": "going", "deletionTimestamp": ago(1)}, "spec": {"nodeName": "gke-a-spot-pool-1"}}]
+    pools = {"gke-a-default-pool-1": "default-pool", "gke-a-on-demand-pool-1": "on-demand-pool",
+             "gke-a-on-demand-pool-2": "on-demand-pool", "gke-a-spot-pool-1": "spot-pool"}
+    assert jobs.node_pools_of(pods, pools) == ("default-pool", "on-demand-pool")
+    assert jobs.node_pools_of(pods[3:4], pools) == ()
+    assert jobs.node_pools_of(pods[:1], {}) == ("?",)  # a node gone since the pod was read
+
+
+def test_a_finished_rayjob_says_how_long_it_ran():
+    rayjob = {"status": {"startTime": "2026-12-01T10:00:00Z", "endTime": "2026-12-01T11:02:03Z"}}
+    started, ended = jobs.run_span(rayjob)
+    assert (ended - started).total_seconds() == 3723
+    assert jobs.run_span({"status": {"startTime": "2026-12-01T10:00:00Z"}})[1] is None  # still running
+    assert jobs.run_span({}) is None

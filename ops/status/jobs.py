@@ -145,6 +145,15 @@ class JobView:
     requeues: int = 0  # status.requeueState.count: Kueue's requeues since its last admission
     evict_at: datetime.datetime | None = None  # admitted, waiting for pods: when Kueue evicts it (podsReadyTimeout)
     looping_on: str | None = None  # the last rung, when the job keeps failing there (nothing below to move to)
+    pools: tuple[str, ...] | None = None  # the GKE node pools its pods run on; None: Nodes not readable
+    ran: tuple[datetime.datetime, datetime.datetime | None] | None = None  # the Ray job's start and end (KubeRay)
+
+    @property
+    def run_seconds(self) -> float | None:
+        """How long the last run's Ray job took, once it ended (KubeRay's startTime to endTime)."""
+        if self.ran is None or self.ran[1] is None:
+            return None
+        return (self.ran[1] - self.ran[0]).total_seconds()
 
     @property
     def eviction_count(self) -> int:
@@ -480,6 +489,19 @@ def pods_of(kind: str, name: str, namespace: str, pods: PodIndex, owner: Mapping
     else:
         found = pods.with_label(namespace, POD_LABEL_OF_KIND.get(kind, ""), name)
     return list({id(p): p for p in found}.values())  # a pod found by two of its labels counts once
+
+
+def node_pools_of(pods: Sequence[Mapping], node_pools: Mapping[str, str]) -> tuple[str, ...]:
+    """The node pools the pods that hold a node run on, each once, in name order."""
+    placed = {(p.get("spec") or {}).get("nodeName") for p in pods if not meta(p).get("deletionTimestamp")}
+    return tuple(sorted({node_pools.get(node, "?") for node in placed if node}))
+
+
+def run_span(rayjob: Mapping) -> tuple[datetime.datetime, datetime.datetime | None] | None:
+    """KubeRay's `status.startTime` and `endTime` of the RayJob's run (the end once it is Complete or Failed)."""
+    status = rayjob.get("status") or {}
+    started = parse_time(status.get("startTime"))
+    return None if started is None else (started, parse_time(status.get("endTime")))
 
 
 def ready_pods(pods: Sequence[Mapping]) -> int:

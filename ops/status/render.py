@@ -79,6 +79,9 @@ def job_dict(job: JobView, now: datetime.datetime) -> dict:
         "kind": job.kind,
         "chips": job.size.chips if job.size else None, "hosts": job.size.hosts if job.size else None,
         "podsNeeded": job.size.pods if job.size else None, "podsReady": job.pods_ready,  # null: unknown
+        "nodePools": None if job.pools is None else list(job.pools),  # null: Nodes not readable
+        "runStartedAt": time_or_none(job.ran[0]) if job.ran else None,
+        "runEndedAt": time_or_none(job.ran[1]) if job.ran else None, "runSeconds": job.run_seconds,
         "priority": job.priority, "priorityClass": job.priority_class,
         "createdAt": time_or_none(job.created), "ageSeconds": seconds_since(job.created, now),
         "position": None if job.position is None else {"inClusterQueue": job.position, "source": job.position_source},
@@ -200,6 +203,13 @@ def queue_lines(report: Report) -> list[str]:
         ("NAME", "ACTIVE", "COHORT", "FLAVORS", "PENDING", "RESERVING", "ADMITTED"), rows)
 
 
+def pools_cell(job: JobView) -> str | None:
+    """The GKE node pools the job's pods run on ("?" where Nodes may not be read; empty: none placed)."""
+    if job.pools is None:
+        return "?"
+    return ",".join(job.pools) or None
+
+
 def pods_cell(job: JobView) -> str | None:
     if job.size is None:
         return None
@@ -225,12 +235,12 @@ def job_lines(report: Report) -> list[str]:
         row = (job.local_queue, job.rung, job.words, time_or_none(job.since),
                duration(seconds_since(job.since, report.generated_at)) if job.since else None,
                len(job.moves), request, job.kind, job.size.chips if job.size else None, pods_cell(job),
-               job.priority, duration(seconds_since(job.created, report.generated_at)) if job.created else None,
+               pools_cell(job), job.priority, duration(seconds_since(job.created, report.generated_at)) if job.created else None,
                position_cell(job), job.eviction_count)
         rows.append(((job.namespace,) if all_namespaces else ()) + (job.name,) + row)
     headers = (("NAMESPACE",) if all_namespaces else ()) + (
         "NAME", "QUEUE", "RUNG", "STATE", "SINCE", "FOR", "MOVES", "PROVISIONING REQUEST", "KIND", "CHIPS", "PODS",
-        "PRIORITY", "AGE", "POSITION", "EVICTIONS")
+        "NODE POOLS", "PRIORITY", "AGE", "POSITION", "EVICTIONS")
     lines = [f"JOBS ({where})"] + table(headers, rows)
     if any(j.position_source == POSITION_COMPUTED for j in report.jobs):
         lines += ["", "POSITION ~n: computed from the Workloads shown (Kueue's visibility API is not served here), "
@@ -251,6 +261,9 @@ def why_lines(report: Report) -> list[str]:
             parts.append("moves: " + ", ".join(move_words(m) for m in job.moves))
         if job.request and job.request.message:
             parts.append(f"{job.request.name}: {job.request.message}")
+        if job.run_seconds is not None:
+            parts.append(f"ran {duration(job.run_seconds)} (KubeRay: {format_time(job.ran[0])} to "
+                         f"{format_time(job.ran[1])})")
         if job.looping_on:
             parts.append(f"looping on the last rung ({job.looping_on}): evicted there again and again, with no "
                          "rung below to move to")

@@ -49,6 +49,7 @@ class Snapshot:
     rayjobs: list[dict] = field(default_factory=list)
     provisioning_requests: list[dict] = field(default_factory=list)
     pods: list[dict] = field(default_factory=list)  # the jobs' pods: ready / needed
+    node_pools: dict[str, str] | None = None  # node -> GKE node pool; None: Nodes not readable (no problem line)
     controller: dict | None = None  # the failover controller's Deployment
     controller_pods: list[dict] = field(default_factory=list)
     fleet_watch: dict | None = None  # on a fleet's manager: the fleet watch's Deployment
@@ -158,8 +159,10 @@ def job_view(owner: Mapping, workload: Mapping | None, snapshot: Snapshot, share
             else current_rung(workload, state.state, start.flavor if start else None))
     active = ((workload or {}).get("spec") or {}).get("active", True) is not False
     size = job_states.size_of(workload)
-    pods_ready = (job_states.ready_pods(job_states.pods_of(kind, name_of(owner), namespace, shared.pods, owner))
-                  if snapshot.readable("pods") and size is not None else None)
+    pods = job_states.pods_of(kind, name_of(owner), namespace, shared.pods, owner)
+    pods_ready = job_states.ready_pods(pods) if snapshot.readable("pods") and size is not None else None
+    pools = (job_states.node_pools_of(pods, snapshot.node_pools)
+             if snapshot.readable("pods") and snapshot.node_pools is not None else None)
     priority, priority_class = job_states.priority_of(workload)
     evictions = job_states.evictions_of(workload)
     last = ladder.rungs[-1].flavor if ladder.rungs else None
@@ -175,7 +178,7 @@ def job_view(owner: Mapping, workload: Mapping | None, snapshot: Snapshot, share
                    position_source=shared.position_source if key in shared.positions else None,
                    evictions=evictions, requeues=job_states.requeues_of(workload),
                    evict_at=job_states.evict_deadline(workload, state.state, shared.pods_ready_timeout),
-                   looping_on=looping)
+                   looping_on=looping, pools=pools, ran=job_states.run_span(owner) if is_rayjob else None)
 
 
 def provisioning_checks(snapshot: Snapshot) -> frozenset[str]:

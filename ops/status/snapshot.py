@@ -25,7 +25,7 @@ from infra.failover import NAME as CONTROLLER_NAME
 from infra.failover import NAMESPACE as CONTROLLER_NAMESPACE
 from infra.fleet import LADDER_NAME as FLEET_LADDER
 from infra.fleet import WATCH_NAME as FLEET_WATCH
-from infra.kueue import KUEUE_API_VERSION, MANAGER_CONFIG_MAP
+from infra.kueue import KUEUE_API_VERSION, MANAGER_CONFIG_MAP, NODEPOOL_LABEL_KEY
 from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
 from ops.status.objects import conditions, is_true, namespace_of
 from ops.status.report import Snapshot
@@ -41,6 +41,7 @@ RAYJOB = ("ray.io/v1", "RayJob")
 PROVISIONING_REQUEST = ("autoscaling.x-k8s.io/v1", "ProvisioningRequest")
 DEPLOYMENT = ("apps/v1", "Deployment")
 POD = ("v1", "Pod")
+NODE = ("v1", "Node")
 EVENT = ("v1", "Event")
 CONFIG_MAP = ("v1", "ConfigMap")
 # Kueue's on-demand visibility API: each pending Workload's position in its ClusterQueue (needs the feature gate
@@ -204,6 +205,7 @@ class ClusterReader:
         snapshot.rayjobs = listed("rayjobs", RAYJOB, namespace)
         snapshot.provisioning_requests = listed("provisioning_requests", PROVISIONING_REQUEST, namespace)
         snapshot.pods = listed("pods", POD, namespace)
+        snapshot.node_pools = self._node_pools()
         snapshot.move_events = listed("move_events", EVENT, namespace, field_selector=f"reason={EVENT_REASON}")
         snapshot.multikueue_clusters = listed("multikueue_clusters", MULTIKUEUE_CLUSTER)
         snapshot.controller = self._get_into(snapshot, "controller", DEPLOYMENT, CONTROLLER_NAME, CONTROLLER_NAMESPACE)
@@ -219,6 +221,16 @@ class ClusterReader:
         snapshot.kueue_config = self._get_into(snapshot, "kueue_config", CONFIG_MAP, MANAGER_CONFIG_MAP, KUEUE_NAMESPACE)
         self._positions(snapshot)
         return snapshot
+
+    def _node_pools(self) -> dict[str, str] | None:
+        """Node name -> its GKE node pool, or None where Nodes may not be read: a nicety of the jobs' rows (which
+        pool their pods run on), so a refusal is no problem line, as a team member's `view` has no Nodes."""
+        try:
+            nodes = self.list(NODE, None)
+        except Unreadable:
+            return None
+        return {(n.get("metadata") or {}).get("name", ""): ((n.get("metadata") or {}).get("labels") or {}).get(
+            NODEPOOL_LABEL_KEY, "?") for n in nodes or []}
 
     def _get_into(self, snapshot: Snapshot, field: str, kind: tuple[str, str], name: str,
                   namespace: str) -> dict | None:
