@@ -423,16 +423,20 @@ class Autoscaler:
             for pod_set in request["spec"]["podSets"]:
                 template = self.kube.get("v1", "PodTemplate", pod_set["podTemplateRef"]["name"], namespace)
                 spec = template["template"]["spec"] if template else {}
-                pools = [t for t in self.templates if t.queued and why_not(t, spec) is None]
-                if len(pools) != 1:
-                    self.problems.append(f"ProvisioningRequest {namespace}/{request['metadata']['name']}: "
-                                         f"{len(pools)} queued pools fit its pods")
+                hosts = int(pod_set["count"])
+                # The first queued pool its pods fit with room for them (a rung of multi-host slices is one pool
+                # per slice, each its own DWS pool).
+                pools = [t for t in self.templates if t.queued and why_not(t, spec) is None
+                         and t.max_nodes - len(self._nodes(t.pool)) >= hosts]
+                if not pools:
+                    self.problems.append(f"ProvisioningRequest {namespace}/{request['metadata']['name']}: no queued "
+                                         f"pool fits its pods with room for {hosts} hosts")
                     continue
-                (pool,) = pools
+                pool = pools[0]
                 if pool.pool in self.stocked_out:  # provisioned, yet the VMs never come
                     self.history.append((time.monotonic(), "lost", pool.pool, resize))
                     continue
-                for _ in range(math.ceil(int(pod_set["count"]) / pool.hosts)):
+                for _ in range(math.ceil(hosts / pool.hosts)):
                     self._create_slice(pool, provisioning_request=resize)
 
     def _scale_up(self, pods: list[dict]) -> None:
