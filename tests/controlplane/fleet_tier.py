@@ -67,6 +67,7 @@ class FleetTier:
     member_values: dict[str, dict]
     workdir: Path | None = None
     token_lifetime: float = 60.0  # seconds each of the manager's tokens is valid (GKE's: an hour)
+    nodes_of: dict[str, Plan] = field(default_factory=dict)  # plane -> the plan whose pools it runs (runtime.py)
     planes: dict[str, ControlPlane] = field(default_factory=dict)  # the manager first, then the members in order
     start_seconds: dict[str, float] = field(default_factory=dict)  # wall seconds each plane's start() took
     wall_seconds: float = 0.0  # the whole fleet's start, all planes in parallel
@@ -83,7 +84,8 @@ class FleetTier:
             folder.mkdir(parents=True, exist_ok=True)
             trusts = () if name == MANAGER else (
                 f"--authentication-config={self.google.authentication_config(folder)}",)
-            self.planes[name] = ControlPlane(values, workdir=folder, apiserver_args=trusts)
+            self.planes[name] = ControlPlane(values, workdir=folder, apiserver_args=trusts,
+                                             nodes_of=self.nodes_of.get(name))
 
     @property
     def manager(self) -> ControlPlane:
@@ -200,10 +202,12 @@ def fleet_plan(members: dict[str, Plan]) -> Plan:
 
 @contextlib.contextmanager
 def applied_fleet(manager_plan: Plan, members: dict[str, Plan], stacks: type[FleetStacks] | None = None,
-                  keep_logs: Callable[[], bool] = lambda: False) -> Iterator[FleetStacks]:
+                  keep_logs: Callable[[], bool] = lambda: False, nodes: bool = False) -> Iterator[FleetStacks]:
     """A FleetTier for these plans, started, with the stacks applied (the members', then the fleet's); stopped after,
-    its logs kept, and where said, when the body raised or `keep_logs()` (a module fixture: a test failed)."""
-    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
+    its logs kept, and where said, when the body raised or `keep_logs()` (a module fixture: a test failed). `nodes`:
+    every plane runs its plan's pools, the scheduler and KubeRay (runtime.py)."""
+    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()},
+                     nodes_of={MANAGER: manager_plan, **members} if nodes else {})
     failed = True
     try:
         tier.start()
