@@ -1,9 +1,11 @@
 """Real objects in every state `python -m ops status` names, on one tier: a four-rung ladder (reservation, on-demand,
-Spot, two DWS slices) and jobs put where each state is, by Kueue itself; the tests play only what is missing on the
-tier: KubeRay's status, GKE's ProvisioningRequest answers, the controller's annotations, the Deployment's pods.
+Spot, two DWS slices) with real KubeRay, scheduler and nodes, and jobs put where each state is, by Kueue itself; the
+tests play only GCE capacity (stocked-out pools, GKE's ProvisioningRequest answers), the Ray head's job status, the
+controller's annotations and its Deployment's pods (the tier runs no Deployment controller).
 
 Kueue 0.19.2 reads a RayJob's PodsReady from `status.rayClusterStatus.state == "ready"` and its end from
-`status.jobDeploymentStatus` Complete/Failed (pkg/controller/jobs/rayjob/rayjob_controller.go, PodsReady and Finished).
+`status.jobDeploymentStatus` Complete/Failed (pkg/controller/jobs/rayjob/rayjob_controller.go, PodsReady and Finished),
+both written here by the real KubeRay.
 """
 
 from __future__ import annotations
@@ -59,10 +61,6 @@ def submit(kube: Kube, name: str, queue: str | None, namespace: str = NAMESPACE)
     workload = jobs.wait_decided(kube, namespace, name, REACTION_TIMEOUT)
     return Placed(name, namespace, queue, jobs.tpu_flavor(workload)
                   if condition(workload, "QuotaReserved") == "True" else None)
-
-
-def play_kuberay(kube: Kube, placed: Placed, status: dict) -> None:
-    kube.patch(*jobs.RAYJOB, placed.name, {"status": status}, namespace=placed.namespace, subresource="status")
 
 
 def wait_condition(kube: Kube, placed: Placed, kind: str, status: str = "True") -> dict:
@@ -132,18 +130,20 @@ def create_every_state(tier: FailoverTier) -> dict[str, Placed]:
         placed[job.name] = job
         return job
 
-    # Finished: admitted on rung 0, then KubeRay reports the job complete; Kueue releases its quota.
+    # Finished: admitted on rung 0, where it runs; the Ray job ends and KubeRay completes the RayJob; Kueue releases
+    # its quota.
     done = keep(submit(kube, "st-finished", "user-queue"))
-    play_kuberay(kube, done, {"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED",
-                              "message": "Job finished successfully."})
+    wait_condition(kube, done, "PodsReady")
+    tier.plane.after.ray_head.finish(NAMESPACE, done.name, "SUCCEEDED")
     wait_condition(kube, done, "Finished")
     wait_released(kube, done.holds)
-    # Running: rung 0 again; KubeRay reports its RayCluster ready, which Kueue takes as PodsReady.
+    # Running: rung 0 again; its pods run, KubeRay reports its RayCluster ready, which Kueue takes as PodsReady.
     running = keep(submit(kube, "st-running", "user-queue"))
-    play_kuberay(kube, running, {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING",
-                                 "rayClusterName": "st-running-raycluster", "rayClusterStatus": {"state": "ready"}})
     wait_condition(kube, running, "PodsReady")
-    # Admitted, pods not ready: the next rung (on a stocked-out rung they never would be).
+    # Every rung below is out of capacity and nothing says so (DWS: provisioned, but its VMs never come): what is
+    # admitted there waits for its pods.
+    tier.stockout("on-demand", "spot", "dws", reported=False)
+    # Admitted, pods not ready: the next rung, stocked out.
     keep(submit(kube, "st-admitted", "user-queue"))
     # Evicted: admitted on the next rung down, recorded as the controller does, then deactivated.
     evicted = keep(submit(kube, "st-evicted", "user-queue"))
