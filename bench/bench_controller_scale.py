@@ -7,11 +7,13 @@ token, the Deployment's environment and resync) and a 30 s podsReadyTimeout.
 1. `--parked` RayJobs wait in a LocalQueue whose ClusterQueue has no quota (Kueue keeps their Workloads pending).
 2. The controller starts; the time until it answers /healthz (its first lists done) is printed.
 3. Steady state: its CPU (utime + stime from /proc) over `--idle` seconds, and its RSS.
-4. Timeout path, `--rounds` times: `--slices` jobs are admitted on on-demand at once, their pods never become
-   ready, Kueue evicts them (PodsReadyTimeout); latency = the eviction seen on a watch -> the move's first write
-   (the RayJob's failover annotation) seen on a watch, both by this process.
-5. Early path, `--rounds` times: `--slices` jobs admitted, a "GCE out of resources" FailedScaleUp event on each TPU
-   pod; latency = the move's first write seen - (the event's firstTimestamp + the grace period).
+4. Timeout path, `--rounds` times: `--slices` jobs are admitted on on-demand at once, which is out of capacity
+   with nothing saying so (the tier's autoscaler stand-in: their real pods never get a node), Kueue evicts them
+   (PodsReadyTimeout); latency = the eviction seen on a watch -> the move's first write (the RayJob's failover
+   annotation) seen on a watch, both by this process.
+5. Early path, `--rounds` times: `--slices` jobs admitted on on-demand out of capacity, the autoscaler stand-in's
+   "GCE out of resources" FailedScaleUp event on their TPU pods; latency = the move's first write seen - (the first
+   event's firstTimestamp + the grace period).
 Goals (issue 14): p95 <= 1 s on both paths, CPU <= 5 % of a core, RSS <= 200 MiB.
 Binaries must be built (`python -m tests.controlplane build`).
 """
@@ -33,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from failover import decisions  # noqa: E402
 from failover.controller import WATCHED_RAYJOBS, WATCHED_WORKLOADS  # noqa: E402
 from failover.informer import Informer  # noqa: E402
+from infra import failover as stack_failover  # noqa: E402
 from infra import kueue as stack_kueue  # noqa: E402
 from tests.controlplane import jobs  # noqa: E402
 from tests.controlplane.failover_tier import NAMESPACE, start_failover_tier  # noqa: E402
@@ -122,6 +125,7 @@ def delete_jobs(tier, names: list[str]) -> None:
         tier.kube.delete("v1", "Pod", pod["metadata"]["name"], NAMESPACE, propagation="Background")
     wait_for(lambda: not any(jobs.workload_of(tier.kube, NAMESPACE, name) for name in names), 120,
              "the round's Workloads gone", interval=0.5)
+    tier.gke.restore()  # capacity back for the next round's own script
 
 
 def submit_admitted(tier, names: list[str]) -> None:
@@ -157,8 +161,10 @@ def main() -> None:
     try:
         print(f"parking {args.parked} RayJobs ...", flush=True)
         print(f"  {args.parked} Workloads created and judged in {park(tier, args.parked):.0f} s", flush=True)
-        deployed_resync = float(next(e["value"] for e in tier.plan.only("kubernetes:apps/v1:Deployment").inputs[
-            "spec"]["template"]["spec"]["containers"][0]["env"] if e["name"] == "FAILOVER_RESYNC_SECONDS"))
+        (deployment,) = [m for m in tier.plan.kubernetes_manifests()
+                         if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_failover.NAME]
+        deployed_resync = float(next(e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0][
+            "env"] if e["name"] == "FAILOVER_RESYNC_SECONDS"))
         started = time.monotonic()
         controller = tier.start_controller(resync=deployed_resync)
         print(f"controller healthy (watches listed) {time.monotonic() - started:.1f} s after start "
@@ -175,6 +181,7 @@ def main() -> None:
         timeout_path, early_path = [], []
         for round_number in range(args.rounds):
             names = [f"timeout-{round_number}-{i}" for i in range(args.slices)]
+            tier.stockout("on-demand", reported=False)
             submit_admitted(tier, names)
             wait_for(lambda: all(n in observer.moving for n in names), args.timeout + 120, "the timeout moves",
                      interval=0.5)
@@ -182,10 +189,11 @@ def main() -> None:
             delete_jobs(tier, names)
 
             names = [f"early-{round_number}-{i}" for i in range(args.slices)]
+            tier.stockout("on-demand")
             submit_admitted(tier, names)
             grace_ends = {}
             for name in names:
-                stamp = tier.play_kuberay_and_a_stockout(name)
+                stamp = tier.stockout_reported(name)
                 grace_ends[name] = (datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
                                     + args.grace)
             wait_for(lambda: all(n in observer.moving for n in names), args.timeout, "the early moves", interval=0.2)
