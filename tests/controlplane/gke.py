@@ -290,10 +290,11 @@ class Autoscaler:
 
     Scripted by the tests: `stockout(pool)` makes the pool unable to grow: the autoscaler reports it on each pod it
     could not serve, as GKE does, unless `reported=False` (a stockout nothing says: only Kueue's PodsReady timeout
-    sees it); a queued pool's Provisioned request then brings no slice. `restore(pool)` gives capacity back. `scale_up_seconds` is how long a new slice
-    takes to appear (GKE: minutes), `scale_down_seconds` how long a slice stays once its pods are gone (GKE: about
-    10 min), `unused_seconds` how long a new slice waits for its first pod (GKE's scale-down-delay-after-add, 10 min
-    by default: on a loaded machine KubeRay's pods can come seconds after the slice)."""
+    sees it); a queued pool's Provisioned request then brings no slice. `restore(pool)` gives capacity back.
+    `scale_up_seconds` is how long a new slice takes to appear (GKE: minutes), `scale_down_seconds` how long a slice
+    stays once its pods are gone (GKE: about 10 min), `unused_seconds` how long a new slice waits for its first pod
+    (GKE's scale-down-delay-after-add, 10 min by default: on a loaded machine KubeRay's pods can come seconds after
+    the slice)."""
 
     kubeconfig: object
     templates: tuple[NodeTemplate, ...]
@@ -307,7 +308,8 @@ class Autoscaler:
     stocked_out: dict[str, bool] = field(default_factory=dict)  # pool -> whether GKE reports it on the pods
     reported: dict[str, str] = field(default_factory=dict)  # pod uid -> pool it was reported for
     problems: list[str] = field(default_factory=list)  # what the stand-in could not do: a test asserts none
-    history: list[tuple[float, str, str, str]] = field(default_factory=list)  # (time, up|down, pool, slice)
+    # (monotonic time, "up" | "down" | "lost" (provisioned in a stocked-out pool), pool, slice or resize request)
+    history: list[tuple[float, str, str, str]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.by_pool = {t.pool: t for t in self.templates}
