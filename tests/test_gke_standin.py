@@ -9,6 +9,7 @@ could have avoided (a selector, a taint, a resource request, a topology).
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 
@@ -189,3 +190,141 @@ def test_every_pod_of_every_job_lands_on_its_rung_s_pool(stack):
                 assert not affinity, (stack, name)
             checked.add(name)
     assert checked, f"{stack}: no TPU rung checked"
+
+
+# ---- the autoscaler stand-in's own decisions, on a fake API (the tiers run it on the real one) ------------------
+class FakeKube:
+    """What the Autoscaler asks of a cluster: list, get, create and delete, over plain dicts."""
+
+    def __init__(self):
+        self.objects: dict[str, list[dict]] = {"Pod": [], "Node": [], "Event": [], "ProvisioningRequest": [],
+                                               "PodTemplate": []}
+
+    def list(self, api_version, kind, namespace=None):
+        return [o for o in self.objects[kind] if namespace is None or o["metadata"].get("namespace") == namespace]
+
+    def get(self, api_version, kind, name, namespace=None):
+        return next((o for o in self.list(api_version, kind, namespace) if o["metadata"]["name"] == name), None)
+
+    def create(self, manifest):
+        self.objects[manifest["kind"]].append(manifest)
+        return manifest
+
+    def delete(self, api_version, kind, name, namespace=None, propagation=None):
+        self.objects[kind] = [o for o in self.objects[kind] if o["metadata"]["name"] != name]
+
+
+def _worker(name: str, flavor_labels: dict, tolerations: tuple[str, ...] = (TPU,), chips: str = "4") -> dict:
+    return {"metadata": {"name": name, "namespace": "default", "uid": f"uid-{name}"},
+            "spec": {"nodeSelector": {catalogue.ACCELERATOR_LABEL_KEY: "tpu-v6e-slice",
+                                      catalogue.TOPOLOGY_LABEL_KEY: "4x4", **flavor_labels},
+                     "tolerations": [{"key": k, "operator": "Exists", "effect": "NoSchedule"} for k in tolerations],
+                     "containers": [{"resources": {"requests": {TPU: chips, "cpu": "8", "memory": "16Gi"}}}]},
+            "status": {"phase": "Pending", "conditions": [
+                {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}]}}
+
+
+def _autoscaler(stack: str = "dev", overrides: dict | None = None) -> gke.Autoscaler:
+    autoscaler = gke.Autoscaler(None, gke.node_templates(plan_for(stack, overrides)), "c", "us-east5-b",
+                                scale_up_seconds=0, scale_down_seconds=0, unused_seconds=30)
+    autoscaler.kube = FakeKube()
+    return autoscaler
+
+
+def test_pending_workers_of_one_run_grow_their_pool_by_one_whole_slice():
+    autoscaler = _autoscaler()
+    on_demand = {"tpu-fallback/capacity": "on-demand"}
+    autoscaler.kube.objects["Pod"] = [_worker(f"w{i}", on_demand) for i in range(4)]
+    autoscaler.step()  # the slice is planned
+    autoscaler.step()  # and arrives (scale_up_seconds=0)
+    assert len(autoscaler.nodes_of("on-demand-pool")) == 4 and not autoscaler.nodes_of("dws-pool")
+    autoscaler.step()
+    assert len(autoscaler.nodes_of("on-demand-pool")) == 4  # the 4 free hosts are counted: no second slice
+    # A pod no pool's template fits (no TPU toleration) grows nothing.
+    autoscaler.kube.objects["Pod"].append(_worker("intolerant", on_demand, tolerations=()))
+    autoscaler.step()
+    autoscaler.step()
+    assert len(autoscaler.nodes_of("on-demand-pool")) == 4
+
+
+def test_a_rung_of_one_pool_per_slice_grows_the_pool_with_room():
+    # team-c's DWS rung is two pools (one 4x4 v5e slice each): not queued here, its first pool full.
+    templates = tuple(dataclasses.replace(t, queued=False) if t.pool.startswith("team-c-dws") else t
+                      for t in gke.node_templates(plan_for("team-c-us-west4-a")))
+    autoscaler = gke.Autoscaler(None, templates, "c", "us-west4-a", scale_up_seconds=0, scale_down_seconds=0)
+    autoscaler.kube = FakeKube()
+    first, second = [t for t in templates if t.pool.startswith("team-c-dws")]
+    autoscaler._create_slice(first)
+    autoscaler.kube.objects["Pod"] = [{"metadata": {"name": f"on-{node}"}, "spec": {"nodeName": node},
+                                       "status": {"phase": "Running"}} for node in autoscaler.nodes_of(first.pool)]
+    for i in range(4):  # a second run of the rung: its workers select the rung, not a pool
+        pending = _worker(f"p{i}", {}, tolerations=(TPU, gke.QUEUED_TAINT))
+        pending["spec"]["nodeSelector"] = {k: first.labels[k] for k in (
+            "tpu-fallback/capacity", catalogue.ACCELERATOR_LABEL_KEY, catalogue.TOPOLOGY_LABEL_KEY)}
+        autoscaler.kube.objects["Pod"].append(pending)
+    autoscaler.step()
+    autoscaler.step()
+    assert len(autoscaler.nodes_of(second.pool)) == second.hosts and len(autoscaler.nodes_of(first.pool)) == 4
+
+
+def test_a_stocked_out_pool_says_so_once_per_pod_unless_silent_and_grows_nothing():
+    autoscaler = _autoscaler()
+    on_demand = {"tpu-fallback/capacity": "on-demand"}
+    autoscaler.kube.objects["Pod"] = [_worker("w0", on_demand), _worker("w1", on_demand)]
+    autoscaler.stockout("on-demand-pool", reported=False)
+    autoscaler.step()
+    assert not autoscaler.kube.objects["Event"] and not autoscaler.nodes_of("on-demand-pool")
+    autoscaler.stockout("on-demand-pool")
+    autoscaler.step()
+    autoscaler.step()
+    events = autoscaler.kube.objects["Event"]
+    assert sorted(e["involvedObject"]["name"] for e in events) == ["w0", "w1"]  # once each, not each pass
+    assert all("GCE out of resources" in e["message"] and e["reason"] == "FailedScaleUp" for e in events)
+    assert not autoscaler.nodes_of("on-demand-pool")
+    autoscaler.restore()
+    autoscaler.step()
+    autoscaler.step()
+    assert len(autoscaler.nodes_of("on-demand-pool")) == 4
+
+
+def test_a_provisioned_request_brings_its_slice_labelled_and_a_stocked_out_one_none():
+    autoscaler = _autoscaler()
+    dws = {"tpu-fallback/capacity": "dws"}
+    template = _worker("t", dws, tolerations=(TPU, gke.QUEUED_TAINT))["spec"]
+    for name, resize in (("r1", "resize-1"), ("r2", "resize-2")):
+        autoscaler.kube.objects["PodTemplate"].append({"metadata": {"name": f"pt-{name}", "namespace": "default"},
+                                                       "template": {"spec": template}})
+        autoscaler.kube.objects["ProvisioningRequest"].append({
+            "metadata": {"name": name, "namespace": "default"},
+            "spec": {"podSets": [{"podTemplateRef": {"name": f"pt-{name}"}, "count": 4}]},
+            "status": {"conditions": [{"type": "Provisioned", "status": "True"}],
+                       "provisioningClassDetails": {"ResizeRequestName": resize}}})
+    autoscaler.kube.objects["ProvisioningRequest"][1]["status"]["conditions"][0]["status"] = "False"
+    autoscaler.step()
+    nodes = autoscaler.kube.objects["Node"]
+    dws_nodes = [n for n in nodes if n["metadata"]["labels"][gke.NODEPOOL_LABEL] == "dws-pool"]
+    assert len(dws_nodes) == 4
+    assert {n["metadata"]["labels"][gke.PROVISIONING_REQUEST_LABEL] for n in dws_nodes} == {"resize-1"}
+    assert all(gke.QUEUED_TAINT in [t["key"] for t in n["spec"]["taints"]] for n in dws_nodes)
+    # The pool is full now; in a stocked-out pool a provisioned request's VMs never come.
+    autoscaler.stockout("dws-pool")
+    autoscaler.kube.objects["ProvisioningRequest"][1]["status"]["conditions"][0]["status"] = "True"
+    autoscaler.step()
+    assert len(autoscaler.nodes_of("dws-pool")) == 4 and autoscaler.history[-1][1:] == ("lost", "dws-pool", "resize-2")
+
+
+def test_a_slice_goes_once_its_pods_are_gone_and_a_new_one_waits_for_its_first_pod():
+    autoscaler = _autoscaler()
+    used = autoscaler._create_slice(autoscaler.by_pool["on-demand-pool"])
+    fresh = autoscaler._create_slice(autoscaler.by_pool["dws-pool"])
+    autoscaler.kube.objects["Pod"] = [{"metadata": {"name": "p"}, "spec": {"nodeName": used.nodes[0]},
+                                       "status": {"phase": "Running"}}]
+    autoscaler.step()
+    assert used.used and len(autoscaler.nodes_of("on-demand-pool")) == 4
+    autoscaler.kube.objects["Pod"][0]["status"]["phase"] = "Succeeded"  # a finished pod holds no node
+    autoscaler.step()  # idle from now (scale_down_seconds=0)
+    autoscaler.step()
+    assert not autoscaler.nodes_of("on-demand-pool")
+    assert len(autoscaler.nodes_of("dws-pool")) == 4 and fresh.id in autoscaler.slices  # unused: waits 30 s
+    autoscaler.remove_idle()  # between scenarios: at once
+    assert not autoscaler.nodes_of("dws-pool")

@@ -427,17 +427,18 @@ class Autoscaler:
                 spec = template["template"]["spec"] if template else {}
                 hosts = int(pod_set["count"])
                 # The first queued pool its pods fit with room for them (a rung of multi-host slices is one pool
-                # per slice, each its own DWS pool).
-                pools = [t for t in self.templates if t.queued and why_not(t, spec) is None
+                # per slice, each its own DWS pool); where they are all stocked out, the VMs never come.
+                fitting = [t for t in self.templates if t.queued and why_not(t, spec) is None]
+                if fitting and all(t.pool in self.stocked_out for t in fitting):
+                    self.history.append((time.monotonic(), "lost", fitting[0].pool, resize))
+                    continue
+                pools = [t for t in fitting if t.pool not in self.stocked_out
                          and t.max_nodes - len(self._nodes(t.pool)) >= hosts]
                 if not pools:
                     self.problems.append(f"ProvisioningRequest {namespace}/{request['metadata']['name']}: no queued "
                                          f"pool fits its pods with room for {hosts} hosts")
                     continue
                 pool = pools[0]
-                if pool.pool in self.stocked_out:  # provisioned, yet the VMs never come
-                    self.history.append((time.monotonic(), "lost", pool.pool, resize))
-                    continue
                 for _ in range(math.ceil(hosts / pool.hosts)):
                     self._create_slice(pool, provisioning_request=resize)
 
