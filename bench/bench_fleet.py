@@ -22,8 +22,9 @@ which capacity when; `SCRIPTS`): each script runs on today's fleet (DWS only, th
 members offer their on-demand rung (tests/controlplane/ladder_tier.py: a tier of its own, started after the first
 is stopped, with the ladder controller as deployed; stepWait 5 s, members' stockoutGracePeriod 4 s and
 podsReadyTimeout 30 s). Per script and fleet: submission -> the RayJob in the member that has the capacity (the job
-can start: KubeRay's `Running` is then played), and the cost of each failed step: the autoscaler's "GCE out of
-resources" Event (played at a whole second, so its timestamp is exact) -> the next step admitted, less the grace
+can start; on the ladder's tier, which runs real KubeRay, the scheduler and each member's pools, also -> its pods
+ready there), and the cost of each failed step: the member's autoscaler stand-in's "GCE out of resources" Event on
+the run's real pods (its timestamp has whole seconds: up to 1 s early) -> the next step admitted, less the grace
 period (the early path), or the step's admission -> the next step's, less podsReadyTimeout (a stockout nobody
 reports). DWS provisions in the scripted member `--dws-seconds` after its request exists: on GKE, minutes to hours;
 the bench's number is a placeholder, the same on both fleets. Goals: a free on-demand slice in any member used
@@ -226,11 +227,6 @@ def _admitted_copy(fleet: FleetStacks, member: str, workload: str, queue: str) -
     return None
 
 
-def _at_a_whole_second() -> None:
-    """Sleep until just after a whole second: an Event's timestamps have whole seconds."""
-    time.sleep(1.02 - (time.time() % 1.0))
-
-
 def _dws(fleet: FleetStacks, job: str, workload: str, winner: str, dws_seconds: float, started: float) -> dict:
     """Requests in every member, then the winner's provisioned `dws_seconds` after it appeared; the times."""
     times, _ = first_times(started, {("request", m): (lambda m=m: fleet.requests_in(m, workload)) for m in MEMBERS},
@@ -244,6 +240,11 @@ def _dws(fleet: FleetStacks, job: str, workload: str, winner: str, dws_seconds: 
 def script_round(fleet: FleetStacks, script: Script, job: str, ladder: bool, dws_seconds: float) -> dict:
     """One job through a script on one fleet: submission -> the RayJob in the member that has the capacity, and what
     each failed step cost."""
+    real = fleet.tier.manager.after is not None  # the ladder's tier runs KubeRay and nodes; the DWS-only one plays
+    if ladder:  # the script's capacity, as each member's GKE has it: its on-demand pool free, or stocked out
+        for member, state in script.on_demand.items():
+            if state != FREE:
+                fleet.stockout(member, "on-demand", reported=state == REPORTED)
     started = time.monotonic()
     workload = fleet.submit(job)
     sample: dict = {"script": script.name, "fleet": "ladder" if ladder else "DWS only", "failed steps": []}
@@ -258,9 +259,8 @@ def script_round(fleet: FleetStacks, script: Script, job: str, ladder: bool, dws
             if state == FREE:
                 where = member
                 break
-            if state == REPORTED:
-                _at_a_whole_second()
-                reported = fleet.play_stockout(member, job)
+            if state == REPORTED:  # the member's GKE says "GCE out of resources" on the run's pods
+                reported = fleet.stockout_reported(member, job)
             if step == ON_DEMAND_W1:
                 wait_for(lambda: _admitted_copy(fleet, W2, workload, ON_DEMAND_W2),
                          REACTION + PODS_READY_TIMEOUT_SECONDS, f"{job} admitted at {ON_DEMAND_W2}", interval=0.02)
@@ -279,10 +279,16 @@ def script_round(fleet: FleetStacks, script: Script, job: str, ladder: bool, dws
         wait_for(lambda: fleet.rayjob_in(where, job), REACTION, f"{job}'s RayJob in {where}", interval=0.02)
     sample["runs in"] = where
     sample["to a RayJob in the member"] = time.monotonic() - started
-    fleet.play_running(where, job)
+    if real:  # the member's KubeRay runs it on the member's slice
+        jobs.wait_pods_ready(fleet.kubes[where], FLEET_NAMESPACE, job, REACTION)
+        sample["to pods ready in the member"] = time.monotonic() - started
+    else:
+        fleet.play_running(where, job)
     assert fleet.running_in(job) == [where], fleet.running_in(job)
     sample["requests anywhere"] = any(fleet.all_requests(m) for m in MEMBERS)
     fleet.finish(job)
+    if real:
+        fleet.restore()
     wait_for(lambda: quiet(fleet), REACTION, f"nothing of {job} left anywhere", interval=0.2)
     return sample
 
@@ -426,7 +432,7 @@ def ladder_scripts(scripts: list[Script], rounds: int, dws_seconds: float) -> li
     """The scripts on a fleet whose members offer their on-demand rung: a tier of its own."""
     members = {m: ladder_member_plan(m, ON_DEMAND_ONLY) for m in MEMBERS}
     print("\nstarting the ladder's fleet tier ...", flush=True)
-    with applied_fleet(ladder_fleet_plan(members), members, LadderFleet) as fleet:
+    with applied_fleet(ladder_fleet_plan(members), members, LadderFleet, nodes=True) as fleet:
         fleet.start_ladder()
         print(f"ladder: {' -> '.join(s['localQueue'] for s in fleet.manager_plan.outputs['ladder'])}", flush=True)
         return run_scripts(fleet, scripts, rounds, True, dws_seconds)

@@ -56,7 +56,7 @@ EARLY_BUDGET = PODS_READY_TIMEOUT_SECONDS / 2
 def fleet(request) -> Iterator[LadderFleet]:
     members = {m: ladder_member_plan(m) for m in LADDER_MEMBERS}
     with applied_fleet(ladder_fleet_plan(members), members, LadderFleet,
-                       keep_logs=lambda: request.session.testsfailed > 0) as state:
+                       keep_logs=lambda: request.session.testsfailed > 0, nodes=True) as state:
         state.start_ladder()
         state.start_member_failover(W1)
         yield state
@@ -69,6 +69,7 @@ def nothing_left(fleet):
     yield
     for job in fleet.manager.list(*jobs.RAYJOB, namespace=FLEET_NAMESPACE):
         fleet.finish(job["metadata"]["name"])
+    fleet.restore()
 
 
 def test_the_ladders_steps_are_active_on_both_sides(fleet):
@@ -110,7 +111,7 @@ def test_an_idle_reservation_runs_the_job_there_and_a_busy_step_is_left_after_th
     assert copy["status"]["admission"]["clusterQueue"] == "fleet-reservation"
     assert jobs.tpu_flavor(copy) == "reservation"
     wait_for(lambda: fleet.rayjob_in(W2, "ladder-idle"), REACTION, "the RayJob in member 2")
-    fleet.play_running(W2, "ladder-idle")
+    jobs.wait_pods_ready(fleet.kubes[W2], FLEET_NAMESPACE, "ladder-idle", REACTION)  # it runs on the reservation
     assert all(fleet.copy_in(m, workload) is None for m in fleet.members if m != W2)  # that step's member only
     assert fleet.no_requests_anywhere()
     print(f"\nidle reservation: admitted in member 2 {admitted_after:.2f} s after submission")
@@ -145,8 +146,10 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
     held = fleet.submit(holder)
     wait_for(lambda: fleet.admitted_copy(W2, held, RESERVED_W2), REACTION, "the holder at member 2's reservation")
     wait_for(lambda: fleet.rayjob_in(W2, holder), REACTION, "the holder's RayJob in member 2")
-    fleet.play_running(W2, holder)
     wait_for(lambda: condition(fleet.copy_in(W2, held), "PodsReady") == "True", REACTION, "the holder's PodsReady")
+    # No capacity below the reservation: member 1's on-demand says nothing, member 2's on-demand and Spot say so.
+    fleet.stockout(W1, "on-demand", reported=False)
+    fleet.stockout(W2, "on-demand", "spot")
     restart: list[float] = []  # seconds from kill -9 to the new controller running
     stop = threading.Event()
 
@@ -182,19 +185,21 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
         wait_for(lambda: fleet.admitted_copy(W2, workload, ON_DEMAND_W2), PODS_READY_TIMEOUT_SECONDS + REACTION,
                  "on-demand in member 2", interval=0.05)
         admitted[ON_DEMAND_W2] = time.monotonic()
-        assert fleet.copy_in(W1, workload) is None or fleet.copy_in(W1, workload)["spec"]["queueName"] == ON_DEMAND_W2
+        # Member 1's old copy goes (its real run's teardown, KubeRay's finalizer included, takes a moment).
+        wait_for(lambda: (c := fleet.copy_in(W1, workload)) is None or c["spec"]["queueName"] == ON_DEMAND_W2,
+                 REACTION, "member 1's old copy gone")
         assert fleet.no_requests_anywhere()
         # Member 2's autoscaler says it has no capacity for the run's pod: the early path, to Spot in member 2.
         wait_for(lambda: run_in_member_2(ON_DEMAND_W2), REACTION, "the on-demand step's RayJob in member 2")
-        stocked = {ON_DEMAND_W2: fleet.play_stockout(W2, name)}
+        stocked = {ON_DEMAND_W2: fleet.stockout_reported(W2, name)}
         wait_for(lambda: fleet.admitted_copy(W2, workload, SPOT_W2), EARLY_BUDGET + REACTION, "Spot in member 2",
                  interval=0.05)
         admitted[SPOT_W2] = time.monotonic()
         wait_for(lambda: run_in_member_2(SPOT_W2), REACTION, "the Spot step's RayJob in member 2")
         assert fleet.no_requests_anywhere()
-        # The same for Spot: the report about the on-demand admission's pod (the same name) no longer counts; this
-        # one, made after the Spot admission, does.
-        stocked[SPOT_W2] = fleet.play_stockout(W2, name)
+        # The same for Spot: the report about the on-demand run's pods no longer counts; this one, about the Spot
+        # run's (a new RayCluster), does.
+        stocked[SPOT_W2] = fleet.stockout_reported(W2, name)
         # The last step: DWS in every member at once (member 3's only step).
         requests = wait_for(lambda: all(fleet.requests_in(m, workload) for m in fleet.members) and {
             m: fleet.requests_in(m, workload)[0] for m in fleet.members}, GRACE_SECONDS + REACTION,
@@ -249,12 +254,13 @@ def test_a_members_stockout_report_moves_the_job_within_its_grace_period_and_its
     it there and moves the job on once the member's grace period has passed, long before its podsReadyTimeout.
     Member 1's own failover controller sees the same Event and leaves the fleet's copy alone."""
     name = "ladder-early"
+    fleet.stockout(W1, "on-demand")
     # Submitted to member 1's on-demand step (a job may start at any step): member 1 runs a failover controller.
     workload = fleet.submit_to(name, ON_DEMAND_W1)
     admitted = wait_for(lambda: fleet.admitted_copy(W1, workload, ON_DEMAND_W1), REACTION,
                         "the copy admitted in member 1")
     wait_for(lambda: fleet.rayjob_in(W1, name), REACTION, "the RayJob in member 1")
-    stocked = fleet.play_stockout(W1, name)
+    stocked = fleet.stockout_reported(W1, name)
     copies_seen: list[dict] = []
 
     def moved() -> dict | None:
@@ -293,6 +299,9 @@ def test_a_members_own_jobs_are_untouched_by_the_fleets_steps_and_its_controller
     next step without taking or disturbing it. A stockout of the member's own job is then moved down the member's
     own ladder by its failover controller, and the fleet job in member 2 is not touched."""
     kube, own = fleet.kubes[W1], "member-own"
+    jobs.prepare_namespace(kube, "default")
+    # Member 1 is out of on-demand capacity, silently for now: its own job holds the quota, its pods wait.
+    fleet.stockout(W1, "on-demand", reported=False)
     kube.create(jobs.dev_rayjob(own))
     own_admitted = wait_for(lambda: (w := jobs.workload_of(kube, "default", own)) and condition(w, "Admitted") == "True"
                             and w, REACTION, "the member's own job admitted")
@@ -309,8 +318,10 @@ def test_a_members_own_jobs_are_untouched_by_the_fleets_steps_and_its_controller
     assert jobs.tpu_flavor(now) == "on-demand"
     assert (now.get("status") or {}).get("schedulingStats", {}).get("evictions") is None
 
-    # The member's own job stocks out: its own controller moves it down its own ladder (on-demand -> DWS).
-    fleet.play_stockout(W1, own, namespace="default")
+    # Member 1's GKE now says so on the own job's waiting pods: its own controller moves it down its own ladder
+    # (on-demand -> DWS).
+    fleet.stockout(W1, "on-demand")
+    fleet.stockout_reported(W1, own, namespace="default")
     moved = wait_for(lambda: (w := jobs.workload_of(kube, "default", own))
                      and w["spec"]["queueName"] == "user-queue-dws" and w, GRACE_SECONDS + REACTION,
                      "the member's own job moved to its DWS rung", interval=0.1)
@@ -376,7 +387,7 @@ def runs_in_member_2(fleet: LadderFleet, name: str, workload: str, timeline: Tim
     marks["admitted in member 2"] = timeline.now()
     run = wait_for(lambda: (r := fleet.rayjob_in(W2, name)) is not None and not r["spec"].get("suspend") and r,
                    REACTION, f"{name} running in {W2}")
-    fleet.play_running(W2, name)
+    jobs.wait_pods_ready(fleet.kubes[W2], FLEET_NAMESPACE, name, REACTION)  # member 2's KubeRay runs it
     marks["running in member 2"] = timeline.now()
     return run["metadata"]["uid"]
 
@@ -410,13 +421,14 @@ def test_a_partition_of_the_old_steps_member_in_the_middle_of_a_move_does_not_st
     name = "ladder-mid-move"
     if fleet.watch is None:
         fleet.start_watch()  # the fleet's watch, deployed next to the ladder
+    fleet.stockout(W1, "on-demand", reported=False)  # reported below, once the timeline runs
     workload = fleet.submit_to(name, ON_DEMAND_W1)
     wait_for(lambda: fleet.admitted_copy(W1, workload, ON_DEMAND_W1), REACTION, "the copy admitted in member 1")
     original = wait_for(lambda: fleet.rayjob_in(W1, name), REACTION, "the RayJob in member 1")["metadata"]["uid"]
     marks = {}
     with shown(Timeline(fleet, name, workload), marks, "partition in the middle of a move") as timeline:
         try:
-            fleet.play_stockout(W1, name)
+            fleet.stockout(W1, "on-demand")  # member 1's GKE says so on the waiting pods
             wait_for(lambda: (move := decisions.Move.from_json((fleet.manager.get(
                 *jobs.RAYJOB, name, FLEET_NAMESPACE)["metadata"].get("annotations") or {}).get(
                 decisions.FAILOVER_ANNOTATION))) is not None and move.state == decisions.MOVING,
@@ -461,7 +473,7 @@ def test_a_partition_of_the_member_running_the_job_moves_it_on_and_one_run_goes_
     workload = fleet.submit_to(name, ON_DEMAND_W1)  # a job running in member 1 (the reservation is member 2's)
     wait_for(lambda: fleet.admitted_copy(W1, workload, ON_DEMAND_W1), REACTION, "the copy admitted in member 1")
     original = wait_for(lambda: fleet.rayjob_in(W1, name), REACTION, "the RayJob in member 1")["metadata"]["uid"]
-    fleet.play_running(W1, name)
+    # Member 1's KubeRay runs it on member 1's on-demand slice: PodsReady is its RayCluster's.
     wait_for(lambda: condition(fleet.copy_in(W1, workload), "PodsReady") == "True", REACTION, "PodsReady in member 1")
     wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE).get("status") or {}).get(
         "jobDeploymentStatus") == "Running", REACTION, "member 1's status on the manager's RayJob")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import time
 
 import pytest
 
@@ -328,3 +329,13 @@ def test_a_slice_goes_once_its_pods_are_gone_and_a_new_one_waits_for_its_first_p
     assert len(autoscaler.nodes_of("dws-pool")) == 4 and fresh.id in autoscaler.slices  # unused: waits 30 s
     autoscaler.remove_idle()  # between scenarios: at once
     assert not autoscaler.nodes_of("dws-pool")
+
+
+def test_a_dws_slice_whose_request_is_gone_goes_without_waiting_for_a_first_pod():
+    """MultiKueue deletes a losing member's copy, and with it the ProvisioningRequest: its slice's booking ends."""
+    autoscaler = _autoscaler()
+    kept = autoscaler._create_slice(autoscaler.by_pool["dws-pool"], provisioning_request="resize-kept")
+    autoscaler._scale_down([], time.monotonic(), requests={"resize-kept"})
+    assert kept.id in autoscaler.slices  # unused, its request there: it waits for its pods
+    autoscaler._scale_down([], time.monotonic(), requests=set())
+    assert kept.id not in autoscaler.slices and not autoscaler.nodes_of("dws-pool")

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import json
 import os
 import shutil
@@ -348,10 +349,41 @@ class FleetStacks:
     def play_running(self, member: str, name: str) -> None:
         """What the member's KubeRay reports once the slice's pods run: the RayCluster ready (Kueue's PodsReady for
         a RayJob: rayjob_controller.go PodsReady), the job running. Without it the member's podsReadyTimeout
-        would evict the run, which a real, running job does not see."""
+        would evict the run, which a real, running job does not see. (A tier with nodes runs it for real.)"""
         self.kubes[member].patch(*jobs.RAYJOB, name, {"status": {
             "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": f"{name}-{member[-6:]}",
             "rayClusterStatus": {"state": "ready"}}}, namespace=FLEET_NAMESPACE, subresource="status")
+
+    # ---- GCE capacity in a member (a tier with nodes: runtime.py's autoscaler stand-in) ---------------------------
+    def stockout(self, member: str, *flavors: str, reported: bool = True) -> None:
+        """No capacity behind these rungs of a member: their pools cannot grow, and its GKE says so on the pods
+        unless not `reported`; a DWS rung's provisioned VMs never come."""
+        plane = self.tier.members[member]
+        for flavor in flavors:
+            (manifest,) = [m for m in self.member_plans[member].kubernetes_manifests()
+                           if m["kind"] == "ResourceFlavor" and m["metadata"]["name"] == flavor]
+            for pool in plane.after.gke.pools_for(manifest):
+                plane.after.gke.stockout(pool, reported)
+
+    def restore(self, member: str | None = None) -> None:
+        """Capacity back in a member (every member when None)."""
+        for name in [member] if member else self.members:
+            self.tier.members[name].after.gke.restore()
+
+    def stockout_reported(self, member: str, name: str, namespace: str = FLEET_NAMESPACE) -> float:
+        """When the member's GKE first said "GCE out of resources" about a pod of the job's current run there, on
+        the monotonic clock (the Event's firstTimestamp has whole seconds)."""
+        kube = self.kubes[member]
+
+        def first() -> float | None:
+            cluster = ((kube.get(*jobs.RAYJOB, name, namespace) or {}).get("status") or {}).get("rayClusterName")
+            stamps = [e["firstTimestamp"] for e in kube.list("v1", "Event", namespace=namespace)
+                      if cluster and e["reason"] == "FailedScaleUp"
+                      and e["involvedObject"]["name"].startswith(f"{cluster}-")]
+            return min(stamps) if stamps else None
+        stamp = wait_for(first, REACTION, f"{member}'s stockout report on {name}'s pods")
+        epoch = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+        return time.monotonic() - (time.time() - epoch)
 
     def manager_workload(self, workload: str) -> dict:
         return self.manager.get(*WORKLOAD, workload, FLEET_NAMESPACE)

@@ -41,6 +41,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import MappingProxyType
 
 from infra import tpu as catalogue
@@ -300,6 +301,7 @@ class Autoscaler:
     templates: tuple[NodeTemplate, ...]
     cluster_name: str
     zone: str
+    log: Path | None = None  # what it did and could not do, a line each (the tier's logs folder)
     scale_up_seconds: float = 0.5
     scale_down_seconds: float = 1.0
     unused_seconds: float = 60.0
@@ -318,7 +320,7 @@ class Autoscaler:
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self._arriving: dict[str, list[tuple[float, Slice]]] = {}  # pool -> slices not created yet
-        self._provisioned: set[str] = set()  # ResizeRequestNames whose slice was made
+        self._provisioned: set[str] = set()  # the ProvisioningRequests (uids) whose slice was made
 
     # ---- scripting ---------------------------------------------------------------------------------------------
     def stockout(self, pool: str, reported: bool = True) -> None:
@@ -369,9 +371,18 @@ class Autoscaler:
             try:
                 self.step()
             except Exception as error:  # noqa: BLE001 - a pass that failed (API server frozen) is tried again
-                self.problems.append(f"autoscaler pass failed: {error!r}")
+                self._problem(f"autoscaler pass failed: {error!r}")
                 if len(self.problems) > 1000:
                     del self.problems[:500]
+
+    def _problem(self, text: str) -> None:
+        self.problems.append(text)
+        self._note(f"problem: {text}")
+
+    def _note(self, text: str) -> None:
+        if self.log is not None:
+            with self.log.open("a") as sink:
+                sink.write(f"{datetime.datetime.now(datetime.timezone.utc).isoformat()} {text}\n")
 
     def step(self) -> None:
         """One pass: arrivals, DWS requests, scale-ups for unschedulable pods, scale-downs of empty slices."""
@@ -379,9 +390,9 @@ class Autoscaler:
         now = time.monotonic()
         with self._lock:
             self._arrive(now)
-            self._provision()
+            requests = self._provision()
             self._scale_up(pods)
-            self._scale_down(pods, now)
+            self._scale_down(pods, now, requests=requests)
 
     def _arrive(self, now: float) -> None:
         for pool, arriving in self._arriving.items():
@@ -409,18 +420,24 @@ class Autoscaler:
         created = Slice(slice_id, template.pool, tuple(names), provisioning_request)
         self.slices[slice_id] = created
         self.history.append((time.monotonic(), "up", template.pool, slice_id))
+        self._note(f"up {template.pool} {slice_id} {provisioning_request or ''}")
         return created
 
-    def _provision(self) -> None:
+    def _provision(self) -> set[str]:
         """DWS: a Provisioned request's slice appears in the queued pool its pods select, labelled with the
-        request's ResizeRequestName (GKE creates it before it says Provisioned; here the test's mark comes first)."""
-        for request in self.kube.list("autoscaling.x-k8s.io/v1", "ProvisioningRequest"):
+        request's ResizeRequestName (GKE creates it before it says Provisioned; here the test's mark comes first).
+        The ResizeRequestNames of the requests that exist."""
+        listed = self.kube.list("autoscaling.x-k8s.io/v1", "ProvisioningRequest")
+        existing = {((r.get("status") or {}).get("provisioningClassDetails") or {}).get("ResizeRequestName")
+                    for r in listed}
+        for request in listed:
             if condition(request, "Provisioned") != "True":
                 continue
             resize = ((request.get("status") or {}).get("provisioningClassDetails") or {}).get("ResizeRequestName")
-            if not resize or resize in self._provisioned:
+            uid = request["metadata"].get("uid") or request["metadata"]["name"]
+            if not resize or uid in self._provisioned:  # by request: a test may reuse a ResizeRequestName
                 continue
-            self._provisioned.add(resize)
+            self._provisioned.add(uid)
             namespace = request["metadata"]["namespace"]
             for pod_set in request["spec"]["podSets"]:
                 template = self.kube.get("v1", "PodTemplate", pod_set["podTemplateRef"]["name"], namespace)
@@ -431,16 +448,18 @@ class Autoscaler:
                 fitting = [t for t in self.templates if t.queued and why_not(t, spec) is None]
                 if fitting and all(t.pool in self.stocked_out for t in fitting):
                     self.history.append((time.monotonic(), "lost", fitting[0].pool, resize))
+                    self._note(f"lost {fitting[0].pool} {resize}")
                     continue
                 pools = [t for t in fitting if t.pool not in self.stocked_out
                          and t.max_nodes - len(self._nodes(t.pool)) >= hosts]
                 if not pools:
-                    self.problems.append(f"ProvisioningRequest {namespace}/{request['metadata']['name']}: no queued "
-                                         f"pool fits its pods with room for {hosts} hosts")
+                    self._problem(f"ProvisioningRequest {namespace}/{request['metadata']['name']}: no queued pool "
+                                  f"fits its pods with room for {hosts} hosts (slices: {sorted(self.slices)})")
                     continue
                 pool = pools[0]
                 for _ in range(math.ceil(hosts / pool.hosts)):
                     self._create_slice(pool, provisioning_request=resize)
+        return existing
 
     def _scale_up(self, pods: list[dict]) -> None:
         """Each pod the scheduler could not place goes to the first pool that fits it and can still take it (free
@@ -493,7 +512,11 @@ class Autoscaler:
             "source": {"component": "cluster-autoscaler"}, "count": 1, "firstTimestamp": stamp,
             "lastTimestamp": stamp})
 
-    def _scale_down(self, pods: list[dict], now: float, at_once: bool = False) -> None:
+    def _scale_down(self, pods: list[dict], now: float, at_once: bool = False,
+                    requests: set[str] | None = None) -> None:
+        """A slice goes once no pod runs on it: after `scale_down_seconds` when it was used, or when it is a DWS
+        slice whose ProvisioningRequest is gone (the booking ended: MultiKueue deleted a losing member's copy);
+        after `unused_seconds` otherwise."""
         busy = {p["spec"]["nodeName"] for p in pods if holds_node(p)}
         for slice_id, each in list(self.slices.items()):
             template = self.by_pool[each.pool]
@@ -503,12 +526,14 @@ class Autoscaler:
                 each.idle_since, each.used = None, True
                 continue
             each.idle_since = each.idle_since or now
-            wait = self.scale_down_seconds if each.used else self.unused_seconds
+            booking_ended = requests is not None and each.provisioning_request not in (None, *requests)
+            wait = self.scale_down_seconds if each.used or booking_ended else self.unused_seconds
             if at_once or now - max(each.idle_since, each.created) >= wait:
                 for node in each.nodes:
                     self.kube.delete("v1", "Node", node, propagation="Background")
                 del self.slices[slice_id]
                 self.history.append((now, "down", each.pool, slice_id))
+                self._note(f"down {each.pool} {slice_id}")
 
     def remove_idle(self) -> None:
         """Between scenarios: every slice no pod runs on goes now, and no slice is on its way (a test's next

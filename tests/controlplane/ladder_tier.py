@@ -3,8 +3,9 @@ offers the fleet (`fleetMember.rungs`, OFFERED): member 1 its on-demand rung; me
 its on-demand rung and Spot; a third (LADDER_MEMBERS) DWS only, as today's members do. So the ladder, in the default
 order, is member 2's reservation, on-demand in member 1, on-demand in member 2, Spot in member 2, then DWS in every
 member. The bench runs the first two members, each offering on-demand only (ON_DEMAND_ONLY). The ladder controller
-and a member's own failover controller run as deployed, with their ServiceAccounts' rights; the test plays KubeRay
-and GKE's autoscaler ("GCE out of resources").
+and a member's own failover controller run as deployed, with their ServiceAccounts' rights; with nodes (the tests),
+every plane runs real KubeRay, the scheduler and its plan's pools, and the tests script only GCE capacity
+(FleetStacks.stockout: "GCE out of resources" on the real pods, or silence) and the Ray head.
 """
 
 from __future__ import annotations
@@ -114,32 +115,6 @@ class LadderFleet(FleetStacks):
         plane.supervisor.wait_until(self.member_failover, lambda: http_ok(f"http://127.0.0.1:{health}/healthz"),
                                     REACTION, "/healthz")
         return self.member_failover
-
-    def play_stockout(self, member: str, name: str, namespace: str = FLEET_NAMESPACE) -> float:
-        """What GKE shows in `member` when it has no capacity for a run's TPU pod: KubeRay's RayCluster named on the
-        RayJob, its worker pod, and the autoscaler's FailedScaleUp Event about it (as tests/controlplane/
-        failover_tier.py plays it in a regional cluster). The monotonic time the Event was created."""
-        kube = self.kubes[member]
-        cluster = f"{name}-{member[-5:]}"
-        kube.patch(*jobs.RAYJOB, name, {"status": {"rayClusterName": cluster}}, namespace=namespace,
-                   subresource="status")
-        pod = f"{cluster}-tpu-group-worker-0"
-        if kube.get("v1", "Pod", pod, namespace) is None:
-            kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
-                "name": pod, "namespace": namespace,
-                "labels": {"ray.io/cluster": cluster, "ray.io/node-type": "worker"}},
-                "spec": {"containers": [{"name": "ray-worker", "image": "rayproject/ray",
-                                         "resources": {"requests": {"google.com/tpu": "4"},
-                                                       "limits": {"google.com/tpu": "4"}}}]}})
-        moment = datetime.datetime.now(datetime.timezone.utc)
-        now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-        kube.create({"apiVersion": "v1", "kind": "Event",
-                     "metadata": {"name": f"{pod}.{moment.timestamp():.0f}", "namespace": namespace},
-                     "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace},
-                     "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
-                     "source": {"component": "cluster-autoscaler"}, "count": 1,
-                     "firstTimestamp": now, "lastTimestamp": now})
-        return time.monotonic()
 
     def submit_to(self, name: str, queue: str, annotations: dict | None = None) -> str:
         """A fleet job submitted to another step's LocalQueue, with annotations; its manager Workload's name."""

@@ -81,7 +81,8 @@ class AfterAdmission:
         self._start_kuberay(binaries["kuberay-operator"])
         cluster = self.plan.only(gke.CLUSTER_TYPE).inputs
         self.gke = gke.Autoscaler(self.kubeconfig, gke.node_templates(self.plan), cluster["name"],
-                                  cluster["location"], scale_up_seconds=self.scale_up_seconds).start()
+                                  cluster["location"], log=self.supervisor.logs / "gke-autoscaler.log",
+                                  scale_up_seconds=self.scale_up_seconds).start()
         return self
 
     def stop(self) -> None:
