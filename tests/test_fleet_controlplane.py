@@ -4,8 +4,10 @@ kube-controller-manager + Kueue 0.19.2, configured and populated from the stacks
 The members are the shipped member stacks (fallback timings shortened); the fleet is the shipped fleet stack, its
 StackReferences answered by the members' plans, `workerLostTimeout` shortened, and each member's kubeconfig Secret
 rewritten by the fleet's own renewer with the manager's short-lived token (tests/controlplane/google.py plays
-Google: the tokens last 60 s here). GKE's autoscaler is played by marking a member's ProvisioningRequest
-Provisioned; there is no kubelet, so no pod ever becomes ready.
+Google: the tokens last 60 s here). Every plane runs real KubeRay, kube-scheduler and nodes shaped like its own
+plan's pools (tests/controlplane/runtime.py): a member's KubeRay runs the copy MultiKueue creates there, once GKE's
+DWS is played by marking the member's ProvisioningRequest Provisioned; a slice that never comes is a stocked-out
+pool (`stockout`); the Ray head's job status is played.
 Ref: ../shared/notes/multikueue.md
 """
 
@@ -39,7 +41,6 @@ from tests.controlplane import jobs
 from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS,
                                            FleetStacks, Timeline, applied_fleet, fleet_plan,
                                            loaded_configuration, member_plan)
-from tests.controlplane.failover_tier import FailoverTier
 from tests.controlplane.kube import Kube, Rejected, condition, wait_for
 from tests.controlplane.processes import Process
 from tests.controlplane.stack import creation_order as deploy_steps, destroy
@@ -52,7 +53,8 @@ pytestmark = pytest.mark.controlplane
 @pytest.fixture(scope="module")
 def fleet(request) -> Iterator[FleetStacks]:
     members = {m: member_plan(m) for m in MEMBERS}
-    with applied_fleet(fleet_plan(members), members, keep_logs=lambda: request.session.testsfailed > 0) as state:
+    with applied_fleet(fleet_plan(members), members, keep_logs=lambda: request.session.testsfailed > 0,
+                       nodes=True) as state:
         state.start_watch()
         yield state
 
@@ -128,13 +130,15 @@ def test_the_first_region_that_provisions_wins_and_the_others_ask_no_more(fleet)
     assert remote["metadata"]["labels"][fleet_watch.MULTIKUEUE_ORIGIN_LABEL] == "tpu-fallback-fleet"
     assert not remote["spec"].get("managedBy")
     assert fleet.manager_workload(workload)["status"]["clusterName"] == W2
-    # KubeRay in region 2 reports; the manager's RayJob says the same.
-    status = {"jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": f"{job}-abcde"}
-    fleet.kubes[W2].patch(*jobs.RAYJOB, job, {"status": status}, namespace=FLEET_NAMESPACE, subresource="status")
-    mirrored = wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE).get("status") or {}).get(
-        "jobDeploymentStatus") == "Running" and fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE), REACTION,
+    # KubeRay in region 2 runs it on region 2's DWS slice and reports; the manager's RayJob says the same.
+    jobs.wait_pods_ready(fleet.kubes[W2], FLEET_NAMESPACE, job, REACTION)
+    reported = wait_for(lambda: (r := fleet.rayjob_in(W2, job)) and (r.get("status") or {}).get("jobStatus") ==
+                        "RUNNING" and r["status"], REACTION, f"{job} RUNNING in {W2}")
+    status = {k: reported[k] for k in ("jobDeploymentStatus", "jobStatus", "rayClusterName")}
+    mirrored = wait_for(lambda: (m := fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)) and {
+        k: (m.get("status") or {}).get(k) for k in status} == status and m, REACTION,
                         "the manager's RayJob mirrors region 2's")
-    assert {k: mirrored["status"].get(k) for k in status} == status
+    assert mirrored["status"]["jobDeploymentStatus"] == "Running"
     # The fleet watch says it too.
     annotation = wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get(
         "annotations") or {}).get(fleet_watch.FLEET_ANNOTATION), REACTION, "the fleet watch's annotation")
@@ -189,6 +193,7 @@ def test_an_eviction_in_the_winner_dispatches_again_to_every_member(fleet):
     """The winner's pods never get ready: its Kueue evicts after podsReadyTimeout, and the manager asks every
     region again, the evicting one included, with fresh copies (a new request each)."""
     job = "fleet-evicted"
+    fleet.stockout(W2, "dws")  # DWS says Provisioned, but the VMs never come: the pods never get a node
     workload = fleet.submit(job)
     first = fleet.wait_requests_everywhere(workload)
     copies = {m: fleet.copy_in(m, workload)["metadata"]["uid"] for m in MEMBERS}
@@ -216,6 +221,7 @@ def test_an_eviction_in_the_winner_dispatches_again_to_every_member(fleet):
         assert copy["spec"]["queueName"] == FLEET_LOCAL_QUEUE, member
         assert copy["metadata"]["uid"] != copies[member], member  # a new copy, asking DWS again
     fleet.finish(job)
+    fleet.restore(W2)
 
 
 def test_a_members_failover_controller_leaves_the_managers_copy_alone(fleet):
@@ -229,13 +235,14 @@ def test_a_members_failover_controller_leaves_the_managers_copy_alone(fleet):
     replace_local_queue(fleet.kubes[W1], on_demand)
     controller = member_controller(fleet, W1)
     job = "fleet-on-demand"
+    fleet.stockout(W1, "on-demand")  # GKE says "GCE out of resources" on the copy's pods
     try:
         workload = fleet.submit(job)
         wait_for(lambda: fleet.rayjob_in(W1, job), REACTION, f"{job} admitted on {W1}'s on-demand rung")
         copy = wait_for(lambda: (c := fleet.copy_in(W1, workload)) and decisions.WorkloadView.from_object(c).rayjob
                         and c, REACTION, "the copy owned by its RayJob in W1")
         assert jobs.tpu_flavor(copy) == "on-demand"
-        FailoverTier(fleet.tier.members[W1], fleet.member_plans[W1]).play_kuberay_and_a_stockout(job, FLEET_NAMESPACE)
+        fleet.stockout_reported(W1, job)
         grace = fleet.member_plans[W1].outputs["platform"]["fallback"]["stockoutGracePeriodSeconds"]
         time.sleep(grace + 4)  # the grace period, and a few of the controller's 1 s resyncs
         assert controller.alive()
@@ -248,6 +255,7 @@ def test_a_members_failover_controller_leaves_the_managers_copy_alone(fleet):
     finally:
         controller.popen.terminate()
         fleet.finish(job)
+        fleet.restore(W1)
         replace_local_queue(fleet.kubes[W1], {k: original[k] for k in ("apiVersion", "kind", "spec")} | {
             "metadata": {"name": FLEET_LOCAL_QUEUE, "namespace": FLEET_NAMESPACE}})
 
@@ -300,7 +308,7 @@ def run_until_winner_is_cut_off(fleet: FleetStacks, job: str) -> tuple[str, str,
     first = fleet.wait_requests_everywhere(workload)
     fleet.provision(W2, first[W2])
     original = wait_for(lambda: fleet.rayjob_in(W2, job), REACTION, f"{job} created in {W2}")["metadata"]["uid"]
-    fleet.play_running(W2, job)
+    # Region 2's KubeRay runs it on the slice: PodsReady is its RayCluster's.
     wait_for(lambda: condition(fleet.copy_in(W2, workload), "PodsReady") == "True", REACTION, "PodsReady in W2")
     wait_for(lambda: annotation_of(fleet, job).get("state") == "Running", REACTION, "the watch saw it run in region 2")
     # The manager's RayJob shows region 2's run (MultiKueue copies its status): what a lost member leaves behind.
@@ -465,7 +473,8 @@ def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visibl
             provisioned = request["metadata"]["uid"][:8]
             run = wait_for(lambda: (r := fleet.rayjob_in(W1, job)) is not None and not r["spec"].get("suspend") and r,
                            REACTION, f"{job} running in {W1} on the slice it provisioned")
-            fleet.play_running(W1, job)
+            # Region 1's KubeRay runs it there (its run keeps its pods ready: Kueue's PodsReady in region 1).
+            jobs.wait_pods_ready(fleet.kubes[W1], FLEET_NAMESPACE, job, REACTION)
             # Two runs of one job now: region 2's goes on behind the partition. They never share checkpoint files:
             # each RayJob object gets its own RayCluster, whose name is the run id train.py writes under
             # (RAY_CLUSTER_NAME; tests/test_train.py runs the script twice on one checkpoint directory).

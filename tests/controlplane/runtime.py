@@ -44,6 +44,14 @@ def pod_exit_stages() -> list[dict]:
                                  {"key": ".status.phase", "operator": "In", "values": ["Running"]}]},
                 "next": {"statusTemplate": (
                     "{{ $now := Now }}\n"
+                    # A kubelet's terminated pod: not Ready any more (KWOK's pod-ready stage set it True).
+                    "conditions:\n"
+                    "- lastTransitionTime: {{ $now | Quote }}\n  status: \"True\"\n  type: Initialized\n"
+                    "- lastTransitionTime: {{ $now | Quote }}\n  status: \"False\"\n  type: Ready\n"
+                    "  reason: PodCompleted\n"
+                    "- lastTransitionTime: {{ $now | Quote }}\n  status: \"False\"\n  type: ContainersReady\n"
+                    "  reason: PodCompleted\n"
+                    "- lastTransitionTime: {{ $now | Quote }}\n  status: \"True\"\n  type: PodScheduled\n"
                     "containerStatuses:\n"
                     "{{ range .spec.containers }}\n"
                     "- image: {{ .image | Quote }}\n"
