@@ -13,8 +13,8 @@ Each round submits a new copy of the fleet plan's RayJob on the manager and time
    the RayJob exists in the winner (the dispatch overhead; goal p95 <= 5 s), -> the winner's Kueue starts it
    (unsuspended), -> the loser's copy and its request are gone, -> the manager's Workload records
    `status.clusterName` = the winner;
-3. the winner's RayJob status patched as KubeRay would (running) -> the manager's RayJob shows
-   `jobDeploymentStatus: Running`.
+3. the winner's KubeRay (real, like the scheduler and each member's pools) reports the job Running -> the manager's
+   RayJob shows `jobDeploymentStatus: Running`.
 Then the job is deleted on the manager and the bench waits until nothing of it is left in any cluster.
 
 Then the fleet's ladder (issue 18) side by side with that DWS-only fleet, on scripted capacity (which member has
@@ -22,8 +22,7 @@ which capacity when; `SCRIPTS`): each script runs on today's fleet (DWS only, th
 members offer their on-demand rung (tests/controlplane/ladder_tier.py: a tier of its own, started after the first
 is stopped, with the ladder controller as deployed; stepWait 5 s, members' stockoutGracePeriod 4 s and
 podsReadyTimeout 30 s). Per script and fleet: submission -> the RayJob in the member that has the capacity (the job
-can start; on the ladder's tier, which runs real KubeRay, the scheduler and each member's pools, also -> its pods
-ready there), and the cost of each failed step: the member's autoscaler stand-in's "GCE out of resources" Event on
+can start; both tiers run real KubeRay, the scheduler and each member's pools: also -> its pods ready there), and the cost of each failed step: the member's autoscaler stand-in's "GCE out of resources" Event on
 the run's real pods (its timestamp has whole seconds: up to 1 s early) -> the next step admitted, less the grace
 period (the early path), or the step's admission -> the next step's, less podsReadyTimeout (a stockout nobody
 reports). DWS provisions in the scripted member `--dws-seconds` after its request exists: on GKE, minutes to hours;
@@ -37,8 +36,8 @@ pkg/controller/admissionchecks/multikueue/controllers.go, workload.go), so the P
 go much below 1 s; the rest is the tier's own API round trips and the machine's load.
 
 What it cannot measure: real DWS provisioning times (minutes to hours, the dominant term on GKE; here a status
-patch), cross-region latency between the manager and the members (here all on 127.0.0.1), KubeRay's own time to
-create the RayCluster and start pods (played by a status patch), and GKE API servers' latency under load. The three
+patch), cross-region latency between the manager and the members (here all on 127.0.0.1), the pods' image pulls and
+Ray's start (KWOK makes them Running at once), and GKE API servers' latency under load. The three
 control planes share this machine's cores with the bench (and with whatever else runs): the load average at start
 is printed; compare runs on a quiet machine.
 Binaries must be built (`python -m tests.controlplane build`).
@@ -63,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from infra.fleet_member import FLEET_NAMESPACE  # noqa: E402
 from tests.controlplane import jobs  # noqa: E402
 from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,  # noqa: E402
-                                           WORKLOAD, FleetStacks, FleetTier, applied_fleet, fleet_plan,
+                                           MANAGER, WORKLOAD, FleetStacks, FleetTier, applied_fleet, fleet_plan,
                                            member_plan)
 from tests.controlplane.ladder_tier import (GRACE_SECONDS, ON_DEMAND_ONLY, ON_DEMAND_W1, ON_DEMAND_W2,  # noqa: E402
                                             LadderFleet, ladder_fleet_plan, ladder_member_plan)
@@ -180,11 +179,12 @@ def one_round(fleet: FleetStacks, job: str, winner: str, interval: float, pause:
     running = fleet.running_in(job)
     assert running == [winner], f"{job} runs in {running}, not only in {winner}"
 
-    # 3. KubeRay in the winner reports the job running; the manager's RayJob should say the same.
-    playing = time.monotonic()
-    fleet.play_running(winner, job)
-    seen, _ = first_times(playing, {MIRRORED: lambda: ((fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE) or {})
-                                                       .get("status") or {}).get("jobDeploymentStatus") == "Running"},
+    # 3. KubeRay in the winner runs the job and reports it running; the manager's RayJob should say the same.
+    wait_for(lambda: ((fleet.rayjob_in(winner, job) or {}).get("status") or {}).get("jobDeploymentStatus") == "Running",
+             REACTION, f"{job} Running in {winner}", interval=interval)
+    running_at = time.monotonic()
+    seen, _ = first_times(running_at, {MIRRORED: lambda: ((fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE) or {})
+                                                          .get("status") or {}).get("jobDeploymentStatus") == "Running"},
                           interval)
     sample.update(seen)
 
@@ -240,7 +240,6 @@ def _dws(fleet: FleetStacks, job: str, workload: str, winner: str, dws_seconds: 
 def script_round(fleet: FleetStacks, script: Script, job: str, ladder: bool, dws_seconds: float) -> dict:
     """One job through a script on one fleet: submission -> the RayJob in the member that has the capacity, and what
     each failed step cost."""
-    real = fleet.tier.manager.after is not None  # the ladder's tier runs KubeRay and nodes; the DWS-only one plays
     if ladder:  # the script's capacity, as each member's GKE has it: its on-demand pool free, or stocked out
         for member, state in script.on_demand.items():
             if state != FREE:
@@ -279,16 +278,12 @@ def script_round(fleet: FleetStacks, script: Script, job: str, ladder: bool, dws
         wait_for(lambda: fleet.rayjob_in(where, job), REACTION, f"{job}'s RayJob in {where}", interval=0.02)
     sample["runs in"] = where
     sample["to a RayJob in the member"] = time.monotonic() - started
-    if real:  # the member's KubeRay runs it on the member's slice
-        jobs.wait_pods_ready(fleet.kubes[where], FLEET_NAMESPACE, job, REACTION)
-        sample["to pods ready in the member"] = time.monotonic() - started
-    else:
-        fleet.play_running(where, job)
+    jobs.wait_pods_ready(fleet.kubes[where], FLEET_NAMESPACE, job, REACTION)  # the member's KubeRay runs it
+    sample["to pods ready in the member"] = time.monotonic() - started
     assert fleet.running_in(job) == [where], fleet.running_in(job)
     sample["requests anywhere"] = any(fleet.all_requests(m) for m in MEMBERS)
     fleet.finish(job)
-    if real:
-        fleet.restore()
+    fleet.restore()
     wait_for(lambda: quiet(fleet), REACTION, f"nothing of {job} left anywhere", interval=0.2)
     return sample
 
@@ -363,7 +358,8 @@ def main() -> None:
           f"{' '.join(map(str, at_start['loadavg']))} (1, 5, 15 min)", flush=True)
     members = {m: member_plan(m) for m in MEMBERS}
     manager_plan = fleet_plan(members)
-    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()})
+    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()},
+                     nodes_of={MANAGER: manager_plan, **members})  # real KubeRay, scheduler and pools everywhere
     print(f"starting the fleet tier in {tier.workdir} ...", flush=True)
     samples: list[dict] = []
     scripts = [] if args.scripts == "none" else [s for s in SCRIPTS if args.scripts == "all"

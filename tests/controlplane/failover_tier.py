@@ -6,8 +6,6 @@ the plan's pools (runtime.py): the tests script only GCE capacity (`stockout`) a
 from __future__ import annotations
 
 import contextlib
-import copy
-import datetime
 import os
 import sys
 import time
@@ -31,8 +29,6 @@ GRACE_SECONDS = 4
 # the controller polled, so these scenarios prove the moves, and test_failover_watch_controlplane.py the watches.
 RESYNC_SECONDS = 1
 NAMESPACE = "default"
-STOCKOUT_MESSAGE = ("Node scale up in zones us-east5-b associated with this pod failed: GCE out of resources. "
-                    "Pod is at risk of not being scheduled.")
 
 
 def platform_plan(pods_ready_timeout: int = PODS_READY_TIMEOUT_SECONDS, grace: int = GRACE_SECONDS,
@@ -149,34 +145,6 @@ class FailoverTier:
             wait_for(lambda: not self.kube.list("v1", "Pod", namespace=NAMESPACE), 60, "no pod left")
             self.gke.remove_idle()
             assert not any(self.gke.nodes_of(t.pool) for t in self.gke.templates if t.tpu), "a TPU slice left"
-
-    def play_kuberay_and_a_stockout(self, job: str, namespace: str = NAMESPACE) -> str:
-        """For a tier without nodes (the fleet's and teams' planes, until they run real KubeRay): what a GKE
-        cluster shows in a stockout: KubeRay's RayCluster and TPU worker pod, and the autoscaler's
-        FailedScaleUp event for lack of capacity on it; the event's firstTimestamp."""
-        cluster = f"{job}-raycluster"
-        self.kube.patch(*jobs.RAYJOB, job, {"status": {"rayClusterName": cluster}}, namespace=namespace,
-                        subresource="status")
-        (worker,) = jobs.dev_rayjob(job)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-        pod_name = f"{cluster}-tpu-group-worker-0"
-        container = copy.deepcopy(worker["template"]["spec"]["containers"][0])
-        container.pop("volumeMounts", None)
-        if self.kube.get("v1", "Pod", pod_name, namespace) is None:
-            self.kube.create({"apiVersion": "v1", "kind": "Pod",
-                              "metadata": {"name": pod_name, "namespace": namespace,
-                                           "labels": {"ray.io/cluster": cluster, "ray.io/group": worker["groupName"],
-                                                      "ray.io/node-type": "worker"}},
-                              "spec": {"containers": [container]}})
-        moment = datetime.datetime.now(datetime.timezone.utc)
-        now = moment.strftime("%Y-%m-%dT%H:%M:%SZ")
-        self.kube.create({"apiVersion": "v1", "kind": "Event",
-                          "metadata": {"name": f"{pod_name}.{moment.timestamp():.0f}", "namespace": namespace},
-                          "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": pod_name,
-                                             "namespace": namespace},
-                          "reason": "FailedScaleUp", "message": STOCKOUT_MESSAGE, "type": "Warning",
-                          "source": {"component": "cluster-autoscaler"}, "count": 1,
-                          "firstTimestamp": now, "lastTimestamp": now})
-        return now
 
     def move_of(self, job: str) -> decisions.Move | None:
         """The move the controller recorded on the RayJob (its annotation)."""

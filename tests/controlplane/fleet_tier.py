@@ -346,14 +346,6 @@ class FleetStacks:
             return self.rayjob_in(member, name)
         return wait_for(attempt, timeout, f"{name} created in {member}", interval=0.5)
 
-    def play_running(self, member: str, name: str) -> None:
-        """What the member's KubeRay reports once the slice's pods run: the RayCluster ready (Kueue's PodsReady for
-        a RayJob: rayjob_controller.go PodsReady), the job running. Without it the member's podsReadyTimeout
-        would evict the run, which a real, running job does not see. (A tier with nodes runs it for real.)"""
-        self.kubes[member].patch(*jobs.RAYJOB, name, {"status": {
-            "jobDeploymentStatus": "Running", "jobStatus": "RUNNING", "rayClusterName": f"{name}-{member[-6:]}",
-            "rayClusterStatus": {"state": "ready"}}}, namespace=FLEET_NAMESPACE, subresource="status")
-
     # ---- GCE capacity in a member (a tier with nodes: runtime.py's autoscaler stand-in) ---------------------------
     def stockout(self, member: str, *flavors: str, reported: bool = True) -> None:
         """No capacity behind these rungs of a member: their pools cannot grow, and its GKE says so on the pods

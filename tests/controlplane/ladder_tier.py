@@ -10,7 +10,6 @@ every plane runs real KubeRay, the scheduler and its plan's pools, and the tests
 
 from __future__ import annotations
 
-import datetime
 import os
 import signal
 import sys
@@ -25,7 +24,6 @@ from infra.offline import OfflineEngine, StackOutputs
 from infra.offline import Plan
 from tests.conftest import REPO, config_with, plan_for
 from tests.controlplane import jobs
-from tests.controlplane.failover_tier import STOCKOUT_MESSAGE
 from tests.controlplane.fleet_tier import (MEMBER_STACKS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
                                            WORKER_LOST_SECONDS, FleetStacks)
 from tests.controlplane.kube import condition, wait_for
