@@ -123,7 +123,8 @@ class ControlPlane:
         self._start_kueue(binaries["kueue"])
         now = self.timings.mark("kueue", now)
         if self.nodes_of is not None:
-            self.after = AfterAdmission(self.supervisor, self.workdir, self.kubeconfig, self.nodes_of).start()
+            self.after = AfterAdmission(self.supervisor, self.workdir, self.kubeconfig, self.nodes_of)
+            self.after.start()  # assigned first: a start that fails half-way is stopped whole
             self.timings.mark("after admission", now)
 
     def _start_etcd(self, binary: Path) -> None:
