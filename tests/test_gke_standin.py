@@ -339,3 +339,22 @@ def test_a_dws_slice_whose_request_is_gone_goes_without_waiting_for_a_first_pod(
     assert kept.id in autoscaler.slices  # unused, its request there: it waits for its pods
     autoscaler._scale_down([], time.monotonic(), requests=set())
     assert kept.id not in autoscaler.slices and not autoscaler.nodes_of("dws-pool")
+
+
+def test_a_provisioned_request_waits_for_room_in_its_pool_then_gets_its_slice():
+    autoscaler = _autoscaler()
+    old = autoscaler._create_slice(autoscaler.by_pool["dws-pool"], provisioning_request="resize-old")
+    template = _worker("t", {"tpu-fallback/capacity": "dws"}, tolerations=(TPU, gke.QUEUED_TAINT))["spec"]
+    autoscaler.kube.objects["PodTemplate"].append({"metadata": {"name": "pt", "namespace": "default"},
+                                                   "template": {"spec": template}})
+    autoscaler.kube.objects["ProvisioningRequest"].append({
+        "metadata": {"name": "new", "namespace": "default", "uid": "uid-new"},
+        "spec": {"podSets": [{"podTemplateRef": {"name": "pt"}, "count": 4}]},
+        "status": {"conditions": [{"type": "Provisioned", "status": "True"}],
+                   "provisioningClassDetails": {"ResizeRequestName": "resize-new"}}})
+    autoscaler.step()  # the old request is gone: its slice goes; the new one waits for the room it leaves
+    assert old.id not in autoscaler.slices and not autoscaler.problems
+    autoscaler.step()
+    nodes = [n for n in autoscaler.kube.objects["Node"] if n["metadata"]["labels"][gke.NODEPOOL_LABEL] == "dws-pool"]
+    assert {n["metadata"]["labels"][gke.PROVISIONING_REQUEST_LABEL] for n in nodes} == {"resize-new"}
+    assert len(nodes) == 4 and not autoscaler.problems

@@ -320,7 +320,8 @@ class Autoscaler:
         self._thread: threading.Thread | None = None
         self._ids = itertools.count(1)
         self._arriving: dict[str, list[tuple[float, Slice]]] = {}  # pool -> slices not created yet
-        self._provisioned: set[str] = set()  # the ProvisioningRequests (uids) whose slice was made
+        self._provisioned: set[str] = set()  # the ProvisioningRequests (uids) whose slice was made (or lost)
+        self._waiting: set[str] = set()  # requests waiting for room in their pool (noted once)
 
     # ---- scripting ---------------------------------------------------------------------------------------------
     def stockout(self, pool: str, reported: bool = True) -> None:
@@ -437,8 +438,8 @@ class Autoscaler:
             uid = request["metadata"].get("uid") or request["metadata"]["name"]
             if not resize or uid in self._provisioned:  # by request: a test may reuse a ResizeRequestName
                 continue
-            self._provisioned.add(uid)
-            namespace = request["metadata"]["namespace"]
+            namespace, name = request["metadata"]["namespace"], request["metadata"]["name"]
+            planned = []  # (pool, slices) per pod set; None: its VMs never come (a stocked-out rung)
             for pod_set in request["spec"]["podSets"]:
                 template = self.kube.get("v1", "PodTemplate", pod_set["podTemplateRef"]["name"], namespace)
                 spec = template["template"]["spec"] if template else {}
@@ -446,18 +447,32 @@ class Autoscaler:
                 # The first queued pool its pods fit with room for them (a rung of multi-host slices is one pool
                 # per slice, each its own DWS pool); where they are all stocked out, the VMs never come.
                 fitting = [t for t in self.templates if t.queued and why_not(t, spec) is None]
-                if fitting and all(t.pool in self.stocked_out for t in fitting):
-                    self.history.append((time.monotonic(), "lost", fitting[0].pool, resize))
-                    self._note(f"lost {fitting[0].pool} {resize}")
+                if not fitting:
+                    self._problem(f"ProvisioningRequest {namespace}/{name}: no queued pool fits its pods")
+                    planned = []
+                    break
+                if all(t.pool in self.stocked_out for t in fitting):
+                    planned.append((fitting[0], None))
                     continue
                 pools = [t for t in fitting if t.pool not in self.stocked_out
                          and t.max_nodes - len(self._nodes(t.pool)) >= hosts]
-                if not pools:
-                    self._problem(f"ProvisioningRequest {namespace}/{request['metadata']['name']}: no queued pool "
-                                  f"fits its pods with room for {hosts} hosts (slices: {sorted(self.slices)})")
+                if not pools:  # the pool is still full (an earlier slice about to go): DWS waits, so does this
+                    if uid not in self._waiting:
+                        self._waiting.add(uid)
+                        self._note(f"waiting {namespace}/{name}: no room for {hosts} hosts yet "
+                                   f"(slices: {sorted(self.slices)})")
+                    planned = []
+                    break
+                planned.append((pools[0], math.ceil(hosts / pools[0].hosts)))
+            if not planned:
+                continue
+            self._provisioned.add(uid)
+            for pool, slices in planned:
+                if slices is None:
+                    self.history.append((time.monotonic(), "lost", pool.pool, resize))
+                    self._note(f"lost {pool.pool} {resize}")
                     continue
-                pool = pools[0]
-                for _ in range(math.ceil(hosts / pool.hosts)):
+                for _ in range(slices):
                     self._create_slice(pool, provisioning_request=resize)
         return existing
 
