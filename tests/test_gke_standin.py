@@ -211,6 +211,11 @@ class FakeKube:
         self.objects[manifest["kind"]].append(manifest)
         return manifest
 
+    def patch(self, api_version, kind, name, patch, namespace=None, subresource=None):
+        found = self.get(api_version, kind, name, namespace)
+        found.setdefault("spec", {}).update(patch.get("spec") or {})
+        return found
+
     def delete(self, api_version, kind, name, namespace=None, propagation=None):
         self.objects[kind] = [o for o in self.objects[kind] if o["metadata"]["name"] != name]
 
@@ -358,3 +363,21 @@ def test_a_provisioned_request_waits_for_room_in_its_pool_then_gets_its_slice():
     nodes = [n for n in autoscaler.kube.objects["Node"] if n["metadata"]["labels"][gke.NODEPOOL_LABEL] == "dws-pool"]
     assert {n["metadata"]["labels"][gke.PROVISIONING_REQUEST_LABEL] for n in nodes} == {"resize-new"}
     assert len(nodes) == 4 and not autoscaler.problems
+
+
+def test_a_slice_a_pod_was_bound_to_meanwhile_is_kept_and_untainted():
+    autoscaler = _autoscaler()
+    idle = autoscaler._create_slice(autoscaler.by_pool["on-demand-pool"])
+    late = {"metadata": {"name": "late"}, "spec": {"nodeName": idle.nodes[0]}, "status": {"phase": "Running"}}
+    original_list = autoscaler.kube.list
+
+    def bound_meanwhile(api_version, kind, namespace=None):  # the scheduler binds right after the pass's list
+        if kind == "Pod" and late not in autoscaler.kube.objects["Pod"]:
+            autoscaler.kube.objects["Pod"].append(late)
+            return []
+        return original_list(api_version, kind, namespace)
+    autoscaler.kube.list = bound_meanwhile
+    autoscaler._scale_down(autoscaler.kube.list("v1", "Pod"), time.monotonic(), at_once=True)
+    assert idle.id in autoscaler.slices and len(autoscaler.nodes_of("on-demand-pool")) == 4
+    node = autoscaler.kube.get("v1", "Node", idle.nodes[0])
+    assert gke.TO_BE_DELETED_TAINT["key"] not in [t["key"] for t in node["spec"]["taints"]]

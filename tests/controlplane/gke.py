@@ -63,6 +63,10 @@ KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 # The tier's own bookkeeping on a node: which slice it belongs to (a multi-host slice comes and goes whole).
 SLICE_ANNOTATION = "tier.tpu-fallback/slice"
 MAX_PODS = "110"
+# The cluster autoscaler's taint on a node it is about to remove.
+# Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/utils/taints/taints.go
+TO_BE_DELETED_TAINT = MappingProxyType({"key": "ToBeDeletedByClusterAutoscaler", "value": "tier",
+                                        "effect": "NoSchedule"})
 # What GKE's autoscaler says on a pod when the zone has no capacity (failover/decisions.py matches it).
 STOCKOUT_MESSAGE = ("Node scale up in zones {zone} associated with this pod failed: GCE out of resources. "
                     "Pod is at risk of not being scheduled.")
@@ -543,12 +547,27 @@ class Autoscaler:
             each.idle_since = each.idle_since or now
             booking_ended = requests is not None and each.provisioning_request not in (None, *requests)
             wait = self.scale_down_seconds if each.used or booking_ended else self.unused_seconds
-            if at_once or now - max(each.idle_since, each.created) >= wait:
+            if (at_once or now - max(each.idle_since, each.created) >= wait) and self._drained(each, template):
                 for node in each.nodes:
                     self.kube.delete("v1", "Node", node, propagation="Background")
                 del self.slices[slice_id]
                 self.history.append((now, "down", each.pool, slice_id))
                 self._note(f"down {each.pool} {slice_id}")
+
+    def _drained(self, each: Slice, template: NodeTemplate) -> bool:
+        """As the cluster autoscaler does before it removes a node: taint it ToBeDeletedByClusterAutoscaler, then
+        look again; a pod the scheduler bound meanwhile keeps the slice (the taint goes). Without the second look a
+        pod bound between the pass's pod list and the delete ran on a node that was gone (seen on a loaded suite)."""
+        taints = [dict(t) for t in template.taints]
+        for node in each.nodes:
+            self.kube.patch("v1", "Node", node, {"spec": {"taints": [*taints, dict(TO_BE_DELETED_TAINT)]}})
+        busy = {p["spec"]["nodeName"] for p in self.kube.list("v1", "Pod") if holds_node(p)}
+        if not busy & set(each.nodes):
+            return True
+        for node in each.nodes:
+            self.kube.patch("v1", "Node", node, {"spec": {"taints": taints}})
+        each.idle_since, each.used = None, True
+        return False
 
     def remove_idle(self) -> None:
         """Between scenarios: every slice no pod runs on goes now, and no slice is on its way (a test's next

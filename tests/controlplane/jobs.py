@@ -190,9 +190,10 @@ def pools_of(kube: Kube, namespace: str, rayjob: str) -> dict[str, list[str]] | 
     roles = pods_of(kube, namespace, rayjob)
     if not roles["submitter"] or not all(running(p) for ps in roles.values() for p in ps):
         return None
-    nodes = {n["metadata"]["name"]: n for n in kube.list("v1", "Node")}
-    return {role: sorted(nodes[p["spec"]["nodeName"]]["metadata"]["labels"][NODEPOOL_LABEL] for p in ps)
-            for role, ps in roles.items()}
+    pools = {n["metadata"]["name"]: n["metadata"]["labels"].get(NODEPOOL_LABEL) for n in kube.list("v1", "Node")}
+    if any(p["spec"]["nodeName"] not in pools for ps in roles.values() for p in ps):
+        return None  # a pod on a node that is gone: not running anywhere that counts
+    return {role: sorted(pools[p["spec"]["nodeName"]] for p in ps) for role, ps in roles.items()}
 
 
 def wait_pods_ready(kube: Kube, namespace: str, rayjob: str, timeout: float) -> dict:
