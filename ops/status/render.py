@@ -235,7 +235,8 @@ def job_lines(report: Report) -> list[str]:
         row = (job.local_queue, job.rung, job.words, time_or_none(job.since),
                duration(seconds_since(job.since, report.generated_at)) if job.since else None,
                len(job.moves), request, job.kind, job.size.chips if job.size else None, pods_cell(job),
-               pools_cell(job), job.priority, duration(seconds_since(job.created, report.generated_at)) if job.created else None,
+               pools_cell(job), job.priority,
+               duration(seconds_since(job.created, report.generated_at)) if job.created else None,
                position_cell(job), job.eviction_count)
         rows.append(((job.namespace,) if all_namespaces else ()) + (job.name,) + row)
     headers = (("NAMESPACE",) if all_namespaces else ()) + (
