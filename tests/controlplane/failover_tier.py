@@ -117,13 +117,8 @@ class FailoverTier:
 
     def stockout_reported(self, job: str, namespace: str = NAMESPACE, timeout: float = 60) -> str:
         """The firstTimestamp of the autoscaler's first "GCE out of resources" Event on a pod of the job's run."""
-        def first() -> str | None:
-            cluster = (self.kube.get(*jobs.RAYJOB, job, namespace).get("status") or {}).get("rayClusterName")
-            stamps = [e["firstTimestamp"] for e in self.kube.list("v1", "Event", namespace=namespace)
-                      if cluster and e["reason"] == "FailedScaleUp"
-                      and e["involvedObject"]["name"].startswith(f"{cluster}-")]
-            return min(stamps) if stamps else None
-        return wait_for(first, timeout, f"the autoscaler's stockout report on {job}'s pods")
+        return wait_for(lambda: jobs.first_stockout_report(self.kube, namespace, job), timeout,
+                        f"the autoscaler's stockout report on {job}'s pods")
 
     def submit(self, name: str, queue: str = "user-queue") -> float:
         """Create a RayJob and wait for Kueue's first decision; the monotonic time it was created."""

@@ -365,15 +365,8 @@ class FleetStacks:
     def stockout_reported(self, member: str, name: str, namespace: str = FLEET_NAMESPACE) -> float:
         """When the member's GKE first said "GCE out of resources" about a pod of the job's current run there, on
         the monotonic clock (the Event's firstTimestamp has whole seconds)."""
-        kube = self.kubes[member]
-
-        def first() -> float | None:
-            cluster = ((kube.get(*jobs.RAYJOB, name, namespace) or {}).get("status") or {}).get("rayClusterName")
-            stamps = [e["firstTimestamp"] for e in kube.list("v1", "Event", namespace=namespace)
-                      if cluster and e["reason"] == "FailedScaleUp"
-                      and e["involvedObject"]["name"].startswith(f"{cluster}-")]
-            return min(stamps) if stamps else None
-        stamp = wait_for(first, REACTION, f"{member}'s stockout report on {name}'s pods")
+        stamp = wait_for(lambda: jobs.first_stockout_report(self.kubes[member], namespace, name), REACTION,
+                         f"{member}'s stockout report on {name}'s pods")
         epoch = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
         return time.monotonic() - (time.time() - epoch)
 

@@ -202,3 +202,12 @@ def wait_pods_ready(kube: Kube, namespace: str, rayjob: str, timeout: float) -> 
         workload = workload_of(kube, namespace, rayjob)
         return workload if condition(workload, "PodsReady") == "True" else None
     return wait_for(ready, timeout, f"{rayjob}: PodsReady")
+
+
+def first_stockout_report(kube: Kube, namespace: str, rayjob: str) -> str | None:
+    """The firstTimestamp of GKE's first "GCE out of resources" Event (FailedScaleUp) on a pod of the job's current
+    run, or None yet."""
+    cluster = ((kube.get(*RAYJOB, rayjob, namespace) or {}).get("status") or {}).get("rayClusterName")
+    stamps = [e["firstTimestamp"] for e in kube.list("v1", "Event", namespace=namespace)
+              if cluster and e["reason"] == "FailedScaleUp" and e["involvedObject"]["name"].startswith(f"{cluster}-")]
+    return min(stamps) if stamps else None
