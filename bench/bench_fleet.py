@@ -63,7 +63,7 @@ from infra.fleet_member import FLEET_NAMESPACE  # noqa: E402
 from tests.controlplane import jobs  # noqa: E402
 from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,  # noqa: E402
                                            MANAGER, WORKLOAD, FleetStacks, FleetTier, applied_fleet, fleet_plan,
-                                           member_plan)
+                                           member_plan, member_values)
 from tests.controlplane.ladder_tier import (GRACE_SECONDS, ON_DEMAND_ONLY, ON_DEMAND_W1, ON_DEMAND_W2,  # noqa: E402
                                             LadderFleet, ladder_fleet_plan, ladder_member_plan)
 from tests.controlplane.kube import wait_for  # noqa: E402
@@ -358,7 +358,7 @@ def main() -> None:
           f"{' '.join(map(str, at_start['loadavg']))} (1, 5, 15 min)", flush=True)
     members = {m: member_plan(m) for m in MEMBERS}
     manager_plan = fleet_plan(members)
-    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()},
+    tier = FleetTier(release_values(manager_plan), {m: member_values(p) for m, p in members.items()},
                      nodes_of={MANAGER: manager_plan, **members})  # real KubeRay, scheduler and pools everywhere
     print(f"starting the fleet tier in {tier.workdir} ...", flush=True)
     samples: list[dict] = []

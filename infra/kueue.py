@@ -30,6 +30,7 @@ NAMESPACE = "kueue-system"
 # Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/charts/kueue/templates/manager/manager-config.yaml
 MANAGER_CONFIG_MAP = f"{RELEASE_NAME}-manager-config"
 MANAGER_CONFIG_KEY = "controller_manager_config.yaml"
+VALUES_CONFIG_KEY = "controllerManagerConfigYaml"  # the chart value that the ConfigMap's key is rendered from
 # Beta and on since 0.18; set so older allowed charts behave the same. Never ProvisioningACC: removed in 0.15,
 # the manager exits on an unknown gate.
 FEATURE_GATES = ({"name": "ElasticJobsViaWorkloadSlices", "enabled": True},)
@@ -148,7 +149,7 @@ def values_for(configuration: dict) -> dict:
     """The chart's values for a manager configuration (a region's, or a fleet manager's: infra/fleet.py)."""
     return {
         "controllerManager": {"featureGates": [dict(gate) for gate in FEATURE_GATES]},
-        "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(configuration, sort_keys=False)},
+        "managerConfig": {VALUES_CONFIG_KEY: yaml.safe_dump(configuration, sort_keys=False)},
     }
 
 

@@ -53,9 +53,14 @@ MIN_GKE_FOR_QUEUED_TPU = "1.34"
 # Ray Operator add-on. Ref: https://cloud.google.com/kubernetes-engine/docs/add-on/ray-on-gke/how-to/enable-ray-on-gke
 MIN_GKE_FOR_RAY_OPERATOR = "1.30.0-gke.1747000"
 MAX_SLICES_PER_PLAN = 64  # a sanity bound: 64 multi-host slices is already 64 node pools
-# Kueue evicts a job whose pods are not all ready this long after admission. 30s suits only a test cluster (a TPU
-# slice takes minutes to come up); over a day, a stocked-out job would hold a rung's quota for nothing.
-MIN_PODS_READY_TIMEOUT_SECONDS = 30
+# Kueue evicts a job whose pods are not all ready this long after admission. A RayJob is PodsReady only once the Ray
+# head answered for the job its submitter pod submitted (kuberay-kwok tier: README), so the wait holds a slice's
+# creation from zero (a new node boots in 80-120 s: https://cloud.google.com/kubernetes-engine/docs/how-to/capacity-provisioning),
+# the Ray image's pull on the hosts and the CPU pool (0.9 GB compressed, 2.2 GB on disk: kubernetes-sigs/kueue#4917;
+# "several minutes to pull": GoogleCloudPlatform/ai-on-gke#520), Ray's start and `ray job submit`. Less than 5 min
+# would evict healthy jobs on GKE; the runtime env's pip install comes after (Ray's job is PENDING meanwhile,
+# bounded by Ray's own 15 min job start timeout). Over a day, a stocked-out job would hold a rung's quota for nothing.
+MIN_PODS_READY_TIMEOUT_SECONDS = 5 * 60
 MAX_PODS_READY_TIMEOUT_SECONDS = 24 * 3600
 
 # GKE name rules. Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/creating-a-zonal-cluster

@@ -3,8 +3,8 @@ over real KubeRay, kube-scheduler and nodes shaped like the plan's pools.
 
 A stockout is a pod no node ever takes: the test scripts a rung's pool as unable to grow, and GKE's autoscaler
 stand-in says so on the pod ("GCE out of resources") unless the stockout is silent. Kueue runs with what the chart
-renders from the stack's values, with `fallback.podsReadyTimeout: 30s` and `stockoutGracePeriod: 4s` set through
-stack config.
+renders from the stack's values, `stockoutGracePeriod: 4s` set through stack config, and its waitForPodsReady timeout
+on the tier's clock, 30 s (stack.release_values: the stack accepts no less than GKE's start of a RayJob takes).
 """
 
 from __future__ import annotations
@@ -48,8 +48,8 @@ def clean(tier):
     tier.delete_all_jobs()
 
 
-def test_kueue_runs_the_timeout_the_stack_config_sets(tier):
-    # Set as `fallback.podsReadyTimeout` in stack config, passed through the Helm values, rendered by the chart.
+def test_kueue_runs_the_tiers_timeout_from_the_release(tier):
+    # The release's values with the tier's timeout, rendered by the chart (test_kueue: stack config sets the value).
     assert tier.plane.kueue_config["waitForPodsReady"]["timeout"] == f"{PODS_READY_TIMEOUT_SECONDS}s"
     assert tier.plane.kueue.alive()
 

@@ -3,11 +3,12 @@
 fleet, member 2 its reservation, its on-demand rung and Spot, member 3 DWS only (the default): the ladder is member
 2's reservation, on-demand in member 1, on-demand in member 2, Spot in member 2, then DWS in all three
 (tests/controlplane/ladder_tier.py). The ladder controller runs as deployed (`python -m failover.ladder`, its own
-ServiceAccount's Role). There is no kubelet: a run's pods are never ready unless the test plays KubeRay's `Running`,
-so each member's podsReadyTimeout (30 s, the shortest allowed) evicts a run at a step: a stockout nobody reports.
-The test also plays GKE's autoscaler in a member (its "GCE out of resources" Event about a run's pod: the early
-path, read by the manager's ladder through the member's kubeconfig Secret) and runs member 1's own failover
-controller as deployed (its ServiceAccount's rights), next to that member's own jobs on its own ladder.
+ServiceAccount's Role). Every plane runs real KubeRay, kube-scheduler and KWOK nodes shaped like its plan's pools
+(runtime.py); the tests script only GCE capacity: a step stocked out silently is a pod no node ever takes, evicted at
+the member's podsReadyTimeout (30 s, the tier's clock: fleet_tier.member_values); one stocked out with a report gets
+GKE's "GCE out of resources" Event on a run's pod (the early path, read by the manager's ladder through the member's
+kubeconfig Secret). Member 1's own failover controller runs as deployed (its ServiceAccount's rights), next to that
+member's own jobs on its own ladder.
 
 A fleet of its own (the shared one of tests/test_fleet_controlplane.py is not touched), shared by the scenarios
 (tests/controlplane/ladder_tier.py, which bench/bench_fleet.py runs too).

@@ -292,7 +292,7 @@ def test_manager_config_is_the_chart_default_plus_only_wait_for_pods_ready():
     assert manager_config(plan_for()) == {**chart_default, "waitForPodsReady": WAIT_FOR_PODS_READY_DEV}
 
 
-@pytest.mark.parametrize("timeout, seconds", [("90s", "90s"), ("20m", "1200s"), ("2h", "7200s")])
+@pytest.mark.parametrize("timeout, seconds", [("300s", "300s"), ("20m", "1200s"), ("2h", "7200s")])
 def test_pods_ready_timeout_follows_stack_config(timeout, seconds):
     config = manager_config(plan_for(overrides={"fallback": {"podsReadyTimeout": timeout,
                                                              "stockoutGracePeriod": "30s"}}))

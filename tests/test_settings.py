@@ -59,7 +59,7 @@ BAD_CONFIGS = [
      "tpu-fallback:fallback.podsReadyTimeout"),
     ("pods-ready-timeout-not-string", {"fallback": {"podsReadyTimeout": 900}},
      "tpu-fallback:fallback.podsReadyTimeout"),
-    ("pods-ready-timeout-too-short", {"fallback": {"podsReadyTimeout": "29s", "stockoutGracePeriod": "0s"}},
+    ("pods-ready-timeout-too-short", {"fallback": {"podsReadyTimeout": "299s", "stockoutGracePeriod": "0s"}},
      "tpu-fallback:fallback.podsReadyTimeout"),
     ("pods-ready-timeout-too-long", {"fallback": {"podsReadyTimeout": "25h"}},
      "tpu-fallback:fallback.podsReadyTimeout"),
@@ -99,12 +99,12 @@ def test_allowed_values_are_listed_in_the_message():
 
 def test_stockout_grace_message_says_why_it_must_be_shorter():
     with pytest.raises(SettingsError, match="already evicted the job, so the early failover would never act"):
-        OfflineEngine().run(config_with({"fallback": {"podsReadyTimeout": "2m", "stockoutGracePeriod": "2h"}}))
+        OfflineEngine().run(config_with({"fallback": {"podsReadyTimeout": "6m", "stockoutGracePeriod": "2h"}}))
 
 
 @pytest.mark.parametrize("fallback, seconds", [
     ({}, (900, 180)),  # the defaults: 15m and 3m
-    ({"podsReadyTimeout": "30s", "stockoutGracePeriod": "0s"}, (30, 0)),  # the lowest allowed
+    ({"podsReadyTimeout": "5m", "stockoutGracePeriod": "0s"}, (300, 0)),  # the lowest allowed
     ({"podsReadyTimeout": "24h", "stockoutGracePeriod": "90m"}, (86400, 5400)),  # the highest timeout
 ])
 def test_fallback_durations_are_read_as_seconds(fallback, seconds):

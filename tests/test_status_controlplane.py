@@ -51,7 +51,7 @@ HOLDING = {states.FINISHED, states.RUNNING, states.ADMITTED, states.WAITING_FOR_
 @pytest.fixture(scope="module")
 def tier(request):
     plan = ladder_plan()
-    tier = FailoverTier(ControlPlane(release_values(plan), nodes_of=plan), plan).start()
+    tier = FailoverTier(ControlPlane(release_values(plan, PODS_READY_TIMEOUT_SECONDS), nodes_of=plan), plan).start()
     try:
         install_kueue_config_map(tier)
         tier.placed = create_every_state(tier)

@@ -38,7 +38,7 @@ REACTION_TIMEOUT = 60
 
 
 def start_teams_tier() -> FailoverTier:
-    plan = platform_plan(pods_ready_timeout=600, overrides=OVERRIDES)
+    plan = platform_plan(overrides=OVERRIDES)
     tier = FailoverTier(ControlPlane(release_values(plan), nodes_of=plan), plan).start()
     for team in TEAMS:
         jobs.prepare_namespace(tier.kube, team["namespace"])
@@ -339,7 +339,7 @@ LADDER_KINDS = ("ResourceFlavor", "Namespace", "Cohort", "ClusterQueue", "LocalQ
 
 def ladder_objects(tier: FailoverTier) -> list[dict]:
     """The second platform's team objects, their root renamed; flavors the tier already has are left out."""
-    plan = platform_plan(pods_ready_timeout=600, overrides=LADDER_OVERRIDES)
+    plan = platform_plan(overrides=LADDER_OVERRIDES)
     teams = {team["name"] for team in LADDER_OVERRIDES["teams"]}
     namespaces = {team["namespace"] for team in LADDER_OVERRIDES["teams"]}
     wanted = []

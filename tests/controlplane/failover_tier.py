@@ -1,4 +1,5 @@
-"""The failover controller on the tier: the stack's platform with a short PodsReady timeout, the controller run
+"""The failover controller on the tier: the stack's platform with a short PodsReady timeout (the tier's clock:
+stack.release_values), the controller run
 from `failover/` with its ServiceAccount's token (not admin), over real KubeRay, kube-scheduler and nodes shaped like
 the plan's pools (runtime.py): the tests script only GCE capacity (`stockout`) and the Ray head.
 """
@@ -22,21 +23,20 @@ from tests.controlplane.kube import Kube, wait_for
 from tests.controlplane.processes import Process, free_port, http_ok
 from tests.controlplane.stack import deploy, release_values
 
-# Short enough for tests, through stack config as a user would set it (Kueue is configured from the release).
-PODS_READY_TIMEOUT_SECONDS = 30  # the smallest the stack accepts
-GRACE_SECONDS = 4
+# Kueue's waitForPodsReady on the tier's clock (stack.release_values): a slice appears here within seconds, so
+# 30 s still leaves a healthy job on a busy machine several times what it needs to be PodsReady.
+PODS_READY_TIMEOUT_SECONDS = 30
+GRACE_SECONDS = 4  # through stack config, as a user would set it
 # The Deployment resyncs every 300 s and reacts to watch events; the tests resync every second, as they did when
 # the controller polled, so these scenarios prove the moves, and test_failover_watch_controlplane.py the watches.
 RESYNC_SECONDS = 1
 NAMESPACE = "default"
 
 
-def platform_plan(pods_ready_timeout: int = PODS_READY_TIMEOUT_SECONDS, grace: int = GRACE_SECONDS,
-                  overrides: dict | None = None) -> Plan:
-    """The dev stack's platform (no jobs: the tests submit their own) with the fallback timings given."""
-    return plan_for("dev", {"fallback": {"podsReadyTimeout": f"{pods_ready_timeout}s",
-                                         "stockoutGracePeriod": f"{grace}s"},
-                            "workloads": {"jobs": 0}, **(overrides or {})})
+def platform_plan(grace: int = GRACE_SECONDS, overrides: dict | None = None) -> Plan:
+    """The dev stack's platform (no jobs: the tests submit their own) with the stockout grace period given."""
+    return plan_for("dev", {"fallback": {"stockoutGracePeriod": f"{grace}s"}, "workloads": {"jobs": 0},
+                            **(overrides or {})})
 
 
 @dataclass
@@ -173,7 +173,8 @@ def controller_running(tier: FailoverTier, session, resync: float = RESYNC_SECON
             print(f"\nfailover tier logs kept in {tier.plane.supervisor.logs}")
 
 
-def start_failover_tier(**settings) -> FailoverTier:
-    """The platform of `platform_plan(**settings)` with its nodes, KubeRay and the scheduler."""
+def start_failover_tier(pods_ready_timeout: int = PODS_READY_TIMEOUT_SECONDS, **settings) -> FailoverTier:
+    """The platform of `platform_plan(**settings)` with its nodes, KubeRay and the scheduler, Kueue's
+    waitForPodsReady on the tier's clock."""
     plan = platform_plan(**settings)
-    return FailoverTier(ControlPlane(release_values(plan), nodes_of=plan), plan).start()
+    return FailoverTier(ControlPlane(release_values(plan, pods_ready_timeout), nodes_of=plan), plan).start()

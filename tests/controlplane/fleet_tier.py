@@ -30,6 +30,7 @@ import yaml
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_NAMESPACE
+from infra import kueue as stack_kueue
 from infra.kueue import KUEUE_API_VERSION
 from infra.offline import OfflineEngine, Plan, StackOutputs
 from tests.conftest import REPO, config_with, plan_for
@@ -41,7 +42,7 @@ from tests.controlplane.processes import Process, free_port
 from tests.controlplane.stack import Step, deploy, release_values
 
 MANAGER = "manager"
-CONFIG_KEY = "controllerManagerConfigYaml"
+CONFIG_KEY = stack_kueue.VALUES_CONFIG_KEY
 
 
 def release_configuration(values: dict) -> dict:
@@ -181,15 +182,19 @@ class FleetTier:
 # ---- the shipped fleet and member stacks on a FleetTier (tests/test_fleet_controlplane.py, bench/bench_fleet.py) ----
 W1, W2 = MEMBERS = ("member-us-east5-a", "member-asia-northeast1-b")
 MEMBER_STACKS = {member: f"my-org/tpu-fallback/{member}" for member in MEMBERS}
-PODS_READY_TIMEOUT_SECONDS = 30  # the members' waitForPodsReady (the shortest allowed)
+PODS_READY_TIMEOUT_SECONDS = 30  # the members' waitForPodsReady on the tier's clock (stack.release_values)
 WORKER_LOST_SECONDS = 10  # the manager's workerLostTimeout (the shortest allowed)
 REACTION = 60  # generous: three control planes share two cores with the rest of the suite
 WORKLOAD = (KUEUE_API_VERSION, "Workload")
 
 
 def member_plan(member: str) -> Plan:
-    return plan_for(member, {"fallback": {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s",
-                                          "stockoutGracePeriod": "4s"}})
+    return plan_for(member, {"fallback": {"stockoutGracePeriod": "4s"}})
+
+
+def member_values(plan: Plan) -> dict:
+    """A member's Kueue release on the tier's clock: its pods' start is timed out after PODS_READY_TIMEOUT_SECONDS."""
+    return release_values(plan, PODS_READY_TIMEOUT_SECONDS)
 
 
 def fleet_plan(members: dict[str, Plan]) -> Plan:
@@ -207,7 +212,7 @@ def applied_fleet(manager_plan: Plan, members: dict[str, Plan], stacks: type[Fle
     """A FleetTier for these plans, started, with the stacks applied (the members', then the fleet's); stopped after,
     its logs kept, and where said, when the body raised or `keep_logs()` (a module fixture: a test failed). `nodes`:
     every plane runs its plan's pools, the scheduler and KubeRay (runtime.py)."""
-    tier = FleetTier(release_values(manager_plan), {m: release_values(p) for m, p in members.items()},
+    tier = FleetTier(release_values(manager_plan), {m: member_values(p) for m, p in members.items()},
                      nodes_of={MANAGER: manager_plan, **members} if nodes else {})
     failed = True
     try:

@@ -49,7 +49,7 @@ def ladder_member_plan(member: str, offered: tuple[str, ...] | None = None) -> P
     """The member's stack with what it offers the fleet (OFFERED unless said) and the capacity that takes: a
     reservation of one slice, a Spot pool of one."""
     offered = OFFERED[member] if offered is None else offered
-    fallback = {"podsReadyTimeout": f"{PODS_READY_TIMEOUT_SECONDS}s", "stockoutGracePeriod": f"{GRACE_SECONDS}s"}
+    fallback = {"stockoutGracePeriod": f"{GRACE_SECONDS}s"}  # podsReadyTimeout: the tier's (fleet_tier.member_values)
     config = {"fallback": fallback, "fleetMember": {"enabled": True, **({"rungs": list(offered)} if offered else {})}}
     if "reservation" in offered:
         config["reservation"] = {"reservations": [{"name": RESERVATION, "slices": 1}]}

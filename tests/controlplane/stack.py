@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import yaml
+
 from infra import kueue as stack_kueue
 from infra.offline import Plan, Recorded
 from tests.controlplane.kube import Kube, condition, wait_for
@@ -43,13 +45,35 @@ class Step:
         return self.manifest["apiVersion"], self.manifest["kind"], meta["name"], meta.get("namespace")
 
 
-def release_values(plan: Plan) -> dict:
-    """The values the stack's Kueue release passes to the chart: the tier renders the chart with exactly these.
+def release_values(plan: Plan, pods_ready_seconds: int | None = None) -> dict:
+    """The values the stack's Kueue release passes to the chart: the tier renders the chart with exactly these,
+    except, where `pods_ready_seconds` is given, Kueue's waitForPodsReady timeouts: the tier's clock.
+
+    On GKE a RayJob's start after admission takes minutes (a slice's creation, the Ray image's pull, Ray's start,
+    the submitter's `ray job submit`), so the stack accepts no `fallback.podsReadyTimeout` under
+    settings.MIN_PODS_READY_TIMEOUT_SECONDS; on the tier a slice appears and a pod runs within seconds, so a
+    scenario that must see Kueue's timeout fire compresses it by as much. It is the only value of a release the
+    tier changes; tests/test_kueue.py proves that stack config sets it in the real release.
     (A fleet's manager also installs KubeRay's chart; the tier's planes all have KubeRay's CRDs.)"""
     kueue = [r for r in plan.of_type(HELM_RELEASE) if r.inputs.get("name") == stack_kueue.RELEASE_NAME]
     if len(kueue) != 1:
         raise KeyError(f"{len(kueue)} Kueue releases in the plan")
-    return kueue[0].inputs.get("values") or {}
+    values = kueue[0].inputs.get("values") or {}
+    if pods_ready_seconds is None:
+        return values
+    return with_pods_ready_timeout(values, pods_ready_seconds)
+
+
+def with_pods_ready_timeout(values: dict, seconds: int) -> dict:
+    """A copy of a Kueue release's values whose waitForPodsReady timeout and recovery timeout are `seconds`
+    (the stack sets both to `fallback.podsReadyTimeout`: infra/kueue.py wait_for_pods_ready)."""
+    values = copy.deepcopy(values)
+    config_text = values["managerConfig"][stack_kueue.VALUES_CONFIG_KEY]
+    config = yaml.safe_load(config_text)
+    wait = config["waitForPodsReady"]
+    wait["timeout"] = wait["recoveryTimeout"] = f"{seconds}s"
+    values["managerConfig"][stack_kueue.VALUES_CONFIG_KEY] = yaml.safe_dump(config, sort_keys=False)
+    return values
 
 
 def _edges(resource: Recorded) -> set[str]:

@@ -24,7 +24,8 @@ from tests.controlplane.kube import Kube, condition, wait_for
 
 NAMESPACE = "default"
 OTHER_NAMESPACE = "research"  # a second team's namespace: shown with -A only
-# Long enough that no job is evicted for its pods while the tests read it: the evictions here are deactivations.
+# Kueue's waitForPodsReady on the tier's clock (stack.release_values), long enough that no job is evicted for its
+# pods while the tests read it: the evictions here are deactivations.
 PODS_READY_TIMEOUT_SECONDS = 600
 LADDER = {"reservation": {"reservations": [{"name": "team-a-v6e", "slices": 1}]}, "spot": {"maxSlices": 1},
           "flexStart": {"maxSlices": 2}}
@@ -42,7 +43,7 @@ class Placed:
 
 
 def ladder_plan() -> Plan:
-    return platform_plan(pods_ready_timeout=PODS_READY_TIMEOUT_SECONDS, grace=60, overrides=LADDER)
+    return platform_plan(grace=60, overrides=LADDER)
 
 
 def now_text() -> str:
@@ -185,8 +186,9 @@ def create_every_state(tier: FailoverTier) -> dict[str, Placed]:
 
 
 def play_a_healthy_controller(kube: Kube, restarts: int, moved: Placed, message: str) -> None:
-    """What the tier has no controller-manager or kubelet for: the Deployment's ready status and its pod's restart
-    count, plus the Event the controller writes when it moves a job."""
+    """What the tier has no deployment controller or kubelet for: the Deployment's ready status and its pod's restart
+    count, plus the Event the controller writes when it moves a job. The pod is scheduling-gated: otherwise the
+    tier's real scheduler binds it to a KWOK node, whose status (no restarts) replaces the one played here."""
     kube.patch("apps/v1", "Deployment", stack_failover.NAME, {"status": {
         "replicas": 1, "readyReplicas": 1, "availableReplicas": 1, "updatedReplicas": 1}},
         namespace=stack_failover.NAMESPACE, subresource="status")
@@ -196,7 +198,8 @@ def play_a_healthy_controller(kube: Kube, restarts: int, moved: Placed, message:
     kube.create({"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": pod, "namespace": stack_failover.NAMESPACE,
         "labels": deployment["spec"]["selector"]["matchLabels"]},
-        "spec": {"containers": [{"name": container["name"], "image": container["image"]}]}})
+        "spec": {"containers": [{"name": container["name"], "image": container["image"]}],
+                 "schedulingGates": [{"name": "tpu-fallback.test/played-by-the-test"}]}})
     kube.patch("v1", "Pod", pod, {"status": {"phase": "Running", "containerStatuses": [{
         "name": container["name"], "ready": True, "restartCount": restarts, "image": container["image"],
         "imageID": "", "state": {"running": {"startedAt": now_text()}}}]}},
