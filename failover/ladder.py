@@ -89,6 +89,10 @@ MOVE_WAIT_SECONDS = 15.0  # how long one pass waits for Kueue within a move; the
 # the job to the step's member its step wait has not begun (`waiting_since`); after this long it begins anyway, so a
 # step whose member Kueue never reaches is left as a busy one.
 DISPATCH_BOUND = datetime.timedelta(seconds=120)
+# The API's timestamps (creationTimestamp, a condition's or check's lastTransitionTime: metav1.Time) have whole
+# seconds: the moment lies up to a second after the stamp. A wait counted from the end of that second never ends
+# early (counted from the stamp, a step wait of 5 s could end after 4.1 s); it may end up to a second late.
+STAMP_RESOLUTION = datetime.timedelta(seconds=1)
 POLL_SECONDS = 0.05
 # The manager's RayJob status that Kueue reads as "still running" (rayjob_controller.go IsActive: anything but
 # Suspended and New); an empty status releases at once (measured, §8.4).
@@ -283,15 +287,20 @@ def waiting_since(step: Step, view: LadderView, dispatched_seen: datetime.dateti
     came to the step."""
     check = view.check(step.admission_check)
     if check is None:
-        return view.created
+        return _stamp_end(view.created)
     if check.state == "Ready":
         return None
-    since = check.since or view.created
+    since = _stamp_end(check.since or view.created)
     if since is None or not view.quota_reserved:
         return since
     if not dispatched(step, view):
         return since + DISPATCH_BOUND
     return max(since, dispatched_seen) if dispatched_seen is not None else since
+
+
+def _stamp_end(stamp: datetime.datetime | None) -> datetime.datetime | None:
+    """The latest moment an API timestamp may stand for (STAMP_RESOLUTION)."""
+    return stamp + STAMP_RESOLUTION if stamp is not None else None
 
 
 def unadmitted_since(view: LadderView) -> datetime.datetime | None:
@@ -300,7 +309,7 @@ def unadmitted_since(view: LadderView) -> datetime.datetime | None:
     if view.admitted or view.pods_ready or view.finished:
         return None
     moments = [m for m in (view.created, view.pods_not_ready_since) if m is not None]
-    return max(moments) if moments else None
+    return _stamp_end(max(moments)) if moments else None
 
 
 def max_wait_of(fleet_max_wait: datetime.timedelta | None, job_max_wait: str | None

@@ -663,9 +663,9 @@ def _read_notification_channels(reader: ConfigReader, channels: list) -> tuple[s
 def read_fleet_member(reader: ConfigReader, plans: tuple[PlanSettings, ...],
                       teams: tuple[TeamSettings, ...]) -> FleetMemberSettings | None:
     """`fleetMember`: None unless enabled. The start rung must be enabled here; and no teams: a fleet job's
-    namespace is the fleet's own (infra/fleet_member.py), which no team's queues admit. `rungs`: the start rung
-    (always the fleet's last step, DWS everywhere by default) and the rungs the fleet may use here one member at a
-    time, each enabled here and without an admission check (a DWS request is the last step's, in every member)."""
+    namespace is the fleet's own (infra/fleet_member.py), which no team's queues admit. `rungs`: the rungs besides
+    the start rung (always the fleet's last step, DWS everywhere by default) that the fleet may use here one member at
+    a time, each enabled here and without an admission check (a DWS request is the last step's, in every member)."""
     raw = reader.obj("fleetMember", DEFAULTS["fleetMember"])
     if not raw["enabled"]:
         return None
@@ -684,8 +684,12 @@ def read_fleet_member(reader: ConfigReader, plans: tuple[PlanSettings, ...],
         if not reader.check(where, plan is not None,
                             f"{key!r} is not an enabled rung of this stack; use some of {', '.join(enabled)}"):
             continue
-        if key == raw["startRung"]:
-            continue  # the start rung is always the fleet's last step
+        # The start rung is always the fleet's last step, in every member at once: listed here it would read as a
+        # step of its own, one member at a time, which it never is.
+        if not reader.check(where, key != raw["startRung"],
+                            f"{key!r} is this member's startRung, always the fleet's last step (in every member at "
+                            "once); list only the rungs besides it (reservation, onDemand, spot)"):
+            continue
         if not reader.check(where, not plan.kind.admission_check,
                             f"{key!r} provisions before admission: it is the fleet's last step, in every member at "
                             "once (startRung); list reservation, onDemand or spot rungs here"):

@@ -65,11 +65,8 @@ def test_a_member_offers_its_on_demand_rung_as_a_step_that_borrows_only_that_run
     assert step["capacity"]["tpuChips"] == 16 and step["capacity"]["slices"] == 1
 
 
-def test_a_member_that_offers_only_its_start_rung_publishes_and_declares_what_it_did():
-    plain, listed = plan_for(W1), plan_for(W1, {"fleetMember": {"enabled": True, "rungs": ["flexStart"]}})
-    assert "steps" not in plain.outputs[FLEET_MEMBER_OUTPUT]
-    assert plain.outputs == listed.outputs
-    assert sorted(manifests(plain, "ClusterQueue")) == sorted(manifests(listed, "ClusterQueue"))
+def test_a_member_that_offers_no_rung_publishes_no_step():
+    assert "steps" not in plan_for(W1).outputs[FLEET_MEMBER_OUTPUT]
 
 
 @pytest.mark.parametrize("overrides, key, message", [
@@ -78,7 +75,10 @@ def test_a_member_that_offers_only_its_start_rung_publishes_and_declares_what_it
      "provisions before admission"),
     ({"fleetMember": {"enabled": True, "rungs": ["onDemand", "onDemand"]}}, "fleetMember.rungs[1]", "listed twice"),
     ({"fleetMember": {"enabled": True, "rungs": "onDemand"}}, "fleetMember.rungs", "must be a list"),
-], ids=["rung-not-here", "dws-is-the-last-step", "twice", "not-a-list"])
+    # Issue 27: accepted silently before; the start rung is never a step one member at a time.
+    ({"fleetMember": {"enabled": True, "rungs": ["onDemand", "flexStart"]}}, "fleetMember.rungs[1]",
+     "'flexStart' is this member's startRung"),
+], ids=["rung-not-here", "dws-is-the-last-step", "twice", "not-a-list", "start-rung-listed"])
 def test_member_ladder_rules(overrides, key, message):
     with pytest.raises(SettingsError) as failure:
         plan_for(W1, overrides)
@@ -266,7 +266,7 @@ def test_a_step_that_does_not_admit_within_the_step_wait_is_left():
     younger = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending",
                                                "lastTransitionTime": "2026-12-01T11:59:45Z"}], nominated=("w1",))
     assert ladder_controller.decide(LADDER, younger, None, NOW, WAIT) is None
-    assert ladder_controller.next_look(LADDER, younger, WAIT, NOW) == pytest.approx(15.05)
+    assert ladder_controller.next_look(LADDER, younger, WAIT, NOW) == pytest.approx(16.05)  # from the stamp's second end
     # Waiting for the manager's own quota (another fleet job holds the step): since the Workload's creation.
     unlisted = workload("fleet-on-demand-w1", [], reserved=False)
     assert ladder_controller.decide(LADDER, unlisted, None, NOW, WAIT) is None
@@ -278,6 +278,21 @@ def test_a_step_that_does_not_admit_within_the_step_wait_is_left():
     assert ladder_controller.decide(LADDER, last, None, NOW, WAIT) is None  # DWS everywhere waits as long as it takes
 
 
+def test_a_step_is_never_left_before_its_wait_whatever_the_stamps_whole_seconds_hide():
+    """Issue 27: the API stamps whole seconds, so a job stamped 11:59:55Z may have come at 11:59:55.9; with a 5 s step
+    wait it must not be moved at 12:00:00.5 (4.6 s after it came), only from 12:00:01 on."""
+    wait = datetime.timedelta(seconds=5)
+    came = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending",
+                                            "lastTransitionTime": "2026-12-01T11:59:55Z"}], nominated=("w1",))
+    assert ladder_controller.decide(LADDER, came, None, NOW + datetime.timedelta(milliseconds=500), wait) is None
+    assert ladder_controller.decide(LADDER, came, None, NOW + datetime.timedelta(seconds=1),
+                                    wait).move.reason == ladder_controller.STEP_BUSY
+    # Without a check entry yet (the manager's quota for the step is in use): counted from the Workload's creation.
+    queued = workload("fleet-on-demand-w1", [], reserved=False)  # created 11:59:50Z
+    assert ladder_controller.decide(LADDER, queued, None, NOW + datetime.timedelta(seconds=0.9),
+                                    datetime.timedelta(seconds=11)) is None
+
+
 def test_a_steps_wait_begins_once_multikueue_has_sent_the_job_to_its_member():
     """MultiKueue's pass over a Workload may be held by a member that stopped answering (the step the job left): the
     next step has then not been asked yet, so it is not busy; its wait begins when the job is sent there."""
@@ -286,7 +301,8 @@ def test_a_steps_wait_begins_once_multikueue_has_sent_the_job_to_its_member():
     assert ladder_controller.decide(LADDER, held, None, NOW, WAIT) is None
     came = NOW - datetime.timedelta(seconds=40)
     assert ladder_controller.next_look(LADDER, held, WAIT, NOW) == pytest.approx(
-        (came + ladder_controller.DISPATCH_BOUND + WAIT - NOW).total_seconds() + 0.05)
+        (came + ladder_controller.STAMP_RESOLUTION + ladder_controller.DISPATCH_BOUND + WAIT - NOW).total_seconds()
+        + 0.05)
     # A member of another step named (the one the job left, in a stale record) is not this step's dispatch.
     elsewhere = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}],
                          nominated=("w2",))
@@ -300,7 +316,8 @@ def test_a_steps_wait_begins_once_multikueue_has_sent_the_job_to_its_member():
     assert ladder_controller.decide(LADDER, sent, None, NOW + datetime.timedelta(seconds=20), WAIT,
                                     dispatched_seen=seen).move.reason == ladder_controller.STEP_BUSY
     # Never sent (Kueue never reaches the step's member): left as a busy step after the bound and the wait.
-    late = NOW + ladder_controller.DISPATCH_BOUND + WAIT - datetime.timedelta(seconds=40)
+    late = NOW + ladder_controller.STAMP_RESOLUTION + ladder_controller.DISPATCH_BOUND + WAIT - datetime.timedelta(
+        seconds=40)
     assert ladder_controller.decide(LADDER, held, None, late, WAIT).move.reason == ladder_controller.STEP_BUSY
 
 
@@ -345,35 +362,36 @@ def _waiting(queue: str, check: dict | None, created: str = "2026-12-01T11:00:00
 
 
 HOUR = datetime.timedelta(hours=1)
+LATE = NOW + ladder_controller.STAMP_RESOLUTION  # an hour after the end of the stamps' second (11:00:00Z)
 DWS_PENDING = {"name": "fleet-multikueue", "state": "Pending", "lastTransitionTime": "2026-12-01T11:10:00Z"}
 
 
 def test_a_job_no_member_admitted_within_max_wait_is_given_up_at_any_step():
     view = _waiting("fleet-queue", DWS_PENDING)  # waiting at the last step (DWS everywhere) since 11:00
-    action = ladder_controller.decide(LADDER, view, None, NOW, max_wait=HOUR)
+    action = ladder_controller.decide(LADDER, view, None, LATE, max_wait=HOUR)
     assert isinstance(action, ladder_controller.StartGiveUp)
     assert (action.give_up.max_wait, action.give_up.waited, action.give_up.step, action.give_up.source) == (
         "1h", "1h", "fleet-queue", "fleet.maxWait")
-    assert ladder_controller.decide(LADDER, view, None, NOW - datetime.timedelta(seconds=1), max_wait=HOUR) is None
-    assert ladder_controller.next_look(LADDER, view, None, NOW - datetime.timedelta(seconds=10),
+    assert ladder_controller.decide(LADDER, view, None, NOW, max_wait=HOUR) is None
+    assert ladder_controller.next_look(LADDER, view, None, LATE - datetime.timedelta(seconds=10),
                                        max_wait=HOUR) == pytest.approx(10.05)
     # Before the last step too, ahead of a move: the limit is the job's, not the step's.
     busy = _waiting("fleet-on-demand-w1", {"name": "fleet-on-demand-w1", "state": "Pending",
                                            "lastTransitionTime": "2026-12-01T11:00:00Z"})
-    assert isinstance(ladder_controller.decide(LADDER, busy, None, NOW, WAIT, max_wait=HOUR),
+    assert isinstance(ladder_controller.decide(LADDER, busy, None, LATE, WAIT, max_wait=HOUR),
                       ladder_controller.StartGiveUp)
     assert ladder_controller.decide(LADDER, view, None, NOW) is None  # no maximum wait: it waits as long as it takes
 
 
 def test_the_jobs_own_annotation_overrides_the_fleets_max_wait():
     view = _waiting("fleet-queue", DWS_PENDING, created="2026-12-01T11:59:00Z")
-    action = ladder_controller.decide(LADDER, view, None, NOW, max_wait=HOUR, job_max_wait="45s")
-    assert action.give_up.source == ladder_controller.MAX_WAIT_ANNOTATION and action.give_up.max_wait == "45s"
+    action = ladder_controller.decide(LADDER, view, None, NOW, max_wait=HOUR, job_max_wait="44s")
+    assert action.give_up.source == ladder_controller.MAX_WAIT_ANNOTATION and action.give_up.max_wait == "44s"
     assert ladder_controller.decide(LADDER, view, None, NOW, job_max_wait="2m") is None
     old = _waiting("fleet-queue", DWS_PENDING)
     assert ladder_controller.decide(LADDER, old, None, NOW, max_wait=HOUR, job_max_wait="none") is None
     # An unreadable annotation: the fleet's limit holds.
-    assert isinstance(ladder_controller.decide(LADDER, old, None, NOW, max_wait=HOUR, job_max_wait="soon"),
+    assert isinstance(ladder_controller.decide(LADDER, old, None, LATE, max_wait=HOUR, job_max_wait="soon"),
                       ladder_controller.StartGiveUp)
     assert [ladder_controller.parse_duration(t) for t in ("90s", "1h30m", "2d", "0s", "", "5 min")] == [
         datetime.timedelta(seconds=90), datetime.timedelta(minutes=90), datetime.timedelta(days=2), None, None, None]
@@ -388,7 +406,7 @@ def test_an_admitted_or_running_job_is_never_given_up_and_the_wait_restarts_when
                    pods_ready={"status": "False", "reason": "WaitForStart",
                                "lastTransitionTime": "2026-12-01T11:30:00Z"})
     assert ladder_controller.decide(LADDER, ran, None, NOW, max_wait=HOUR) is None
-    assert isinstance(ladder_controller.decide(LADDER, ran, None, NOW + HOUR / 2, max_wait=HOUR),
+    assert isinstance(ladder_controller.decide(LADDER, ran, None, LATE + HOUR / 2, max_wait=HOUR),
                       ladder_controller.StartGiveUp)
     # A deactivated job (given up, or by someone) is left alone.
     assert ladder_controller.decide(LADDER, _waiting("fleet-queue", DWS_PENDING, active=False), None, NOW,
