@@ -23,7 +23,7 @@ import time
 
 from failover.cluster_client import api_client
 from failover.controller import Controller
-from failover.decisions import Chain
+from failover.decisions import Chain, possible_moves
 from failover.metrics import Metrics
 
 log = logging.getLogger("tpu-fallback.failover")
@@ -67,6 +67,7 @@ def main() -> int:
     resync = float(os.environ.get("FAILOVER_RESYNC_SECONDS", "300"))
     workers = int(os.environ.get("FAILOVER_WORKERS", "4"))
     metrics = Metrics()
+    metrics.declare_moves(possible_moves(chain))
     metrics_port = int(os.environ.get("FAILOVER_METRICS_PORT", "9090"))
     if metrics_port:
         metrics.serve(metrics_port)

@@ -229,6 +229,15 @@ def decide(chain: Chain, workload: WorkloadView, job_failover: str | None,
     return None
 
 
+MOVE_REASONS = (PODS_READY_TIMEOUT, STOCKOUT)  # why `decide` moves a job
+
+
+def possible_moves(chain: Chain) -> list[tuple[str, str, str]]:
+    """Every (from flavor, to flavor, reason) `decide` can start: a move goes from a rung to the next one only."""
+    return [(upper.flavor, lower.flavor, reason) for upper, lower in zip(chain.rungs, chain.rungs[1:])
+            for reason in MOVE_REASONS]
+
+
 def _move_to_next(chain: Chain, workload: WorkloadView, start: int, rung: int, reason: str,
                   now: datetime.datetime) -> Action:
     target = rung + 1

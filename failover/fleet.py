@@ -508,6 +508,10 @@ class FleetWatch:
             thread.start()
         for thread in threads:
             thread.join(REQUEST_TIMEOUT_SECONDS + 5)
+        if self.metrics is not None:  # every period, jobs or none: the "member does not answer" alert reads it
+            with self._lock:
+                answered = {name: self._answers(member) for name, member in self._members.items()}
+            self.metrics.record_members(answered)
         if time.monotonic() >= self._next_resync:
             self._next_resync = time.monotonic() + self.resync_seconds
             self._queue_all()

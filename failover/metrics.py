@@ -53,6 +53,13 @@ class Metrics(_Served):
         self.workloads_watched = Gauge("tpu_fallback_workloads_watched", "Workloads in the controller's cache.",
                                        registry=r)
 
+    def declare_moves(self, moves: Iterable[tuple[str, str, str]]) -> None:
+        """Every (from, to, reason) this controller can count, at 0 from its start. A labelled counter is otherwise
+        born at 1 by its first move, and `increase()` (or Managed Prometheus, which drops a counter's first sample)
+        never sees that move: an alert on moves would miss the first of each kind after every start."""
+        for from_flavor, to_flavor, reason in moves:
+            self.moves.labels(from_flavor, to_flavor, reason)
+
 
 class FleetMetrics(_Served):
     """The fleet watch's: set after each pass, so a scrape shows the last pass whole."""
@@ -73,6 +80,7 @@ class FleetMetrics(_Served):
         self.pass_failures = Counter("tpu_fallback_fleet_pass_failures",
                                      "Passes that failed (the manager did not answer); retried next period.",
                                      registry=r)
+        self._members_shown: set[str] = set()
 
     def record_pass(self, states: Iterable[str], reachable: Mapping[str, bool], seconds: float) -> None:
         """One pass: the jobs per state (every known state, 0 included, so a series never goes missing), each
@@ -80,6 +88,14 @@ class FleetMetrics(_Served):
         counts = collections.Counter(states)
         for state in self.states:
             self.findings.labels(state=state).set(counts.get(state, 0))
+        self.record_members(reachable)
+        self.pass_duration.observe(seconds)
+
+    def record_members(self, reachable: Mapping[str, bool]) -> None:
+        """Each member's answer, written every period whether or not a job was evaluated (an idle fleet's member
+        that stops answering must still show 0); a member no longer in the fleet loses its series."""
+        for member in self._members_shown - set(reachable):
+            self.member_reachable.remove(member)
         for member, answered in reachable.items():
             self.member_reachable.labels(member=member).set(1 if answered else 0)
-        self.pass_duration.observe(seconds)
+        self._members_shown = set(reachable)

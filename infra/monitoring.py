@@ -91,9 +91,20 @@ UP = "up"
 LEADER = 'replica_role!="follower"'  # a follower replica (leader election) would report the same queues again
 
 # ---- alerts ----
+# Each query is proven on Prometheus's own rule engine (tests/test_alerts_promtool.py) over series shaped as the
+# exporters and Managed Prometheus make them (../shared/notes/alerts-promql.md): labelled counters born at their
+# first increment, a counter's first sample dropped by GMP, no staleness markers (a gone target's series lingers
+# for the 5-minute lookback), `increase()` extrapolated to its window's edges, and `for` counting only from the
+# first evaluation that returns a series.
+STEP_SECONDS = 30  # the scrape interval, and the step of the subqueries that hold a condition inside the query
 # A controller or watch that has not been scraped, or answered no scrape, for this long is down: ten 30 s scrapes,
 # past the minute of pip installs at each start (infra/failover.py start_command).
 DOWN_SECONDS = 300
+# Looked at over two scrapes' range (never an instant selector, whose 5-minute lookback on Managed Prometheus keeps a
+# gone target's last sample alive: `absent()` there fires 5 minutes late), then held by the policy's duration for
+# the rest of DOWN_SECONDS. A target that never appeared (a pod never Running) counts from the policy's creation:
+# it alerts DOWN_SECONDS - DOWN_RANGE_SECONDS after it.
+DOWN_RANGE_SECONDS = 60
 # The fleet watch asks each member every 10 s (infra/fleet.py WATCH_SECONDS); five minutes of silence is an outage,
 # not a slow answer. MultiKueue gives up on the member only after workerLostTimeout (15m by default).
 MEMBER_LOST_SECONDS = 300
@@ -330,51 +341,100 @@ def rung_queues(settings: PlatformSettings) -> list[tuple[str, tuple[str, ...]]]
             for index, plan in enumerate(settings.plans)]
 
 
-def waiting_query(queues: Sequence[str], seconds: int, settings: PlatformSettings) -> str:
-    """Some job of these ClusterQueues waits, and none was admitted in the last `seconds`.
+def _total(metric: str, queues: Sequence[str], settings: PlatformSettings) -> str:
+    return f"sum by (cluster_queue) ({series(metric, settings, _queue_match(queues), LEADER)})"
 
-    Kueue exports no job's age, only counts: a job waits while it is pending (no quota yet), or while it holds
-    quota and waits for an admission check (DWS's ProvisioningRequest, MultiKueue's dispatch), which is reserving
-    less admitted. Held `seconds` (the condition's duration) with no admission meanwhile, the jobs waiting at the
-    start were not admitted: one waited that long. A queue that never empties but admits is busy, not stuck.
-    admitted_active is set only once a job was admitted there (`or ... * 0`: none yet)."""
-    match = f'cluster_queue="{queues[0]}"' if len(queues) == 1 else f'cluster_queue=~"{"|".join(queues)}"'
-    def total(metric: str) -> str:
-        return f"sum by (cluster_queue) ({series(metric, settings, match, LEADER)})"
-    checks = f"{total(KUEUE_RESERVING)} - ({total(KUEUE_ADMITTED_ACTIVE)} or {total(KUEUE_RESERVING)} * 0)"
-    admitted = f"sum by (cluster_queue) (increase({series(KUEUE_ADMITTED, settings, match, LEADER)}[{seconds}s]))"
-    return (f"(({total(KUEUE_PENDING)} > 0) or ({checks} > 0)) "
-            f"unless on (cluster_queue) ({admitted} > 0)")
+
+def _queue_match(queues: Sequence[str]) -> str:
+    return f'cluster_queue="{queues[0]}"' if len(queues) == 1 else f'cluster_queue=~"{"|".join(sorted(queues))}"'
+
+
+def _checks_waiting(queues: Sequence[str], settings: PlatformSettings) -> str:
+    """Jobs holding quota while an admission check has not admitted them (DWS's ProvisioningRequest, MultiKueue's
+    dispatch): reserving less admitted. admitted_active exists once a job was admitted there (`or ... * 0`)."""
+    reserving = _total(KUEUE_RESERVING, queues, settings)
+    return f"({reserving} - ({_total(KUEUE_ADMITTED_ACTIVE, queues, settings)} or {reserving} * 0))"
+
+
+def _held(expression: str, seconds: int) -> str:
+    """`expression` (per cluster_queue) above 0 at every scrape step of the last `seconds` and one step more, and
+    there the whole time: the wait is held inside the query. (Held by the policy's duration instead, the condition
+    would start counting only once a gate like "no admission in the window" let it through: up to twice late.) The
+    extra step: a sample stands for the scrape interval before it, so a job seen at its first scrape may have come
+    up to a step earlier, never later."""
+    steps = -(-seconds // STEP_SECONDS) + 1
+    window = f"[{steps * STEP_SECONDS}s:{STEP_SECONDS}s]"
+    return (f"(min_over_time(({expression}){window}) > 0 "
+            f"and on (cluster_queue) count_over_time(({expression}){window}) >= {steps})")
+
+
+def _admitted_within(queues: Sequence[str], seconds: int, settings: PlatformSettings) -> str:
+    """The ClusterQueues that admitted a job in the last `seconds`: the counter grew, or a series of it appeared
+    (Kueue's labelled counter is born at 1 by an admission, and Managed Prometheus drops its first sample: the
+    admission that created it is no increase)."""
+    admitted = series(KUEUE_ADMITTED, settings, _queue_match(queues), LEADER)
+    return (f"(sum by (cluster_queue) (increase({admitted}[{seconds}s])) > 0) "
+            f"or count by (cluster_queue) ({admitted} unless {admitted} offset {seconds}s)")
+
+
+def waiting_query(pending_queues: Sequence[str], check_queues: Sequence[str], seconds: int,
+                  settings: PlatformSettings) -> str:
+    """A job of these ClusterQueues has waited `seconds`: one was pending in `pending_queues`, or held quota in
+    `check_queues` while its admission check waited, at every step of that time, and the queue admitted none.
+
+    Kueue exports no job's age, only counts: a queue that never empties but admits is busy, not stuck. A wait for
+    an admission check is judged by the checked rung's threshold whichever ClusterQueue holds the quota (a job of
+    the first rung's queue may wait for a DWS slice it borrowed)."""
+    held = [_held(_total(KUEUE_PENDING, pending_queues, settings), seconds)] if pending_queues else []
+    if check_queues:
+        held.append(_held(_checks_waiting(check_queues, settings), seconds))
+    queues = sorted({*pending_queues, *check_queues})
+    return f"({' or '.join(held)}) unless on (cluster_queue) ({_admitted_within(queues, seconds, settings)})"
 
 
 def _duration(seconds: int) -> str:
     return f"{seconds // 3600}h" if seconds % 3600 == 0 else f"{seconds // 60}m" if seconds % 60 == 0 else f"{seconds}s"
 
 
-def waiting_alert(key: str, what: str, queues: Sequence[str], seconds: int, settings: PlatformSettings) -> Alert:
+def waiting_alert(key: str, what: str, pending_queues: Sequence[str], check_queues: Sequence[str], seconds: int,
+                  settings: PlatformSettings) -> Alert:
+    queues = sorted({*pending_queues, *check_queues})
     return Alert(
         f"waiting-{key.lower()}", f"a job waits over {_duration(seconds)} {what}",
-        waiting_query(queues, seconds, settings), seconds, SEVERITY_WARNING,
+        waiting_query(pending_queues, check_queues, seconds, settings), 0, SEVERITY_WARNING,
         f"A job of ClusterQueue {', '.join(queues)} has waited over {_duration(seconds)} (pending, or holding quota "
         "while its admission check waits) and the queue admitted none meanwhile. `python -m ops status` says why "
         "each job waits; `kubectl get workloads -A` shows Kueue's view.")
+
+
+def moves_query(settings: PlatformSettings) -> str:
+    """Moves from each rung in the last hour, counted exactly: the counter now less an hour ago (no extrapolation:
+    `increase()` reads 2 moves as 2.0168), or its whole value for a series younger than that (the controller
+    declares every series at 0 when it starts: failover/metrics.py declare_moves). A counter reset inside the window
+    (a container restart in the same pod) counts the moves since the restart only."""
+    moves = series(MOVES, settings)
+    return f"sum by (from_flavor) ((({moves} - {moves} offset 1h) >= 0) or {moves})"
 
 
 def moves_alert(settings: PlatformSettings) -> Alert:
     limit = settings.monitoring.alerts.moves_per_hour
     return Alert(
         "moves", f"more than {limit} moves down the ladder from one rung in an hour",
-        f"sum by (from_flavor) (increase({series(MOVES, settings)}[1h])) > {limit}", 0, SEVERITY_WARNING,
+        f"{moves_query(settings)} > {limit}", 0, SEVERITY_WARNING,
         "The failover controller keeps moving jobs off this rung (`from_flavor`): its TPUs do not come, a stockout "
         "in progress. The jobs go on lower rungs; check the rung's quota and the zone's capacity. The threshold is "
         "tpu-fallback:monitoring.alerts.movesPerHour.")
 
 
 def down_alert(job: str, what: str, settings: PlatformSettings) -> Alert:
-    """No scrape at all (the pod is gone, or collection stopped) or failed scrapes (it does not answer)."""
+    """No scrape at all (the pod is gone, or collection stopped) or only failed scrapes (it does not answer), over
+    DOWN_RANGE_SECONDS, held for the rest of DOWN_SECONDS."""
     up = series(UP, settings, f'namespace="{FAILOVER_NAMESPACE}"', f'job="{job}"')
+    window = f"[{DOWN_RANGE_SECONDS}s]"
     return Alert(
-        f"{job}-down", f"the {what} is down", f"absent({up}) or max({up}) == 0", DOWN_SECONDS, SEVERITY_ERROR,
+        f"{job}-down", f"the {what} is down",
+        f"absent_over_time({up}{window}) or max(max_over_time({up}{window})) == 0",
+        DOWN_SECONDS - DOWN_RANGE_SECONDS, SEVERITY_ERROR,
         f"The {what} (Deployment {FAILOVER_NAMESPACE}/{job}) has not been scraped for {_duration(DOWN_SECONDS)}. "
         f"`kubectl -n {FAILOVER_NAMESPACE} get deploy {job}` and its logs say why.")
 
@@ -389,10 +449,15 @@ def member_alert(settings: PlatformSettings) -> Alert:
 
 
 def platform_alerts(settings: PlatformSettings, controller: bool) -> list[Alert]:
-    """A job waiting too long on each rung; with a failover controller, too many moves and the controller down."""
+    """A job waiting too long on each rung (a wait for a rung's admission check, DWS's, in any ClusterQueue is that
+    rung's); with a failover controller, too many moves and the controller down."""
     waits = settings.monitoring.alerts
-    alerts = [waiting_alert(rung, f"on rung {rung}", queues, waits.pending_seconds(rung), settings)
-              for rung, queues in rung_queues(settings)]
+    by_rung = rung_queues(settings)
+    every_queue = [queue for _, queues in by_rung for queue in queues]
+    checked = {plan.config_key for plan in settings.plans if plan.kind.admission_check}
+    alerts = [waiting_alert(rung, f"on rung {rung}", queues, every_queue if rung in checked else (),
+                            waits.pending_seconds(rung), settings)
+              for rung, queues in by_rung]
     if controller:
         alerts += [moves_alert(settings), down_alert(FAILOVER_NAME, "failover controller", settings)]
     return alerts
@@ -401,7 +466,8 @@ def platform_alerts(settings: PlatformSettings, controller: bool) -> list[Alert]
 def fleet_alerts(settings: PlatformSettings) -> list[Alert]:
     """A fleet job waiting too long for a member, the fleet watch down, a member that does not answer."""
     seconds = settings.monitoring.alerts.pending_seconds(DEFAULT_RUNG)
-    return [waiting_alert("fleet", "for a fleet member", [FLEET_CLUSTER_QUEUE], seconds, settings),
+    return [waiting_alert("fleet", "for a fleet member", [FLEET_CLUSTER_QUEUE], [FLEET_CLUSTER_QUEUE], seconds,
+                          settings),
             down_alert(WATCH_NAME, "fleet watch", settings), member_alert(settings)]
 
 

@@ -64,6 +64,15 @@ def test_the_controllers_objects_are_accepted_and_its_rbac_is_enough(tier):
     assert "Forbidden" not in tier.controller.tail(200)
 
 
+def test_the_controller_serves_every_move_series_the_moves_alert_reads(tier):
+    # Scraped as GMP would (issue 27): each (from, to, reason) a move can have exists from the start, so the first
+    # move of each is an increase the alert sees (tests/test_alerts_promtool.py).
+    chain = decisions.Chain.from_json(tier.controller_env()["FAILOVER_CHAIN"])
+    for upper, lower, reason in decisions.possible_moves(chain):
+        assert tier.samples("tpu_fallback_moves_total", from_flavor=upper, to_flavor=lower, reason=reason), \
+            (upper, lower, reason)
+
+
 def test_capacity_is_counted_once_across_the_chain(clean):
     tier = clean
     tier.submit("fill-on-demand")

@@ -239,3 +239,21 @@ def test_a_job_being_preempted_is_not_moved_early_even_with_stockout_events():
     assert _decide(being_preempted, stockout=since) is None
     admitted = workload(reserved_on="on-demand", recorded="on-demand")
     assert isinstance(_decide(admitted, stockout=since), StartMove)  # the same job, not being preempted: moved
+
+
+def test_every_move_decide_can_start_is_declared_at_zero_when_the_controller_starts():
+    """Issue 27: a labelled counter born at 1 by its first move hides that move from increase() and from Managed
+    Prometheus (which drops a counter's first sample); the controller declares every series it can count at 0."""
+    from prometheus_client import CollectorRegistry
+
+    from failover.metrics import Metrics
+
+    flavors = [rung.flavor for rung in CHAIN.rungs]
+    assert decisions.possible_moves(CHAIN) == [
+        (upper, lower, reason) for upper, lower in zip(flavors, flavors[1:])
+        for reason in (decisions.PODS_READY_TIMEOUT, decisions.STOCKOUT)]
+    metrics = Metrics(CollectorRegistry())
+    metrics.declare_moves(decisions.possible_moves(CHAIN))
+    for upper, lower, reason in decisions.possible_moves(CHAIN):
+        assert metrics.registry.get_sample_value("tpu_fallback_moves_total", {
+            "from_flavor": upper, "to_flavor": lower, "reason": reason}) == 0

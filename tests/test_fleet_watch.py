@@ -381,6 +381,27 @@ def test_the_repair_is_a_forced_apply_of_the_whole_status_as_kueue_after_it_held
     assert len(manager.applies) == 1  # not again before the retry period
 
 
+def test_an_idle_fleet_still_says_whether_each_member_answers_and_forgets_a_removed_one():
+    """Issue 27: the member gauge was written only after a job was evaluated, so "a fleet member does not answer"
+    could never fire on a fleet with no job. Every period writes it; a member taken out of the fleet loses it."""
+    from kubernetes import client
+    from prometheus_client import CollectorRegistry
+
+    from failover.fleet import STATES, FleetWatch
+    from failover.metrics import FleetMetrics
+
+    metrics = FleetMetrics(STATES, CollectorRegistry())
+    clients = {"w1": None}  # no usable kubeconfig: it cannot answer
+    watch = FleetWatch(client.ApiClient(), lambda: dict(clients), "tpu-fallback-fleet", metrics=metrics)
+    value = metrics.registry.get_sample_value
+    watch.tick()
+    assert value("tpu_fallback_fleet_member_reachable", {"member": "w1"}) == 0
+    assert value("tpu_fallback_fleet_pass_duration_seconds_count") == 0  # no job was evaluated
+    clients.clear()
+    watch.tick()
+    assert value("tpu_fallback_fleet_member_reachable", {"member": "w1"}) is None
+
+
 def test_the_next_pass_replaces_the_last_ones_numbers():
     from prometheus_client import CollectorRegistry
 

@@ -295,8 +295,9 @@ def test_a_platform_alerts_on_each_rungs_wait_on_moves_and_on_the_controller_dow
     assert set(found) == {"alert-waiting-ondemand", "alert-waiting-flexstart", "alert-moves",
                           "alert-failover-controller-down"}
     durations = {name: condition(policy).get("duration") for name, policy in found.items()}
-    assert durations == {"alert-waiting-ondemand": "3600s", "alert-waiting-flexstart": "21600s",
-                         "alert-moves": None, "alert-failover-controller-down": "300s"}
+    # The waits are held inside their queries; the down alert's range covers 60 s of its 300 (test_alerts_promtool).
+    assert durations == {"alert-waiting-ondemand": None, "alert-waiting-flexstart": None,
+                         "alert-moves": None, "alert-failover-controller-down": "240s"}
     for name, policy in found.items():
         assert policy["notificationChannels"] == [], name  # none by default; the policies exist all the same
         assert policy["displayName"].startswith("tpu-fallback tpu-cluster (us-east5-b): "), name
@@ -311,27 +312,36 @@ def test_a_platform_alerts_on_each_rungs_wait_on_moves_and_on_the_controller_dow
 def test_each_rungs_wait_alert_reads_its_own_queue_over_its_own_wait():
     found = policies(plan_for(overrides={"monitoring": {"alerts": {"pendingTooLong": {"onDemand": "30m"}}}}))
     on_demand, dws = condition(found["alert-waiting-ondemand"]), condition(found["alert-waiting-flexstart"])
-    assert on_demand["duration"] == "1800s" and "[1800s]" in on_demand["query"]
+    # Held 30 m and one scrape step inside the query, no admission in those 30 m (promtool proves the timing).
+    assert "[1830s:30s]" in on_demand["query"] and "[1800s]" in on_demand["query"]
     assert 'cluster_queue="cluster-queue",' in on_demand["query"] and "cluster-queue-dws" not in on_demand["query"]
-    assert dws["duration"] == "21600s" and 'cluster_queue="cluster-queue-dws"' in dws["query"]  # its default kept
-    # Waiting is pending, or holding quota while the admission check (DWS) waits; and nothing admitted meanwhile.
-    assert dws["query"].count(mon.KUEUE_RESERVING) == 2 and mon.KUEUE_ADMITTED_ACTIVE in dws["query"]
-    assert f"unless on (cluster_queue) (sum by (cluster_queue) (increase({mon.KUEUE_ADMITTED}" in dws["query"]
+    assert "[21630s:30s]" in dws["query"] and 'cluster_queue="cluster-queue-dws"' in dws["query"]  # its default kept
+    # A wait for the DWS check is DWS's, in whichever queue holds the quota: never judged by on-demand's 30 m.
+    assert mon.KUEUE_RESERVING not in on_demand["query"]
+    assert f'{mon.KUEUE_RESERVING}{{cluster="tpu-cluster",location="us-east5-b",' \
+           f'cluster_queue=~"cluster-queue|cluster-queue-dws"' in dws["query"]
+    assert mon.KUEUE_ADMITTED_ACTIVE in dws["query"]
+    assert f"unless on (cluster_queue) ((sum by (cluster_queue) (increase({mon.KUEUE_ADMITTED}" in dws["query"]
 
 
 def test_with_teams_a_rungs_wait_alert_covers_every_teams_queue_of_that_rung():
     found = policies(plan_for("platform-us-east5-b"))  # teams research, prod, interns; four rungs
     queues = {name: set(re.findall(r'cluster_queue=~"([^"]+)"', condition(policy)["query"]))
               for name, policy in found.items() if name.startswith("alert-waiting-")}
-    assert queues == {f"alert-waiting-{rung.lower()}": {"|".join(f"{team}cluster-queue{suffix}" for team in (
-        "", "research-", "prod-", "interns-"))} for rung, suffix in (
-        ("reservation", ""), ("onDemand", "-on-demand"), ("spot", "-spot"), ("flexStart", "-dws"))}
+    pending = {rung: "|".join(sorted(f"{team}cluster-queue{suffix}" for team in ("", "research-", "prod-", "interns-")))
+               for rung, suffix in (("reservation", ""), ("onDemand", "-on-demand"), ("spot", "-spot"),
+                                    ("flexStart", "-dws"))}
+    every = "|".join(sorted(q for regex in pending.values() for q in regex.split("|")))  # DWS waits, any queue
+    assert queues == {f"alert-waiting-{rung.lower()}": {regex, every} if rung == "flexStart" else {regex}
+                      for rung, regex in pending.items()}
 
 
 def test_the_moves_alert_counts_moves_per_rung_over_an_hour_above_the_configured_number():
     found = policies(plan_for(overrides={"monitoring": {"alerts": {"movesPerHour": 5}}}))
     query = condition(found["alert-moves"])["query"]
-    assert query.startswith(f"sum by (from_flavor) (increase({mon.MOVES}{{") and query.endswith("[1h])) > 5")
+    moves = f'{mon.MOVES}{{cluster="tpu-cluster",location="us-east5-b"}}'
+    # Exact counts (no increase() extrapolation), series younger than the hour whole (they are declared at 0).
+    assert query == f"sum by (from_flavor) ((({moves} - {moves} offset 1h) >= 0) or {moves}) > 5"
 
 
 def test_the_controller_down_alert_reads_the_scrape_of_its_pod_monitoring():
@@ -340,7 +350,7 @@ def test_the_controller_down_alert_reads_the_scrape_of_its_pod_monitoring():
     monitor = pod_monitorings(plan)[mon.FAILOVER_NAME]
     up = (f'up{{cluster="tpu-cluster",location="us-east5-b",namespace="{monitor["metadata"]["namespace"]}",'
           f'job="{monitor["metadata"]["name"]}"}}')  # GMP's job label is the PodMonitoring's name
-    assert query == f"absent({up}) or max({up}) == 0"
+    assert query == f"absent_over_time({up}[60s]) or max(max_over_time({up}[60s])) == 0"
 
 
 def test_a_one_rung_stack_alerts_on_the_wait_only():
@@ -514,7 +524,9 @@ def test_the_fleet_dashboard_validates_and_is_named_for_the_fleet():
 def test_the_fleet_alerts_on_its_queue_its_watch_and_its_members():
     found = policies(_plan("fleet"))
     waiting = condition(found["alert-waiting-fleet"])
-    assert waiting["duration"] == "3600s" and 'cluster_queue="fleet-cluster-queue"' in waiting["query"]
+    assert "duration" not in waiting and "[3630s:30s]" in waiting["query"]
+    assert 'cluster_queue="fleet-cluster-queue"' in waiting["query"]
+    assert mon.KUEUE_RESERVING in waiting["query"]  # a job holding quota while MultiKueue has not dispatched it
     assert 'job="fleet-watch"' in condition(found["alert-fleet-watch-down"])["query"]
     member = condition(found["alert-member-unreachable"])
     assert member == {"query": f'min by (member) ({mon.FLEET_REACHABLE}{{cluster="tpu-fleet",location="us-central1-a"}})'
@@ -528,7 +540,7 @@ def test_the_fleet_reads_its_monitoring_key_and_off_declares_none():
     assert not plan.of_type(FLEET_COMPONENT) and not plan.of_type(DASHBOARD) and not pod_monitorings(plan)
     assert "monitoringConfig" not in plan.only(CLUSTER).inputs and plan.outputs["dashboardUrl"] is None
     waits = fleet_plan({"monitoring": {"alerts": {"pendingTooLong": {"default": "3h"}}}})
-    assert condition(policies(waits)["alert-waiting-fleet"])["duration"] == "10800s"
+    assert "[10830s:30s]" in condition(policies(waits)["alert-waiting-fleet"])["query"]
 
 
 # ---- the queried series exist, with the labels grouped by ------------------------------------------------------

@@ -67,6 +67,7 @@ def _targets() -> dict[str, tuple[str | None, str, str]]:
     kueue_path, kueue_version = versions.MODULES["kueue"]
     kuberay_path, kuberay_version = versions.MODULES["kuberay"]
     kwok_path, kwok_version = versions.MODULES["kwok"]
+    prometheus_path, prometheus_version = versions.MODULES["prometheus"]
     return {
         "etcd": ("etcd", "go.etcd.io/etcd/server/v3", "-s -w"),
         "kube-apiserver": ("kubernetes", "k8s.io/kubernetes/cmd/kube-apiserver",
@@ -82,7 +83,12 @@ def _targets() -> dict[str, tuple[str | None, str, str]]:
         # KWOK's own version constant already says the tag; KubeRay's main has only build-time and commit strings.
         "kwok": (None, f"{kwok_path}/cmd/kwok@{kwok_version}", "-s -w"),
         "kuberay-operator": (None, f"{kuberay_path}@{kuberay_version}", "-s -w"),
+        "promtool": (None, f"{prometheus_path}/cmd/promtool@{prometheus_version}", "-s -w"),
     }
+
+
+# Build tags per binary: promtool without the service-discovery plugins (it never scrapes), a much smaller build.
+_TAGS = {"promtool": "remove_all_sd"}
 
 
 def made_once(target: Path, make: Callable[[Path], None]) -> Path:
@@ -110,7 +116,8 @@ def _build(name: str, target: Path) -> None:
     if wrapper is None:
         # `go install pkg@version` builds the module with its own go.mod/go.sum; GOBIN puts it in a scratch dir.
         with tempfile.TemporaryDirectory(dir=target.parent) as gobin:
-            result = subprocess.run(["go", "install", "-trimpath", "-ldflags", ldflags, package],
+            tags = ["-tags", _TAGS[name]] if name in _TAGS else []
+            result = subprocess.run(["go", "install", "-trimpath", *tags, "-ldflags", ldflags, package],
                                     env={**_go_env(), "GOBIN": gobin}, text=True, capture_output=True)
             if result.returncode != 0:
                 raise RuntimeError(f"building {name} failed:\n{result.stderr[-4000:]}")

@@ -78,13 +78,17 @@ class FailoverTier:
 
     def metric(self, name: str, **labels: str) -> float:
         """One sample of the running controller's /metrics (0 when absent), parsed by prometheus-client."""
+        return sum(sample.value for sample in self.samples(name, **labels))
+
+    def samples(self, name: str, **labels: str) -> list:
+        """The running controller's /metrics samples of `name` with these labels, as scraped."""
         from urllib.request import urlopen
 
         from prometheus_client.parser import text_string_to_metric_families
 
         text = urlopen(self.metrics_url, timeout=5).read().decode()
-        return sum(sample.value for family in text_string_to_metric_families(text) for sample in family.samples
-                   if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items()))
+        return [sample for family in text_string_to_metric_families(text) for sample in family.samples
+                if sample.name == name and all(sample.labels.get(k) == v for k, v in labels.items())]
 
     def stop_controller(self) -> None:
         if self.controller is not None:

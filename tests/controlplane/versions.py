@@ -29,6 +29,8 @@ AUTOSCALER_APIS = "v0.0.0-20240830133931-adfbe7e45277"
 # Google Cloud Managed Service for Prometheus: its PodMonitoring CRD (GKE installs its own copy with managed
 # collection). The newest release tag the Go proxy serves (2026-01-07; later tags are release candidates).
 PROMETHEUS_ENGINE = "v0.17.2"
+# Prometheus's own rule engine, for the alert policies' PromQL (`promtool test rules`): the newest the proxy serves.
+PROMETHEUS = "v0.316.0"
 
 MODULES = {
     "kueue": ("sigs.k8s.io/kueue", KUEUE),
@@ -39,6 +41,7 @@ MODULES = {
     "autoscaler": ("k8s.io/autoscaler/cluster-autoscaler/apis", AUTOSCALER_APIS),
     "prometheus-engine": ("github.com/GoogleCloudPlatform/prometheus-engine", PROMETHEUS_ENGINE),
     "kwok": ("sigs.k8s.io/kwok", KWOK),
+    "prometheus": ("github.com/prometheus/prometheus", PROMETHEUS),
 }
 
 
@@ -62,4 +65,6 @@ BINARIES = {
     "kube-scheduler": KUBERNETES,
     "kwok": KWOK,
     "kuberay-operator": KUBERAY,
+    # The alert policies' queries on Prometheus's rule engine (tests/test_alerts_promtool.py).
+    "promtool": PROMETHEUS,
 }
