@@ -137,6 +137,7 @@ class FailoverController(pulumi.ComponentResource):
         super().__init__("tpu-fallback:infra:FailoverController", name, None, opts)
         on_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
         namespace = k8s.core.v1.Namespace(f"{name}-namespace", metadata={"name": NAMESPACE}, opts=on_cluster)
+        self.namespace = namespace  # what others put objects in wait for (a team's status Role: infra/teams.py)
         in_namespace = pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[namespace]))
         account = k8s.core.v1.ServiceAccount(f"{name}-account", metadata={"name": NAME, "namespace": NAMESPACE},
                                              opts=in_namespace)

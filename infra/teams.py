@@ -32,8 +32,9 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra import failover as fo
 from infra import kueue as kq
-from infra.kueue import DEFAULT_FLAVOR, QueueRung, queue_chain
+from infra.kueue import DEFAULT_FLAVOR, MANAGER_CONFIG_MAP, QueueRung, queue_chain
 from infra.settings import GUARANTEED_RUNGS, JOB_HEAD_CPU, JOB_HEAD_MEMORY_GIB, PlatformSettings, TeamSettings
 from infra.tpu import TPU_RESOURCE
 
@@ -60,6 +61,32 @@ RAYJOB_EDITOR_RULES = (
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": list(READ)},  # where the job is queued
     {"apiGroups": [""], "resources": ["events", "pods"], "verbs": list(READ)},  # Kueue's, the controller's, KubeRay's
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},  # kubectl logs (-f too)
+    # Whether DWS has its slice: Kueue's ProvisioningRequests for the team's jobs (`ops status` lists them; no chart
+    # aggregates them into `edit` or `view`).
+    {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"], "verbs": list(READ)},
+)
+# What `ops status` reads outside the team's namespace (ops/status/snapshot.py ClusterReader.read), and nothing more:
+# without it a team member's status had ten PROBLEMS lines. Verbs as the code calls them: it lists, or gets by name.
+# - The cluster-scoped objects the ladder and quota are read from, and the Nodes its jobs' pods run on (the node pool
+#   column): a ClusterRole with only cluster-scoped kinds, so its ClusterRoleBinding grants nothing in any namespace.
+# - The failover controller's health: its Deployment by name and its pods (listed by the Deployment's selector: list
+#   cannot be limited by name) in tpu-fallback-system, a Role there.
+# - Kueue's manager ConfigMap by name (the pods-ready timeout), a Role in kueue-system.
+# Not the fleet's objects (MultiKueueClusters, the fleet watch's and ladder's Deployments): a platform with teams is
+# never a fleet's manager, and status asks for them only where a MultiKueue AdmissionCheck says there is a fleet.
+# Secrets, other ConfigMaps and Deployments, and every other namespace stay closed.
+STATUS_READER_ROLE = "tpu-fallback-status-reader"
+STATUS_CLUSTER_RULES = (
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues", "cohorts", "resourceflavors", "admissionchecks"],
+     "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list"]},
+)
+STATUS_CONTROLLER_RULES = (
+    {"apiGroups": ["apps"], "resources": ["deployments"], "resourceNames": [fo.NAME], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+)
+STATUS_KUEUE_RULES = (
+    {"apiGroups": [""], "resources": ["configmaps"], "resourceNames": [MANAGER_CONFIG_MAP], "verbs": ["get"]},
 )
 PREEMPTION = {
     # A team takes back its share from any borrower, whatever the priority.
@@ -198,19 +225,50 @@ def rayjob_editor_role() -> dict:
     return {"metadata": {"name": RAYJOB_EDITOR_ROLE}, "rules": [dict(rule) for rule in RAYJOB_EDITOR_RULES]}
 
 
+def _group_subjects(team: TeamSettings) -> list[dict]:
+    return [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group} for group in team.groups]
+
+
 def role_binding(team: TeamSettings, cluster_role: str = TEAM_CLUSTER_ROLE, suffix: str = "edit") -> dict:
     """The team's Google groups get a ClusterRole in its namespace only (GKE Google Groups for RBAC: kind Group,
     the email)."""
     return {
         "metadata": {"name": f"{team.name}-{suffix}", "namespace": team.namespace},
         "role_ref": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
-        "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}
-                     for group in team.groups],
+        "subjects": _group_subjects(team),
     }
 
 
 def rayjob_editor_binding(team: TeamSettings) -> dict:
     return role_binding(team, RAYJOB_EDITOR_ROLE, "rayjob-editor")
+
+
+def _rules(rules: Sequence[dict]) -> list[dict]:
+    return [{key: list(value) for key, value in rule.items()} for rule in rules]
+
+
+def status_reader_cluster_role() -> dict:
+    """The cluster-scoped objects `ops status` lists; bound per team by status_reader_cluster_binding."""
+    return {"metadata": {"name": STATUS_READER_ROLE}, "rules": _rules(STATUS_CLUSTER_RULES)}
+
+
+def status_reader_role(namespace: str) -> dict:
+    """What `ops status` reads in a platform namespace: the controller's health, or Kueue's manager ConfigMap."""
+    rules = {fo.NAMESPACE: STATUS_CONTROLLER_RULES, kq.NAMESPACE: STATUS_KUEUE_RULES}[namespace]
+    return {"metadata": {"name": STATUS_READER_ROLE, "namespace": namespace}, "rules": _rules(rules)}
+
+
+def status_reader_cluster_binding(team: TeamSettings) -> dict:
+    return {"metadata": {"name": f"{team.name}-status-reader"},
+            "role_ref": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": STATUS_READER_ROLE},
+            "subjects": _group_subjects(team)}
+
+
+def status_reader_binding(team: TeamSettings, namespace: str) -> dict:
+    """The team's groups get the namespace's status Role (a Role, not a ClusterRole: it names its namespace)."""
+    return {"metadata": {"name": f"{team.name}-status-reader", "namespace": namespace},
+            "role_ref": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": STATUS_READER_ROLE},
+            "subjects": _group_subjects(team)}
 
 
 def teams_output(settings: PlatformSettings) -> dict:
@@ -222,24 +280,35 @@ def teams_output(settings: PlatformSettings) -> dict:
 
 
 class Teams(pulumi.ComponentResource):
-    """The root Cohort and the RayJob editor ClusterRole, and per team its namespace, Cohort, chain of ClusterQueues,
-    LocalQueues and RoleBindings. Nothing at all without teams."""
+    """The root Cohort, the RayJob editor ClusterRole and the status reader's roles, and per team its namespace,
+    Cohort, chain of ClusterQueues, LocalQueues and bindings. Nothing at all without teams. `failover`: the platform's
+    failover controller (None with a one-rung ladder), whose namespace the status Role lives in."""
 
     output: dict
 
     def __init__(self, name: str, settings: PlatformSettings, kueue: kq.Kueue, provider: k8s.Provider,
-                 opts: pulumi.ResourceOptions | None = None):
+                 failover: fo.FailoverController | None = None, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-fallback:infra:Teams", name, None, opts)
         self._name, self._provider = name, provider
         # After the platform's queues, which wait for Kueue, the flavors and the DWS check.
         self._after = [kueue.release, *kueue.cluster_queues.values()]
         self.output = teams_output(settings)
         self._rayjob_editor = None
+        self._status_roles: dict[str | None, pulumi.Resource] = {}
         if settings.teams:
             self._object(root_cohort(settings))
-            self._rayjob_editor = k8s.rbac.v1.ClusterRole(
-                f"{name}-rayjob-editor", **rayjob_editor_role(),
-                opts=pulumi.ResourceOptions(parent=self, provider=provider))
+            child = pulumi.ResourceOptions(parent=self, provider=provider)
+            self._rayjob_editor = k8s.rbac.v1.ClusterRole(f"{name}-rayjob-editor", **rayjob_editor_role(), opts=child)
+            self._status_roles[None] = k8s.rbac.v1.ClusterRole(f"{name}-status-reader",
+                                                                **status_reader_cluster_role(), opts=child)
+            # Kueue's namespace comes with its release; the controller's with the controller.
+            homes = {kq.NAMESPACE: ("kueue", [kueue.release])}
+            if failover is not None:
+                homes[fo.NAMESPACE] = ("controller", [failover.namespace])
+            for namespace, (suffix, after) in homes.items():
+                self._status_roles[namespace] = k8s.rbac.v1.Role(
+                    f"{name}-status-reader-{suffix}", **status_reader_role(namespace),
+                    opts=pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=after)))
         for team in settings.teams:
             self._team(settings, team)
         self.register_outputs({"teams": self.output})
@@ -253,11 +322,24 @@ class Teams(pulumi.ComponentResource):
         k8s.rbac.v1.RoleBinding(f"{self._name}-{team.name}-rayjob-editor", **rayjob_editor_binding(team),
                                 opts=pulumi.ResourceOptions.merge(in_namespace, pulumi.ResourceOptions(
                                     depends_on=[self._rayjob_editor])))
+        self._status_bindings(team)
         cohort = self._object(team_cohort(settings, team))
         queues = {m["metadata"]["name"]: self._object(m, after=[cohort])
                   for m in team_cluster_queues(settings, team)}
         for manifest in team_local_queues(settings, team):
             self._object(manifest, after=[namespace, queues[manifest["spec"]["clusterQueue"]]])
+
+    def _status_bindings(self, team: TeamSettings) -> None:
+        """What `ops status` reads outside the team's namespace (STATUS_*_RULES), for the team's groups."""
+        for namespace, role in self._status_roles.items():
+            after = pulumi.ResourceOptions(parent=self, provider=self._provider, depends_on=[role])
+            if namespace is None:
+                k8s.rbac.v1.ClusterRoleBinding(f"{self._name}-{team.name}-status-reader",
+                                               **status_reader_cluster_binding(team), opts=after)
+            else:
+                suffix = "controller" if namespace == fo.NAMESPACE else "kueue"
+                k8s.rbac.v1.RoleBinding(f"{self._name}-{team.name}-status-reader-{suffix}",
+                                        **status_reader_binding(team, namespace), opts=after)
 
     def _object(self, manifest: dict, after: Sequence[pulumi.Resource] = ()) -> k8s.apiextensions.CustomResource:
         meta = manifest["metadata"]

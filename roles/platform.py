@@ -42,13 +42,14 @@ def deploy() -> None:
 
     # Kueue: the release and the chain of queues that try plan A, then plan B.
     kueue = Kueue("kueue", platform, cluster.provider)
-    teams = Teams("teams", platform, kueue, cluster.provider) if platform.teams else None  # per team its chain
     # A member of a fleet (plan C): the fleet's queue here, and what the fleet's manager may do here.
     member = (FleetMember("fleet-member", platform, kueue, cluster.cluster, cluster.provider)
               if platform.fleet_member else None)
     # The failover controller moves a job down the chain when its rung's TPUs never come (a stockout).
     failover = (FailoverController("failover", platform, kueue, cluster.provider) if len(kueue.queue_chain) > 1
                 else None)
+    # Several teams: per team its chain, and its groups' access (the status Role in the controller's namespace).
+    teams = Teams("teams", platform, kueue, cluster.provider, failover) if platform.teams else None
     # Metrics on managed Prometheus: PodMonitorings for Kueue and the controller, and a Cloud Monitoring dashboard.
     monitoring = (Monitoring("monitoring", platform, kueue, failover, cluster.provider) if platform.monitoring.enabled
                   else None)

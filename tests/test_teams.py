@@ -86,6 +86,8 @@ def test_without_teams_there_is_no_team_object_and_no_groups_on_the_cluster():
     assert not of_kind(plan, "Cohort")
     assert not [key for key in of_kind(plan, "RoleBinding") if key[1].endswith(("-edit", "-rayjob-editor"))]
     assert (None, stack_teams.RAYJOB_EDITOR_ROLE) not in of_kind(plan, "ClusterRole")
+    assert (None, stack_teams.STATUS_READER_ROLE) not in of_kind(plan, "ClusterRole")
+    assert not [key for key in of_kind(plan, "Role") if key[1] == stack_teams.STATUS_READER_ROLE]
     assert "teams" not in plan.outputs
     cluster = plan.only("gcp:container/cluster:Cluster")
     assert "authenticatorGroupsConfig" not in cluster.inputs
@@ -209,7 +211,9 @@ def test_each_teams_groups_manage_rayjobs_in_its_namespace_through_one_platform_
          "verbs": ["create", "update", "patch", "delete", "get", "list", "watch"]},
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch"]},
         {"apiGroups": [""], "resources": ["events", "pods"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]}]
+        {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
+        {"apiGroups": ["autoscaling.x-k8s.io"], "resources": ["provisioningrequests"],
+         "verbs": ["get", "list", "watch"]}]
     assert "aggregationRule" not in roles["tpu-fallback-rayjob-editor"]
     assert not (roles["tpu-fallback-rayjob-editor"]["metadata"].get("labels") or {})  # aggregated into nothing
     bindings = {key: b for key, b in of_kind(plan, "RoleBinding").items()
@@ -224,6 +228,84 @@ def test_each_teams_groups_manage_rayjobs_in_its_namespace_through_one_platform_
     binding = plan.named("teams-team-a-rayjob-editor")
     waits_for = {plan.by_urn()[urn].name for urn in plan.ancestors_and_dependencies(binding) if urn in plan.by_urn()}
     assert {"teams-rayjob-editor", "teams-team-a-namespace"} <= waits_for
+
+
+def status_reads() -> dict[tuple[str | None, str], list[tuple]]:
+    """Every read `ops status` makes outside a team's namespace, as (API group, resource, verb, name or None), by
+    (namespace or None for cluster scope, what it reads): from ops/status/snapshot.py's own constants."""
+    from ops.status import snapshot as snap
+
+    def group(kind: tuple[str, str]) -> str:
+        return kind[0].rpartition("/")[0]
+
+    cluster = {kind: (group(kind), snap.plural(kind[1]).lower(), "list", None)
+               for kind in (snap.CLUSTER_QUEUE, snap.COHORT, snap.RESOURCE_FLAVOR, snap.ADMISSION_CHECK, snap.NODE)}
+    return {(None, "cluster"): list(cluster.values()),
+            (stack_failover.NAMESPACE, "controller"): [("apps", "deployments", "get", stack_failover.NAME),
+                                                       ("", "pods", "list", None)],
+            (stack_kueue.NAMESPACE, "kueue"): [("", "configmaps", "get", stack_kueue.MANAGER_CONFIG_MAP)]}
+
+
+def grants(rules: list[dict]) -> set[tuple]:
+    return {(g, r, v, n) for rule in rules for g in rule["apiGroups"] for r in rule["resources"]
+            for v in rule["verbs"] for n in rule.get("resourceNames") or [None]}
+
+
+def test_each_teams_groups_read_exactly_what_ops_status_reads_outside_their_namespace():
+    """Without these a team member's `ops status` had ten PROBLEMS lines. Per platform: one ClusterRole of
+    cluster-scoped kinds only (its ClusterRoleBinding then opens no namespace), a Role in the controller's namespace
+    and one in Kueue's (gets by name where status gets by name); per team, bindings of its groups. Nothing of a
+    fleet's (a platform with teams is never a manager). Proved on a real RBAC authorizer, with the team member's
+    `ops status`, in tests/test_teams_controlplane.py."""
+    plan = plan_for("dev", {**TWO_TEAMS, "teams": [A, {**B, "groups": ["b@example.com", "b-oncall@example.com"]}]})
+    reads = status_reads()
+    (cluster_role,) = [r for (_, name), r in of_kind(plan, "ClusterRole").items()
+                       if name == stack_teams.STATUS_READER_ROLE]
+    assert grants(cluster_role["rules"]) == set(reads[(None, "cluster")])
+    assert "aggregationRule" not in cluster_role and not (cluster_role["metadata"].get("labels") or {})
+    roles = {namespace: r for (namespace, name), r in of_kind(plan, "Role").items()
+             if name == stack_teams.STATUS_READER_ROLE}
+    assert set(roles) == {stack_failover.NAMESPACE, stack_kueue.NAMESPACE}
+    for (namespace, _), wanted in reads.items():
+        if namespace is not None:
+            assert grants(roles[namespace]["rules"]) == set(wanted), namespace
+    every = [rule for role in (cluster_role, *roles.values()) for rule in role["rules"]]
+    assert not {"secrets", "multikueueclusters", "workloads", "rayjobs"} & {r for rule in every
+                                                                           for r in rule["resources"]}
+    assert {verb for rule in every for verb in rule["verbs"]} == {"get", "list"}
+
+    subjects = {"team-a": ["a@example.com"], "team-b": ["b@example.com", "b-oncall@example.com"]}
+    cluster_bindings = {name: b for (_, name), b in of_kind(plan, "ClusterRoleBinding").items()
+                        if b["roleRef"]["name"] == stack_teams.STATUS_READER_ROLE}
+    assert set(cluster_bindings) == {"team-a-status-reader", "team-b-status-reader"}
+    bindings = {key: b for key, b in of_kind(plan, "RoleBinding").items()
+                if b["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                    "name": stack_teams.STATUS_READER_ROLE}}
+    assert set(bindings) == {(namespace, f"{team}-status-reader") for team in subjects
+                             for namespace in (stack_failover.NAMESPACE, stack_kueue.NAMESPACE)}
+    for team, groups in subjects.items():
+        for binding in (cluster_bindings[f"{team}-status-reader"],
+                        *(b for (_, name), b in bindings.items() if name == f"{team}-status-reader")):
+            assert binding["subjects"] == [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group", "name": group}
+                                           for group in groups]
+    assert cluster_bindings["team-a-status-reader"]["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": stack_teams.STATUS_READER_ROLE}
+    # Each Role waits for its namespace (the controller's, Kueue's release), each binding for its role.
+    waits_for = {name: {plan.by_urn()[urn].name for urn in plan.ancestors_and_dependencies(plan.named(name))
+                        if urn in plan.by_urn()}
+                 for name in ("teams-status-reader-controller", "teams-status-reader-kueue",
+                              "teams-team-a-status-reader", "teams-team-b-status-reader-controller")}
+    assert "failover-namespace" in waits_for["teams-status-reader-controller"]
+    assert "kueue-release" in waits_for["teams-status-reader-kueue"]
+    assert "teams-status-reader" in waits_for["teams-team-a-status-reader"]
+    assert "teams-status-reader-controller" in waits_for["teams-team-b-status-reader-controller"]
+
+
+def test_a_one_rung_platform_has_no_controller_and_so_no_status_role_in_its_namespace():
+    plan = plan_for("dev", {**TWO_TEAMS, "flexStart": {"maxSlices": 0}})
+    assert not [m for m in plan.kubernetes_manifests() if m["metadata"].get("namespace") == stack_failover.NAMESPACE]
+    roles = {key for key, r in of_kind(plan, "Role").items() if key[1] == stack_teams.STATUS_READER_ROLE}
+    assert roles == {(stack_kueue.NAMESPACE, stack_teams.STATUS_READER_ROLE)}
 
 
 def test_the_example_platform_stack_plans_three_teams():
