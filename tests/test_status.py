@@ -956,6 +956,92 @@ def test_a_fleet_manager_shows_its_ladder_controllers_health_and_never_calls_a_d
     assert build_report(denied).fleet.ladder.state == health.UNKNOWN
 
 
+def canned_reader(objects: dict, named: dict | None = None, refused: frozenset = frozenset()):
+    """ClusterReader.read over canned objects, with no server: `objects` by kind (lists), `named` by (kind, name)
+    (gets); a kind or (kind, name) in `refused` answers 403 as the server's RBAC does."""
+    from kubernetes import client
+
+    from ops.status import snapshot as snap
+
+    class Canned(snap.ClusterReader):
+        def list(self, kind, namespace=None, **selectors):
+            if kind in refused:
+                raise snap.Unreadable(f"cannot list {snap.plural(kind[1])}: 403 Forbidden for u")
+            return copy.deepcopy(objects.get(kind, []))
+
+        def get(self, kind, name, namespace):
+            if kind in refused or (kind, name) in refused:
+                raise snap.Unreadable(f"cannot get {kind[1]} {namespace}/{name}: 403 Forbidden for u")
+            return copy.deepcopy((named or {}).get((kind, name)))
+
+        def pending_positions(self, namespace, local_queue):
+            return None
+
+    return Canned(client.ApiClient())
+
+
+def fleet_reads_refused() -> frozenset:
+    from infra.fleet import LADDER_NAME, WATCH_NAME
+    from ops.status import snapshot as snap
+
+    return frozenset({snap.MULTIKUEUE_CLUSTER, (snap.DEPLOYMENT, WATCH_NAME), (snap.DEPLOYMENT, LADDER_NAME)})
+
+
+def platform_objects(checks: list[dict]) -> tuple[dict, dict]:
+    from ops.status import snapshot as snap
+
+    found = plan_objects()
+    objects = {snap.CLUSTER_QUEUE: found["ClusterQueue"], snap.RESOURCE_FLAVOR: found["ResourceFlavor"],
+               snap.ADMISSION_CHECK: checks, snap.LOCAL_QUEUE: found["LocalQueue"]}
+    return objects, {(snap.DEPLOYMENT, stack_failover.NAME): found["Deployment"][0]}
+
+
+def test_a_refused_fleet_read_is_no_problem_where_the_admission_checks_show_no_fleet():
+    """A team member on a platform (never a fleet's manager: settings refuse a fleet member with teams, a manager
+    has no teams) may not read the fleet's objects; the AdmissionChecks it reads show no MultiKueue check, so no
+    fleet can be there: a complete answer, the refusals still in `readable`."""
+    objects, named = platform_objects(active(plan_objects()["AdmissionCheck"]))
+    report = build_report(canned_reader(objects, named, fleet_reads_refused()).read(NAMESPACE, "tier"))
+    assert report.problems == () and report.complete and report.fleet is None
+    assert {what for what, ok in report.readable.items() if not ok} == {
+        "multikueue_clusters", "fleet_watch", "fleet_ladder"}
+    assert "PROBLEMS" not in render_table(report) and "FLEET" not in render_table(report)
+    assert report_dict(report)["complete"] is True
+
+
+def test_a_refused_fleet_read_is_a_problem_where_a_fleet_may_be():
+    """On a fleet's manager (a MultiKueue AdmissionCheck), or where the AdmissionChecks cannot be read, a refused
+    fleet read leaves the fleet unknown: each refusal is a problem, as before."""
+    from infra import fleet as stack_fleet
+    from ops.status import snapshot as snap
+
+    multikueue = active([{"apiVersion": stack_kueue.KUEUE_API_VERSION, "kind": "AdmissionCheck",
+                          "metadata": {"name": stack_fleet.ADMISSION_CHECK},
+                          "spec": {"controllerName": stack_fleet.MULTIKUEUE_CONTROLLER}}])
+    objects, named = platform_objects(multikueue)
+    report = build_report(canned_reader(objects, named, fleet_reads_refused()).read(NAMESPACE, "tier"))
+    assert len(report.problems) == 3 and not report.complete
+    assert "cannot list MultiKueueClusters: 403 Forbidden for u" in report.problems
+    objects, named = platform_objects([])
+    report = build_report(canned_reader(objects, named, fleet_reads_refused() | {snap.ADMISSION_CHECK}).read(
+        NAMESPACE, "tier"))
+    assert len(report.problems) == 4 and not report.complete
+
+
+def test_whoever_may_read_the_fleets_objects_sees_them_whatever_the_admission_checks_say():
+    """An admin's reading is unchanged: a fleet watch there is shown even with no MultiKueue check (a manager
+    half-created or half-destroyed)."""
+    from infra.fleet import WATCH_NAME
+    from ops.status import snapshot as snap
+
+    watch = deployment_with(ready=1)
+    watch["metadata"]["name"] = WATCH_NAME
+    objects, named = platform_objects(active(plan_objects()["AdmissionCheck"]))
+    report = build_report(canned_reader(objects, {**named, (snap.DEPLOYMENT, WATCH_NAME): watch}).read(NAMESPACE, "t"))
+    assert report.complete and report.fleet is not None and report.fleet.watch.state == health.HEALTHY
+    assert all(report.readable.values())
+
+
 def test_a_client_read_again_gets_one_timeout_wrapper_not_one_more_each_time():
     """A --watch, or a test polling the tier, builds a reader per read over one client: one wrapper, the newest
     timeout (a wrapper per read would nest without end)."""

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from infra.failover import NAMESPACE
-from infra.fleet import LADDER_NAME, WATCH_NAME
+from infra.fleet import LADDER_NAME, MULTIKUEUE_CONTROLLER, WATCH_NAME
 from ops.status.health import ControllerView, controller_view
 from ops.status.objects import changed_at, conditions, name_of
 
@@ -48,6 +48,16 @@ def member_view(cluster: Mapping) -> MemberView:
     return MemberView(name_of(cluster), None if active is None else active.get("status") == "True",
                       (active or {}).get("reason", ""), ((active or {}).get("message") or "").strip(),
                       changed_at(active))
+
+
+def may_be_a_fleets_manager(snapshot) -> bool:
+    """Whether this cluster may be a fleet's manager, from what status reads anyway: a manager dispatches every fleet
+    job through a MultiKueue AdmissionCheck (each step of its ladder has one, infra/fleet.py), so AdmissionChecks read
+    without one say no fleet is served here. Unread AdmissionChecks say nothing: it may be one."""
+    if not snapshot.readable("admission_checks"):
+        return True
+    return any((check.get("spec") or {}).get("controllerName") == MULTIKUEUE_CONTROLLER
+               for check in snapshot.admission_checks)
 
 
 def fleet_view(snapshot) -> FleetView | None:

@@ -112,7 +112,8 @@ def fleet_dict(fleet: FleetView | None) -> dict | None:
 
 def report_dict(report: Report) -> dict:
     """Unknown is null, never an empty list: `readable` says which read the cluster refused, `complete` whether
-    any did (then the command exits with EXIT_PARTIAL)."""
+    any refusal left something unknown (then the command exits with EXIT_PARTIAL): a refused read of a fleet's
+    objects on a cluster that is no fleet's manager leaves nothing unknown."""
     ladder = report.ladder
     return {
         "generatedAt": format_time(report.generated_at),

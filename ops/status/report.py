@@ -64,9 +64,12 @@ class Snapshot:
     unreadable: dict[str, str] = field(default_factory=dict)  # field -> why it could not be read
     problems: list[str] = field(default_factory=list)  # what could not be read, and why
 
-    def deny(self, what: str, problem: str) -> None:
+    def deny(self, what: str, problem: str, matters: bool = True) -> None:
+        """A read the cluster refused. `matters` False: what it would have read cannot be there (a fleet's objects
+        on a cluster that is no fleet's manager), so nothing shown is unknown: no problem line."""
         self.unreadable[what] = problem
-        self.problems.append(problem)
+        if matters:
+            self.problems.append(problem)
 
     def readable(self, what: str) -> bool:
         return what not in self.unreadable

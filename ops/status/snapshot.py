@@ -6,7 +6,9 @@ Two kinds of failure, told apart because a script must tell "no jobs" from "not 
   one line naming the server, exit 1;
 - one list is refused (403, usually a namespace-only identity): the snapshot records that read as unreadable, with
   the server's words and the identity it named, and the report shows what depends on it as unknown, never as none.
-A kind the server does not serve (no such CRD) is not a denial: that cluster simply has none of them.
+A kind the server does not serve (no such CRD) is not a denial: that cluster simply has none of them. Nor is a
+refused read of a fleet's objects where the AdmissionChecks show no fleet (ops/status/fleet.py
+may_be_a_fleets_manager): recorded as unreadable, with no problem line, as nothing can be missing.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from infra.fleet import LADDER_NAME as FLEET_LADDER
 from infra.fleet import WATCH_NAME as FLEET_WATCH
 from infra.kueue import KUEUE_API_VERSION, MANAGER_CONFIG_MAP, NODEPOOL_LABEL_KEY
 from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
+from ops.status.fleet import may_be_a_fleets_manager
 from ops.status.objects import conditions, is_true, namespace_of
 from ops.status.report import Snapshot
 
@@ -186,11 +189,11 @@ class ClusterReader:
         snapshot.server = self.server
 
         def listed(field: str, kind: tuple[str, str], where: str | None = None, required: bool = False,
-                   **selectors) -> list[dict]:
+                   matters: bool = True, **selectors) -> list[dict]:
             try:
                 items = self.list(kind, where, **selectors)
             except Unreadable as problem:
-                snapshot.deny(field, str(problem))
+                snapshot.deny(field, str(problem), matters)
                 return []
             if items is None and required:
                 snapshot.deny(field, f"{plural(kind[1])}: not served by this cluster ({kind[0]})")
@@ -207,13 +210,17 @@ class ClusterReader:
         snapshot.pods = listed("pods", POD, namespace)
         snapshot.node_pools = self._node_pools()
         snapshot.move_events = listed("move_events", EVENT, namespace, field_selector=f"reason={EVENT_REASON}")
-        snapshot.multikueue_clusters = listed("multikueue_clusters", MULTIKUEUE_CLUSTER)
+        # The fleet's objects are read by whoever may (an admin sees them whatever the AdmissionChecks say); a refusal
+        # is a problem only where this may be a fleet's manager: a team member on a platform (never a manager) may
+        # not read them, and their absence there is known, not unknown.
+        fleet = may_be_a_fleets_manager(snapshot)
+        snapshot.multikueue_clusters = listed("multikueue_clusters", MULTIKUEUE_CLUSTER, matters=fleet)
         snapshot.controller = self._get_into(snapshot, "controller", DEPLOYMENT, CONTROLLER_NAME, CONTROLLER_NAMESPACE)
         if snapshot.controller is not None:
             snapshot.controller_pods = listed("controller_pods", POD, CONTROLLER_NAMESPACE,
                                               label_selector=selector_of(snapshot.controller))
         for field, name in (("fleet_watch", FLEET_WATCH), ("fleet_ladder", FLEET_LADDER)):
-            deployment = self._get_into(snapshot, field, DEPLOYMENT, name, CONTROLLER_NAMESPACE)
+            deployment = self._get_into(snapshot, field, DEPLOYMENT, name, CONTROLLER_NAMESPACE, matters=fleet)
             setattr(snapshot, field, deployment)
             if deployment is not None:
                 setattr(snapshot, f"{field}_pods", listed(f"{field}_pods", POD, CONTROLLER_NAMESPACE,
@@ -233,11 +240,11 @@ class ClusterReader:
             NODEPOOL_LABEL_KEY, "?") for n in nodes or []}
 
     def _get_into(self, snapshot: Snapshot, field: str, kind: tuple[str, str], name: str,
-                  namespace: str) -> dict | None:
+                  namespace: str, matters: bool = True) -> dict | None:
         try:
             return self.get(kind, name, namespace)
         except Unreadable as problem:
-            snapshot.deny(field, str(problem))
+            snapshot.deny(field, str(problem), matters)
             return None
 
     def _positions(self, snapshot: Snapshot) -> None:
