@@ -34,7 +34,8 @@ from tests.controlplane.failover_tier import FailoverTier
 from tests.controlplane.kube import wait_for
 from tests.controlplane.stack import release_values
 from tests.controlplane.status_states import (NAMESPACE, OTHER_NAMESPACE, PODS_READY_TIMEOUT_SECONDS, REACTION_TIMEOUT,
-                                              create_every_state, ladder_plan, play_a_healthy_controller)
+                                              create_every_state, install_kueue_config_map, ladder_plan,
+                                              play_a_healthy_controller)
 
 pytestmark = pytest.mark.controlplane
 
@@ -63,17 +64,6 @@ def tier(request):
     tier.plane.stop(keep_workdir=failed)
     if failed:
         print(f"\nstatus tier logs kept in {tier.plane.supervisor.logs}")
-
-
-def install_kueue_config_map(tier: FailoverTier) -> None:
-    """The chart's manager ConfigMap, as the release installs it (the tier's Kueue reads the same configuration
-    from a file): where `status` reads the pods-ready timeout."""
-    (config_map,) = [c for c in tier.plane.chart.of_kind("ConfigMap") if stack_kueue.MANAGER_CONFIG_KEY in (c.get("data") or {})]
-    assert config_map["metadata"]["name"] == stack_kueue.MANAGER_CONFIG_MAP  # the name status reads is the chart's
-    namespace = config_map["metadata"]["namespace"] = stack_kueue.NAMESPACE
-    if tier.kube.get("v1", "Namespace", namespace) is None:
-        tier.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-    tier.kube.create(config_map)
 
 
 def read(tier: FailoverTier, namespace: str | None = NAMESPACE, api_client=None) -> Report:

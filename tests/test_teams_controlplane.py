@@ -11,17 +11,26 @@ the stockout scenario uses the controller's early path (4 s grace).
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import io
+import json
 import time
 
 import pytest
 
 from failover import decisions
+from infra import failover as stack_failover
+from infra import fleet as stack_fleet
+from infra import kueue as stack_kueue
+from ops.status import cli as status_cli
+from ops.status import health
 from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.failover_tier import FailoverTier, controller_running, platform_plan
 from tests.controlplane.kube import condition, condition_reason, wait_for
 from tests.controlplane.stack import release_values
+from tests.controlplane.status_states import install_kueue_config_map
 
 pytestmark = pytest.mark.controlplane
 
@@ -42,6 +51,7 @@ def start_teams_tier() -> FailoverTier:
     tier = FailoverTier(ControlPlane(release_values(plan), nodes_of=plan), plan).start()
     for team in TEAMS:
         jobs.prepare_namespace(tier.kube, team["namespace"])
+    install_kueue_config_map(tier)  # the release's, which `ops status` reads the pods-ready timeout from
     return tier
 
 
@@ -134,7 +144,8 @@ def torn_down(tier: FailoverTier, team: dict, name: str) -> None:
 
 def test_the_team_objects_are_accepted_by_the_real_server(tier):
     for m in tier.plan.kubernetes_manifests():
-        if m["kind"] in ("Cohort", "ClusterQueue", "LocalQueue", "RoleBinding", "ClusterRole", "Namespace"):
+        if m["kind"] in ("Cohort", "ClusterQueue", "LocalQueue", "RoleBinding", "ClusterRole", "Namespace", "Role",
+                         "ClusterRoleBinding"):
             assert tier.kube.get(m["apiVersion"], m["kind"], m["metadata"]["name"],
                                  m["metadata"].get("namespace")), (m["kind"], m["metadata"]["name"])
     cohort = tier.kube.get("kueue.x-k8s.io/v1beta2", "Cohort", "team-b")
@@ -149,7 +160,8 @@ READ_VERBS = ("get", "list", "watch")
 # (API group, resource, subresource, verbs) a member needs in the team's namespace.
 NEEDED = [("ray.io", "rayjobs", "", RAYJOB_VERBS), ("kueue.x-k8s.io", "workloads", "", READ_VERBS),
           ("", "events", "", READ_VERBS), ("", "pods", "", READ_VERBS), ("", "pods", "log", ("get",)),
-          ("kueue.x-k8s.io", "localqueues", "", READ_VERBS)]
+          ("kueue.x-k8s.io", "localqueues", "", READ_VERBS),
+          ("autoscaling.x-k8s.io", "provisioningrequests", "", READ_VERBS)]
 # (namespace or None for cluster scope, API group, resource, verb) a member must not have.
 FORBIDDEN = [(TEAM_B["namespace"], "ray.io", "rayjobs", verb) for verb in RAYJOB_VERBS] + [
     (TEAM_C["namespace"], "ray.io", "rayjobs", "create"),
@@ -160,12 +172,14 @@ FORBIDDEN = [(TEAM_B["namespace"], "ray.io", "rayjobs", verb) for verb in RAYJOB
 
 
 def allowed(tier: FailoverTier, namespace: str | None, group: str, resource: str, verb: str,
-            subresource: str = "") -> bool:
+            subresource: str = "", name: str = "") -> bool:
     attributes = {"group": group, "resource": resource, "verb": verb}
     if namespace:
         attributes["namespace"] = namespace
     if subresource:
         attributes["subresource"] = subresource
+    if name:
+        attributes["name"] = name
     review = {"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview", "metadata": {},
               "spec": {**MEMBER, "resourceAttributes": attributes}}
     return tier.kube.create(review)["status"].get("allowed", False)
@@ -214,6 +228,111 @@ def test_a_teams_groups_may_not_touch_other_teams_jobs_queues_quota_or_access(ti
               for namespace, group, resource, verb in FORBIDDEN}
     answers = answers_once_in_effect(tier, False, checks)
     assert answers == {key: False for key in checks}, answers
+
+
+# What `ops status` reads (ops/status/snapshot.py), as (namespace or None, API group, resource, verb, name): in the
+# team's namespace through `edit` and the RayJob role, the rest through the status reader's roles (infra/teams.py).
+OWN = TEAM_A["namespace"]
+STATUS_READS = [
+    *((None, "kueue.x-k8s.io", kind, "list", "") for kind in ("clusterqueues", "cohorts", "resourceflavors",
+                                                               "admissionchecks")),
+    (None, "", "nodes", "list", ""),
+    (OWN, "kueue.x-k8s.io", "localqueues", "list", ""), (OWN, "kueue.x-k8s.io", "workloads", "list", ""),
+    (OWN, "ray.io", "rayjobs", "list", ""), (OWN, "autoscaling.x-k8s.io", "provisioningrequests", "list", ""),
+    (OWN, "", "pods", "list", ""), (OWN, "", "events", "list", ""),
+    (OWN, "visibility.kueue.x-k8s.io", "localqueues/pendingworkloads", "get", "user-queue"),
+    (stack_failover.NAMESPACE, "apps", "deployments", "get", stack_failover.NAME),
+    (stack_failover.NAMESPACE, "", "pods", "list", ""),
+    (stack_kueue.NAMESPACE, "", "configmaps", "get", stack_kueue.MANAGER_CONFIG_MAP),
+]
+# Nothing beyond: the platform's namespaces' secrets, other ConfigMaps and Deployments, writes, the fleet's objects,
+# other teams' namespaces, the rest of the cluster.
+BEYOND_STATUS = [
+    (stack_failover.NAMESPACE, "", "secrets", "list", ""), (stack_kueue.NAMESPACE, "", "secrets", "list", ""),
+    (stack_kueue.NAMESPACE, "", "secrets", "get", "kueue-webhook-server-cert"),
+    (stack_kueue.NAMESPACE, "", "configmaps", "list", ""),
+    (stack_kueue.NAMESPACE, "", "configmaps", "get", "another"),
+    (stack_kueue.NAMESPACE, "", "configmaps", "update", stack_kueue.MANAGER_CONFIG_MAP),
+    (stack_kueue.NAMESPACE, "", "pods", "list", ""),
+    (stack_failover.NAMESPACE, "apps", "deployments", "list", ""),
+    (stack_failover.NAMESPACE, "apps", "deployments", "get", stack_fleet.WATCH_NAME),
+    (stack_failover.NAMESPACE, "apps", "deployments", "update", stack_failover.NAME),
+    (stack_failover.NAMESPACE, "apps", "deployments", "patch", stack_failover.NAME),
+    (stack_failover.NAMESPACE, "", "pods", "delete", ""), (stack_failover.NAMESPACE, "", "pods/log", "get", ""),
+    (stack_failover.NAMESPACE, "", "configmaps", "list", ""),
+    (None, "kueue.x-k8s.io", "multikueueclusters", "list", ""),
+    (None, "kueue.x-k8s.io", "clusterqueues", "update", "team-a-cluster-queue"),
+    (None, "kueue.x-k8s.io", "cohorts", "delete", "team-a"), (None, "", "nodes", "update", ""),
+    (None, "", "secrets", "list", ""), (None, "", "pods", "list", ""), (None, "kueue.x-k8s.io", "workloads", "list", ""),
+    (TEAM_B["namespace"], "", "pods", "list", ""), (TEAM_B["namespace"], "kueue.x-k8s.io", "workloads", "list", ""),
+    (TEAM_B["namespace"], "autoscaling.x-k8s.io", "provisioningrequests", "list", ""),
+    (TEAM_B["namespace"], "", "events", "list", ""), ("kube-system", "", "pods", "list", ""),
+]
+
+
+def review_checks(reads: list[tuple]) -> dict[str, tuple]:
+    def key(namespace, group, resource, verb, name) -> str:
+        return f"{verb} {group or 'core'}/{resource}{'/' + name if name else ''} in {namespace or 'the cluster'}"
+
+    def check(namespace, group, resource, verb, name) -> tuple:
+        resource, _, subresource = resource.partition("/")
+        return namespace, group, resource, verb, subresource, name
+    return {key(*read): check(*read) for read in reads}
+
+
+def test_a_teams_groups_may_read_what_ops_status_reads_and_nothing_beyond(tier):
+    """SubjectAccessReviews for a member of TEAM_A's group: every read of status says yes (the status reader's
+    bindings in effect), and nothing next to them."""
+    wait_for(lambda: allowed(tier, None, "kueue.x-k8s.io", "clusterqueues", "list"), REACTION_TIMEOUT,
+             "the status reader's binding in effect")
+    answers = answers_once_in_effect(tier, True, review_checks(STATUS_READS))
+    assert answers == {key: True for key in answers}, answers
+    answers = answers_once_in_effect(tier, False, review_checks(BEYOND_STATUS))
+    assert answers == {key: False for key in answers}, answers
+
+
+def member_status(kubeconfig: str, *argv: str) -> tuple[int, str, str]:
+    out, err = io.StringIO(), io.StringIO()
+    args = status_cli.add_arguments(argparse.ArgumentParser()).parse_args(["--kubeconfig", kubeconfig, *argv])
+    return status_cli.run(args, out, err), out.getvalue(), err.getvalue()
+
+
+def test_a_team_members_status_in_its_namespace_is_complete(clean):
+    """A person of TEAM_A's Google group (a client certificate: the user and the group, as GKE presents them) runs
+    `ops status` in the team's namespace, with a job running there: exit 0, no problem, nothing unknown: the ladder
+    and its quota, the controller's health, the job's state, pods and node pools. The one read refused, the fleet's
+    (this platform has no MultiKueue check), is named in `readable` and leaves nothing unknown."""
+    tier = clean
+    submit(tier, TEAM_A, "a-status")
+    placed = wait_for(lambda: jobs.pools_of(tier.kube, TEAM_A["namespace"], "a-status"), REACTION_TIMEOUT,
+                      "a-status running")
+    kubeconfig = str(tier.plane.kubeconfig_for_user(MEMBER["user"], TEAM_A["groups"][0], TEAM_A["namespace"]))
+
+    with contextlib.suppress(TimeoutError):  # the bindings in effect (the authorizer reads them from informers)
+        wait_for(lambda: member_status(kubeconfig, "-o", "json")[0] == status_cli.EXIT_OK, REACTION_TIMEOUT,
+                 "the member's status complete")
+    code, out, err = member_status(kubeconfig, "-o", "json")
+    data = json.loads(out)
+    assert code == status_cli.EXIT_OK and err == "", (code, err, data["problems"])
+    assert data["complete"] is True and data["problems"] == []
+    assert data["namespace"] == TEAM_A["namespace"]
+    refused = {what for what, ok in data["readable"].items() if not ok}
+    assert refused == {"multikueue_clusters", "fleet_watch", "fleet_ladder"} and data["fleet"] is None
+    assert data["ladderFrom"] != "unknown" and data["quotaKnown"] is True
+    assert {q["name"] for q in data["clusterQueues"]} >= {"team-a-cluster-queue", "team-a-cluster-queue-dws"}
+    assert all(r["quota"] is not None and r["flavorExists"] for r in data["rungs"])
+    assert data["failoverController"]["state"] not in (health.UNKNOWN, health.NOT_DEPLOYED)
+    (job,) = [j for j in data["jobs"] if j["name"] == "a-status"]
+    assert job["state"] == "Running" and job["rung"] == "on-demand"
+    assert job["podsReady"] == job["podsNeeded"] and job["nodePools"] is not None
+    assert set(job["nodePools"]) == {pool for pools in placed.values() for pool in pools}
+
+    code, out, err = member_status(kubeconfig)
+    assert code == status_cli.EXIT_OK and err == "", err
+    assert "PROBLEMS" not in out and "unknown" not in out.lower() and "?" not in out, out
+    # Another team's namespace is not its to read: unknown, never "no jobs", and the exit code says so.
+    code, out, _ = member_status(kubeconfig, "-n", TEAM_B["namespace"])
+    assert code == status_cli.EXIT_PARTIAL and f"JOBS (namespace {TEAM_B['namespace']}) unknown" in out
 
 
 def test_a_local_queue_pointing_at_another_teams_queue_admits_nothing(clean):

@@ -176,6 +176,19 @@ class ControlPlane:
         token = self.kube.service_account_token(namespace, name)
         return self._write_kubeconfig(f"sa-{namespace}-{name}", token=token)
 
+    def kubeconfig_for_user(self, user: str, group: str, namespace: str | None = None) -> Path:
+        """A kubeconfig of a person in a group, as GKE's Google Groups for RBAC presents a team member (their email
+        as the user, their Google group's as a group; the server adds system:authenticated): a client certificate
+        whose CN is the user and O the group. `namespace`: the context's, as `gcloud ... get-credentials` and a
+        `kubectl config set-context --namespace` leave it."""
+        stem = "user-" + "".join(c if c.isalnum() else "-" for c in user)
+        path = self._write_kubeconfig(stem, self.ca.client(stem, user, group))
+        if namespace:
+            config = yaml.safe_load(path.read_text())
+            config["contexts"][0]["context"]["namespace"] = namespace
+            path.write_text(yaml.safe_dump(config))
+        return path
+
     def client(self) -> Kube:
         """A new admin client: one per thread (a Kube must not be shared across threads)."""
         return Kube(self.kubeconfig)

@@ -42,6 +42,17 @@ class Placed:
     holds: str | None = None  # the flavor Kueue reserved for it, read back from its Workload
 
 
+def install_kueue_config_map(tier: FailoverTier) -> None:
+    """The chart's manager ConfigMap, as the release installs it (the tier's Kueue reads the same configuration
+    from a file): where `status` reads the pods-ready timeout."""
+    (config_map,) = [c for c in tier.plane.chart.of_kind("ConfigMap") if stack_kueue.MANAGER_CONFIG_KEY in (c.get("data") or {})]
+    assert config_map["metadata"]["name"] == stack_kueue.MANAGER_CONFIG_MAP  # the name status reads is the chart's
+    namespace = config_map["metadata"]["namespace"] = stack_kueue.NAMESPACE
+    if tier.kube.get("v1", "Namespace", namespace) is None:
+        tier.kube.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+    tier.kube.create(config_map)
+
+
 def ladder_plan() -> Plan:
     return platform_plan(grace=60, overrides=LADDER)
 
