@@ -371,10 +371,13 @@ def _held(expression: str, seconds: int) -> str:
 def _admitted_within(queues: Sequence[str], seconds: int, settings: PlatformSettings) -> str:
     """The ClusterQueues that admitted a job in the last `seconds`: the counter grew, or a series of it appeared
     (Kueue's labelled counter is born at 1 by an admission, and Managed Prometheus drops its first sample: the
-    admission that created it is no increase)."""
+    admission that created it is no increase). One scrape step more: `increase()` sees a step only with the sample
+    before it in its range (promtool: with the bare `seconds`, an admission 9.5 minutes old was no longer seen by a
+    10-minute window)."""
     admitted = series(KUEUE_ADMITTED, settings, _queue_match(queues), LEADER)
-    return (f"(sum by (cluster_queue) (increase({admitted}[{seconds}s])) > 0) "
-            f"or count by (cluster_queue) ({admitted} unless {admitted} offset {seconds}s)")
+    window = seconds + STEP_SECONDS
+    return (f"(sum by (cluster_queue) (increase({admitted}[{window}s])) > 0) "
+            f"or count by (cluster_queue) ({admitted} unless {admitted} offset {window}s)")
 
 
 def waiting_query(pending_queues: Sequence[str], check_queues: Sequence[str], seconds: int,
