@@ -40,6 +40,7 @@ DEFAULTS: Mapping[str, Any] = {
     "monitoring": {"enabled": True, "alerts": {"enabled": True, "pendingTooLong": {"default": "1h", "flexStart": "6h"},
                                                "movesPerHour": 3, "notificationChannels": []}},
     "teams": [],
+    "teamShareOrder": "ladder",
     "googleGroupsDomain": "",
     "fleetMember": {"enabled": False, "startRung": "flexStart", "rungs": []},
 }
@@ -87,6 +88,9 @@ DEFAULT_RUNG = "default"  # the `pendingTooLong` entry for every rung not named
 # A wait alert needs a few 30 s scrapes to be more than a blip; a day is as long as a queued job is watched here.
 MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS = 5 * 60, 24 * 3600
 MAX_MOVES_PER_HOUR = 1000
+# teamShareOrder: the ladder's order (the default) or a free share first (infra/teams.py FIRST_RUNG_FUNGIBILITY).
+SHARE_ORDER_LADDER, SHARE_ORDER_FREE_FIRST = "ladder", "freeFirst"
+SHARE_ORDERS = (SHARE_ORDER_LADDER, SHARE_ORDER_FREE_FIRST)
 # The format AlertPolicy.notificationChannels documents: projects/[PROJECT_ID_OR_NUMBER]/notificationChannels/[CHANNEL_ID]
 # Ref: https://cloud.google.com/monitoring/api/ref_v3/rest/v3/projects.alertPolicies#AlertPolicy
 _NOTIFICATION_CHANNEL = re.compile(r"^projects/(?:[a-z][-a-z0-9]{4,28}[a-z0-9]|[0-9]+)/notificationChannels/[0-9]+$")
@@ -408,6 +412,7 @@ class PlatformSettings:
     failover_controller: ControllerRuntime = ControllerRuntime()
     monitoring: MonitoringSettings = MonitoringSettings()
     teams: tuple[TeamSettings, ...] = ()  # empty: one team, today's single chain
+    team_share_order: str = SHARE_ORDER_LADDER  # how a team's job picks among its shares (infra/teams.py)
     groups_domain: str = ""  # the domain of gke-security-groups@<domain> (GKE Google Groups for RBAC)
     fleet_member: FleetMemberSettings | None = None  # None: not a member of a fleet
 
@@ -757,6 +762,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
     failover_controller = read_controller_runtime(reader)
     monitoring = read_monitoring_settings(reader)
     teams = read_teams(reader)
+    team_share_order = read_team_share_order(reader, teams)
     groups_domain = read_groups_domain(reader, teams)
     fleet_member = read_fleet_member(reader, plans, teams)
 
@@ -769,7 +775,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
         system_pool=SystemPoolSettings(machine, keys.node_count),
         tpu=tpu, plans=plans, kueue_version=kueue_version, kueue_chart_repository=kueue_chart_repository,
         fallback=fallback, failover_controller=failover_controller, monitoring=monitoring,
-        teams=teams, groups_domain=groups_domain, fleet_member=fleet_member,
+        teams=teams, team_share_order=team_share_order, groups_domain=groups_domain, fleet_member=fleet_member,
     )
     _check_plans(reader, settings)
     _check_team_capacity(reader, settings)
@@ -834,6 +840,18 @@ def read_teams(reader: ConfigReader) -> tuple[TeamSettings, ...]:
         twice = sorted({v for v in values if values.count(v) > 1})
         reader.check("teams", not twice, f"{field}(s) {', '.join(twice)} used by more than one team")
     return tuple(teams)
+
+
+def read_team_share_order(reader: ConfigReader, teams: tuple[TeamSettings, ...]) -> str:
+    """`teamShareOrder`: `ladder` (a team's job takes its shares in the ladder's order, reclaiming a lent one before
+    it goes down to its next rung) or `freeFirst` (a free share on any rung before a reclaim: fewer restarts of
+    borrowers, more cost). Only with teams."""
+    order = reader.text("teamShareOrder", DEFAULTS["teamShareOrder"])
+    reader.check("teamShareOrder", order in SHARE_ORDERS,
+                 f"{order!r} is not a share order; use {' or '.join(SHARE_ORDERS)}")
+    reader.check("teamShareOrder", bool(teams) or order == DEFAULTS["teamShareOrder"],
+                 "set only with teams (it orders a team's shares)")
+    return order
 
 
 def read_groups_domain(reader: ConfigReader, teams: tuple[TeamSettings, ...]) -> str:

@@ -4,8 +4,9 @@ groups' access; the root Cohort holds what no team is guaranteed (Spot, DWS, wha
 Where the quota sits decides whether a team can take its share back. Measured on Kueue 0.19.2 (Ref:
 ../shared/notes/kueue-multi-team.md, "Measured"): a share on a Cohort is never reclaimed, and a job that borrows
 anything (the Ray head's CPU included) cannot reclaim. So each share, its heads' CPU included, is nominal quota on the
-team's first-rung ClusterQueue, and that queue takes its own share, on any guaranteed rung, before anyone else's
-(FIRST_RUNG_FUNGIBILITY).
+team's first-rung ClusterQueue, and that queue takes its own shares in the ladder's order, reclaiming a lent one
+before going down a rung, and anyone else's only when none of its own can serve (FIRST_RUNG_FUNGIBILITY;
+`teamShareOrder: freeFirst` prefers a free share on any rung to a reclaim).
 
 Why a DWS (or Spot) job that has its slice is never preempted, the three ways Kueue preempts:
 - reclaim: the victim must use a flavor-resource the preemptor lacks, in a queue over its nominal quota (Ref:
@@ -35,7 +36,8 @@ import pulumi_kubernetes as k8s
 from infra import failover as fo
 from infra import kueue as kq
 from infra.kueue import DEFAULT_FLAVOR, MANAGER_CONFIG_MAP, QueueRung, queue_chain
-from infra.settings import GUARANTEED_RUNGS, JOB_HEAD_CPU, JOB_HEAD_MEMORY_GIB, PlatformSettings, TeamSettings
+from infra.settings import (GUARANTEED_RUNGS, JOB_HEAD_CPU, JOB_HEAD_MEMORY_GIB, SHARE_ORDER_FREE_FIRST,
+                            SHARE_ORDER_LADDER, PlatformSettings, TeamSettings)
 from infra.tpu import TPU_RESOURCE
 
 COHORT_KIND = "Cohort"
@@ -94,22 +96,30 @@ PREEMPTION = {
     "withinClusterQueue": "Never",
     "borrowWithinCohort": {"policy": "Never"},
 }
-# The first rung tries every flavor and takes the one whose quota is nearest: the team's own share (free first, then
-# reclaimed from a borrower), and only then anyone else's, in ladder order. Kueue ranks a flavor by how far up the
-# Cohort tree its quota comes from (0: the ClusterQueue's own nominal quota, 2: the root) and, with
-# PreemptionOverBorrowing, by that distance before the mode (fit > reclaim); ties keep the earlier flavor.
+# The first rung walks the flavors in the ladder's order and takes the team's own shares in that order: a free share
+# stops the search (a fit without borrowing always does), and so does a lent one it can reclaim (whenCanPreempt:
+# MayStopSearch), before any lower rung; only when no share of its own can serve the job does it borrow, taking the
+# nearest quota: Kueue ranks a flavor by how far up the Cohort tree its quota comes from (0: the ClusterQueue's own
+# nominal quota, 2: the root) and, with PreemptionOverBorrowing, by that distance before the mode; ties keep the
+# earlier flavor. A reserved slice is paid for whether used or not, and the borrower knew it borrowed.
 # - MayStopSearch for borrowing (Kueue's default) stopped at the first flavor that fits by borrowing: a team whose
 #   share is on-demand only took another team's idle reservation, and was preempted as soon as its owner came
 #   (measured on the tier: evicted 0.2 s after the owner's job was created, re-admitted on its own on-demand share).
-# - whenCanPreempt TryNextFlavor with the default preference (BorrowingOverPreemption) ranks the mode first: a fit
-#   on DWS beat reclaiming the share (measured: no reclaim). PreemptionOverBorrowing ranks the distance first, so
-#   reclaiming the share (distance 0 once the borrower goes) beats borrowing anything (measured: reclaim).
+# - whenCanPreempt TryNextFlavor (`teamShareOrder: freeFirst`) weighs a reclaim against the later flavors: with
+#   PreemptionOverBorrowing a free share of the team's on a lower rung (distance 0, a fit) beats reclaiming its lent
+#   reservation (distance 0, a preemption), so the borrower keeps running and the team pays for on-demand
+#   (measured on the tier); with the default preference (BorrowingOverPreemption) a fit on DWS beat reclaiming the
+#   share (measured: no reclaim).
 # Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/flavorassigner/flavorassigner.go#L534-L575
 # Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/flavorassigner/flavorassigner.go#L1170-L1276
 # Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/preemption/classical/hierarchical_preemption.go#L217-L234
 # Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/kueue/v1beta2/clusterqueue_types.go#L453-L494
-FIRST_RUNG_FUNGIBILITY = {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor",
-                          "preference": "PreemptionOverBorrowing"}
+FIRST_RUNG_FUNGIBILITY = {
+    SHARE_ORDER_LADDER: {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "MayStopSearch",
+                         "preference": "PreemptionOverBorrowing"},
+    SHARE_ORDER_FREE_FIRST: {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor",
+                             "preference": "PreemptionOverBorrowing"},
+}
 
 
 def team_chain(settings: PlatformSettings, team: TeamSettings) -> tuple[QueueRung, ...]:
@@ -210,7 +220,7 @@ def team_cluster_queues(settings: PlatformSettings, team: TeamSettings) -> list[
         spec["namespaceSelector"] = {"matchLabels": {NAMESPACE_LABEL: team.namespace}}
         spec["preemption"] = {**PREEMPTION, "borrowWithinCohort": dict(PREEMPTION["borrowWithinCohort"])}
         if index == 0:
-            spec["flavorFungibility"] = dict(FIRST_RUNG_FUNGIBILITY)
+            spec["flavorFungibility"] = dict(FIRST_RUNG_FUNGIBILITY[settings.team_share_order])
         queues.append(manifest)
     return queues
 

@@ -120,9 +120,10 @@ def test_each_teams_queues_admit_its_namespace_only_and_reclaim_without_preempti
             assert spec["cohortName"] == team["name"]
             assert spec["preemption"] == {"reclaimWithinCohort": "Any", "withinClusterQueue": "Never",
                                           "borrowWithinCohort": {"policy": "Never"}}
-        # The first rung weighs every flavor: the team's own share (free, then reclaimed) before anyone's.
+        # The first rung takes the team's shares in ladder order (a lent one reclaimed before a lower rung), and
+        # borrows only when none serves (the tier proves it: test_teams_controlplane).
         first = queues[(None, f"{team['name']}-cluster-queue")]["spec"]
-        assert first["flavorFungibility"] == {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor",
+        assert first["flavorFungibility"] == {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "MayStopSearch",
                                               "preference": "PreemptionOverBorrowing"}
         assert "flavorFungibility" not in queues[(None, f"{team['name']}-cluster-queue-dws")]["spec"]
 
@@ -315,3 +316,16 @@ def test_the_example_platform_stack_plans_three_teams():
         "reservation", "on-demand", "spot", "dws"]
     assert len(of_kind(plan, "Cohort")) == 4
     assert stack_teams.TEAM_CLUSTER_ROLE == "edit"
+
+
+def test_a_platform_may_prefer_a_free_share_to_a_reclaim_and_says_so_with_teams_only():
+    """`teamShareOrder: freeFirst`: the other trade (fewer restarts of borrowers, more cost), explicit."""
+    plan = plan_for("platform-us-east5-b", {"teamShareOrder": "freeFirst"})
+    first = [m for m in plan.kubernetes_manifests() if m["kind"] == "ClusterQueue"
+             and m["metadata"]["name"].endswith("-cluster-queue") and "flavorFungibility" in m["spec"]]
+    assert first and all(m["spec"]["flavorFungibility"]["whenCanPreempt"] == "TryNextFlavor" for m in first)
+    with pytest.raises(SettingsError) as failure:
+        plan_for("platform-us-east5-b", {"teamShareOrder": "cheapest"})
+    assert "tpu-fallback:teamShareOrder: 'cheapest' is not a share order; use ladder or freeFirst" in str(failure.value)
+    with pytest.raises(SettingsError, match="tpu-fallback:teamShareOrder: set only with teams"):
+        plan_for("dev", {"teamShareOrder": "freeFirst"})

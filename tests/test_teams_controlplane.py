@@ -493,26 +493,28 @@ def ladder(tier):
     return tier
 
 
-def test_a_team_takes_its_own_share_first_and_only_a_borrower_is_reclaimed(ladder):
-    """The interns' first job lands on their own on-demand share while the owner's reservation is idle (Kueue's
-    MayStopSearch took the reservation, and the owner's first job preempted it at once); only a job beyond its
-    team's share borrows, and only such a job is a reclaim victim. The owner, too, takes its free on-demand share
-    before it reclaims its reservation from a borrower."""
+def test_a_team_takes_its_shares_in_ladder_order_and_only_a_borrower_is_reclaimed(ladder):
+    """Issue 27, `teamShareOrder: ladder` (the default). The interns' first job lands on their own on-demand share
+    while the owner's reservation is idle (Kueue's MayStopSearch for borrowing took the reservation, and the owner's
+    first job preempted it at once); only a job beyond its team's share borrows, in ladder order (the idle
+    reservation), and only such a job is a reclaim victim. The owner's first job takes its reservation share back
+    from that borrower before its own free on-demand share (under the earlier `freeFirst` behaviour it took
+    on-demand and left its paid reservation lent); its second job then takes the on-demand share."""
     tier, teams = ladder, (OWNER, INTERNS)
     submit(tier, INTERNS, "i-own")
     assert flavor(tier, INTERNS, "i-own") == "on-demand"  # its share, though the reservation is idle and first
     submit(tier, INTERNS, "i-borrow")  # beyond its share: the idle reservation, the first rung that can lend
     assert flavor(tier, INTERNS, "i-borrow") == "reservation"
-    submit(tier, OWNER, "o-1")  # its on-demand share is free: no preemption for it
-    assert flavor(tier, OWNER, "o-1") == "on-demand"
-    submit(tier, OWNER, "o-2", wait=False)  # only its reservation is left, held by the borrower: reclaimed
+    submit(tier, OWNER, "o-1", wait=False)  # its reservation share is lent: reclaimed before its on-demand share
     evicted = wait_for(lambda: evictions(tier, teams), REACTION_TIMEOUT, "a reclaim")
     assert evicted == {"i-borrow": "Preempted"}, evicted
     assert "due to reclamation within the cohort" in wait_for(
         lambda: preemption_cause(tier, INTERNS, "i-borrow"), REACTION_TIMEOUT, "Kueue's Preempted event")
     torn_down(tier, INTERNS, "i-borrow")
-    wait_for(lambda: flavor(tier, OWNER, "o-2") is not None, REACTION_TIMEOUT, "o-2 admitted")
-    assert flavor(tier, OWNER, "o-2") == "reservation"
+    wait_for(lambda: flavor(tier, OWNER, "o-1") is not None, REACTION_TIMEOUT, "o-1 admitted")
+    assert flavor(tier, OWNER, "o-1") == "reservation"
+    submit(tier, OWNER, "o-2")  # the reservation is its own now: its free on-demand share, no preemption
+    assert flavor(tier, OWNER, "o-2") == "on-demand"
     # The borrower waits its turn elsewhere; the job within its share was never touched.
     wait_for(lambda: flavor(tier, INTERNS, "i-borrow") not in (None, "reservation"), REACTION_TIMEOUT,
              "i-borrow admitted again")
