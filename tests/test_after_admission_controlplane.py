@@ -30,7 +30,7 @@ pytestmark = pytest.mark.controlplane
 NAMESPACE = "default"
 # Generous: four test files run at once on two cores; nothing here measures time.
 REACTION = 90
-RAY_CLUSTER = ("ray.io/v1", "RayCluster")
+RAY_CLUSTER = jobs.RAYCLUSTER
 BATCH_JOB = ("batch/v1", "Job")
 
 

@@ -151,7 +151,7 @@ def test_early_path_moves_on_the_autoscalers_stockout_before_the_timeout(clean):
                       "the DWS run's pods Running")
     assert (placed["head"], placed["submitter"]) == (["default-pool"], ["default-pool"])
     assert tier.on_one_slice_of("dws", placed["worker"]), placed
-    assert len(tier.kube.list("ray.io/v1", "RayCluster", namespace=NAMESPACE)) == 1  # one run, never two
+    assert len(tier.kube.list(*jobs.RAYCLUSTER, namespace=NAMESPACE)) == 1  # one run, never two
 
 
 def test_a_job_outside_the_chain_is_left_alone(clean):

@@ -20,7 +20,7 @@ from tests.controlplane.kube import condition, wait_for
 
 pytestmark = pytest.mark.controlplane
 
-RAY_CLUSTER = ("ray.io/v1", "RayCluster")
+RAY_CLUSTER = jobs.RAYCLUSTER
 
 
 @pytest.fixture(scope="module")

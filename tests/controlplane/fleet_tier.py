@@ -328,6 +328,12 @@ class FleetStacks:
     def rayjob_in(self, member: str, name: str) -> dict | None:
         return self.kubes[member].get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
 
+    def rayclusters_in(self, member: str, name: str) -> list[str]:
+        """The RayClusters KubeRay made in a member for the RayJob `name` (they and their pods are its run)."""
+        return [c["metadata"]["name"] for c in self.kubes[member].list(*jobs.RAYCLUSTER, namespace=FLEET_NAMESPACE)
+                if any(o.get("kind") == "RayJob" and o.get("name") == name
+                       for o in c["metadata"].get("ownerReferences") or [])]
+
     def running_in(self, name: str) -> list[str]:
         return [m for m in self.members if self.rayjob_in(m, name) is not None]
 

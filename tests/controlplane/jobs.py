@@ -14,6 +14,7 @@ from workloads.rayjob import QUEUE_LABEL
 from tests.controlplane.kube import Kube, condition, condition_reason, wait_for
 
 RAYJOB = ("ray.io/v1", "RayJob")
+RAYCLUSTER = ("ray.io/v1", "RayCluster")
 WORKLOAD = (KUEUE_API_VERSION, "Workload")
 PROVISIONING_REQUEST = ("autoscaling.x-k8s.io/v1", "ProvisioningRequest")
 PROVISIONING_REQUEST_LABEL = "autoscaling.gke.io/provisioning-request"
