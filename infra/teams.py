@@ -98,10 +98,9 @@ PREEMPTION = {
 }
 # The first rung walks the flavors in the ladder's order and takes the team's own shares in that order: a free share
 # stops the search (a fit without borrowing always does), and so does a lent one it can reclaim (whenCanPreempt:
-# MayStopSearch), before any lower rung; only when no share of its own can serve the job does it borrow, taking the
-# nearest quota: Kueue ranks a flavor by how far up the Cohort tree its quota comes from (0: the ClusterQueue's own
-# nominal quota, 2: the root) and, with PreemptionOverBorrowing, by that distance before the mode; ties keep the
-# earlier flavor. A reserved slice is paid for whether used or not, and the borrower knew it borrowed.
+# MayStopSearch), before any lower rung; only when no share of its own can serve the job does it borrow, the
+# earliest flavor in ladder order (measured on the tier). A reserved slice is paid for whether used or not, and the
+# borrower knew it borrowed.
 # - MayStopSearch for borrowing (Kueue's default) stopped at the first flavor that fits by borrowing: a team whose
 #   share is on-demand only took another team's idle reservation, and was preempted as soon as its owner came
 #   (measured on the tier: evicted 0.2 s after the owner's job was created, re-admitted on its own on-demand share).
@@ -115,8 +114,8 @@ PREEMPTION = {
 # Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/preemption/classical/hierarchical_preemption.go#L217-L234
 # Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/kueue/v1beta2/clusterqueue_types.go#L453-L494
 FIRST_RUNG_FUNGIBILITY = {
-    SHARE_ORDER_LADDER: {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "MayStopSearch",
-                         "preference": "PreemptionOverBorrowing"},
+    # No `preference`: Kueue accepts one only when both are TryNextFlavor (its CEL rule, seen on the tier).
+    SHARE_ORDER_LADDER: {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "MayStopSearch"},
     SHARE_ORDER_FREE_FIRST: {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "TryNextFlavor",
                              "preference": "PreemptionOverBorrowing"},
 }

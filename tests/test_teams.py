@@ -123,8 +123,7 @@ def test_each_teams_queues_admit_its_namespace_only_and_reclaim_without_preempti
         # The first rung takes the team's shares in ladder order (a lent one reclaimed before a lower rung), and
         # borrows only when none serves (the tier proves it: test_teams_controlplane).
         first = queues[(None, f"{team['name']}-cluster-queue")]["spec"]
-        assert first["flavorFungibility"] == {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "MayStopSearch",
-                                              "preference": "PreemptionOverBorrowing"}
+        assert first["flavorFungibility"] == {"whenCanBorrow": "TryNextFlavor", "whenCanPreempt": "MayStopSearch"}
         assert "flavorFungibility" not in queues[(None, f"{team['name']}-cluster-queue-dws")]["spec"]
 
 

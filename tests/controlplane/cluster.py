@@ -225,10 +225,10 @@ class ControlPlane:
         PodMonitoring's foreground deletion waited 24 s for its 30 s rediscovery when the CRD came later)."""
         crds = [chart.local_crd(crd, self.webhook_port, self.ca.cert_pem) for crd in self.chart.crds()]
         ray_dir = build.module_dir("kuberay") / "config" / "crd" / "bases"
-        crds += [yaml.safe_load((ray_dir / name).read_text()) for name in RAY_CRDS]
+        crds += [chart.load_yaml((ray_dir / name).read_text()) for name in RAY_CRDS]
         autoscaler_dir = build.module_dir("autoscaler") / "config" / "crd"
-        crds.append(yaml.safe_load((autoscaler_dir / PROVISIONING_REQUEST_CRD).read_text()))
-        crds.append(yaml.safe_load(upstream.path(upstream.PODMONITORING_CRD).read_text()))
+        crds.append(chart.load_yaml((autoscaler_dir / PROVISIONING_REQUEST_CRD).read_text()))
+        crds.append(chart.load_yaml(upstream.path(upstream.PODMONITORING_CRD).read_text()))
         for crd in crds:
             self.kube.create(crd)
         for crd in crds:
