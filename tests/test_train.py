@@ -188,11 +188,22 @@ def test_tpu_trainer_config_is_accepted_by_ray(accelerator_type, topology, hosts
 
 
 @pytest.fixture(scope="module")
-def ray_cpu():
+def ray_cpu(monkeypatch_module):
     import ray
+    # Ray starts the workers of a driver's tasks at nice 15, but those of a submitted job (`ray job submit`, how
+    # KubeRay runs the job on the cluster) at 0 (ray/dashboard/modules/job/job_manager.py: RAY_worker_niceness).
+    # At 15, beside the suite's control planes, the training got a sliver of the CPU: the file took 933 s in a
+    # fresh-clone run (172 s alone), the suite's longest pole. 0, as on the cluster.
+    monkeypatch_module.setenv("RAY_worker_niceness", "0")
     ray.init(num_cpus=2, include_dashboard=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def monkeypatch_module():
+    with pytest.MonkeyPatch.context() as patch:
+        yield patch
 
 
 def _argv(root: Path, run: str, steps: int, *extra: str) -> list:
