@@ -21,10 +21,9 @@ import pytest
 import yaml
 
 from infra import monitoring as mon
-from tests.conftest import CONTROLPLANE_MARK, plan_for
+from tests.conftest import plan_for
 
 pytestmark = pytest.mark.controlplane  # needs a Go-built binary, like the tier (leave out with -m 'not controlplane')
-assert CONTROLPLANE_MARK == "controlplane"
 
 ALERT_POLICY = "gcp:monitoring/alertPolicy:AlertPolicy"
 STEP = mon.STEP_SECONDS
