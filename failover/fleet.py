@@ -510,7 +510,7 @@ class FleetWatch:
             thread.join(REQUEST_TIMEOUT_SECONDS + 5)
         if self.metrics is not None:  # every period, jobs or none: the "member does not answer" alert reads it
             with self._lock:
-                answered = {name: self._answers(member) for name, member in self._members.items()}
+                answered = self._answered()
             self.metrics.record_members(answered)
         if time.monotonic() >= self._next_resync:
             self._next_resync = time.monotonic() + self.resync_seconds
@@ -573,8 +573,12 @@ class FleetWatch:
     def _record(self, seconds: float) -> None:
         with self._lock:
             states = [f.state for f in self.findings.values()]
-            answered = {name: self._answers(member) for name, member in self._members.items()}
+            answered = self._answered()
         self.metrics.record_pass(states, answered, seconds)
+
+    def _answered(self) -> dict[str, bool]:
+        """Whether each member answers (the caller holds the lock)."""
+        return {name: self._answers(member) for name, member in self._members.items()}
 
     @staticmethod
     def _answers(member: _Member) -> bool:

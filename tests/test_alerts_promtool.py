@@ -103,11 +103,17 @@ def case(input_series: list[dict], expectations: Sequence[Expect]) -> dict:
                                 for e in expectations]}
 
 
-def run(promtool: str, tmp_path, plan, cases: list[dict]) -> None:
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump(rules_of(plan), sort_keys=False))
-    checked = subprocess.run([promtool, "check", "rules", "rules.yaml"], cwd=tmp_path, capture_output=True,
+def check_rules(promtool: str, tmp_path, plan, name: str = "rules") -> str:
+    """The plan's rules written to `<name>.yaml`, which `promtool check rules` must accept; the file's name."""
+    (tmp_path / f"{name}.yaml").write_text(yaml.safe_dump(rules_of(plan), sort_keys=False))
+    checked = subprocess.run([promtool, "check", "rules", f"{name}.yaml"], cwd=tmp_path, capture_output=True,
                              text=True, timeout=120)
-    assert checked.returncode == 0, checked.stdout + checked.stderr
+    assert checked.returncode == 0, (name, checked.stdout + checked.stderr)
+    return f"{name}.yaml"
+
+
+def run(promtool: str, tmp_path, plan, cases: list[dict]) -> None:
+    check_rules(promtool, tmp_path, plan)
     (tmp_path / "test.yaml").write_text(yaml.safe_dump(
         {"rule_files": ["rules.yaml"], "evaluation_interval": f"{STEP}s", "tests": cases}, sort_keys=False))
     result = subprocess.run([promtool, "test", "rules", "test.yaml"], cwd=tmp_path, capture_output=True, text=True,
@@ -125,10 +131,7 @@ def test_every_shipped_stacks_rules_parse(promtool, tmp_path):
     from tests.test_monitoring import _plan
 
     for stack in [*SHIPPED_STACKS, "fleet"]:
-        (tmp_path / f"{stack}.yaml").write_text(yaml.safe_dump(rules_of(_plan(stack)), sort_keys=False))
-        checked = subprocess.run([promtool, "check", "rules", f"{stack}.yaml"], cwd=tmp_path, capture_output=True,
-                                 text=True, timeout=120)
-        assert checked.returncode == 0, (stack, checked.stdout + checked.stderr)
+        check_rules(promtool, tmp_path, _plan(stack), stack)
 
 
 def test_a_job_waiting_its_rungs_threshold_fires_then_and_never_before(promtool, tmp_path):
