@@ -30,7 +30,6 @@ import yaml
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_NAMESPACE
-from infra import kueue as stack_kueue
 from infra.kueue import KUEUE_API_VERSION
 from infra.offline import OfflineEngine, Plan, StackOutputs
 from tests.conftest import REPO, config_with, plan_for
@@ -39,16 +38,9 @@ from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.google import FakeGoogle
 from tests.controlplane.kube import Kube, Rejected, condition, wait_for
 from tests.controlplane.processes import Process, free_port
-from tests.controlplane.stack import Step, deploy, release_values
+from tests.controlplane.stack import Step, deploy, release_configuration, release_values
 
 MANAGER = "manager"
-CONFIG_KEY = stack_kueue.VALUES_CONFIG_KEY
-
-
-def release_configuration(values: dict) -> dict:
-    """The Kueue Configuration a release's values carry (`managerConfig.controllerManagerConfigYaml`), {} if none."""
-    text = (values.get("managerConfig") or {}).get(CONFIG_KEY)
-    return yaml.safe_load(text) if text else {}
 
 
 def loaded_configuration(plane: ControlPlane) -> dict:

@@ -64,12 +64,17 @@ def release_values(plan: Plan, pods_ready_seconds: int | None = None) -> dict:
     return with_pods_ready_timeout(values, pods_ready_seconds)
 
 
+def release_configuration(values: dict) -> dict:
+    """The Kueue Configuration a release's values carry (`managerConfig.controllerManagerConfigYaml`), {} if none."""
+    text = (values.get("managerConfig") or {}).get(stack_kueue.VALUES_CONFIG_KEY)
+    return yaml.safe_load(text) if text else {}
+
+
 def with_pods_ready_timeout(values: dict, seconds: int) -> dict:
     """A copy of a Kueue release's values whose waitForPodsReady timeout and recovery timeout are `seconds`
     (the stack sets both to `fallback.podsReadyTimeout`: infra/kueue.py wait_for_pods_ready)."""
     values = copy.deepcopy(values)
-    config_text = values["managerConfig"][stack_kueue.VALUES_CONFIG_KEY]
-    config = yaml.safe_load(config_text)
+    config = release_configuration(values)
     wait = config["waitForPodsReady"]
     wait["timeout"] = wait["recoveryTimeout"] = f"{seconds}s"
     values["managerConfig"][stack_kueue.VALUES_CONFIG_KEY] = yaml.safe_dump(config, sort_keys=False)
