@@ -43,7 +43,9 @@ class Health:
         return (time.monotonic() - self.last_tick < self.LIMIT_SECONDS
                 and all(informer.is_alive() for informer in self.informers))
 
-    def serve(self, port: int) -> None:
+    def bind(self, port: int) -> http.server.ThreadingHTTPServer:
+        """The /healthz server, bound now (a port that is taken fails the start at once) and served by `serve`. It
+        answers "ok <pid>": whoever probes can tell this process from another one on the port."""
         health = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -51,12 +53,15 @@ class Health:
                 healthy = self.path == "/healthz" and health.ok()
                 self.send_response(200 if healthy else 503)
                 self.end_headers()
-                self.wfile.write(b"ok\n" if healthy else b"stale\n")
+                self.wfile.write(f"ok {os.getpid()}\n".encode() if healthy else b"stale\n")
 
             def log_message(self, *args):  # probes every few seconds: not worth a log line each
                 pass
 
-        server = http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+        return http.server.ThreadingHTTPServer(("0.0.0.0", port), Handler)
+
+    @staticmethod
+    def serve(server: http.server.ThreadingHTTPServer) -> None:
         threading.Thread(target=server.serve_forever, daemon=True).start()
 
 
@@ -75,6 +80,7 @@ def main() -> int:
     informers = controller.informers()
     health = Health(informers)
     port = int(os.environ.get("FAILOVER_HEALTH_PORT", "8080"))
+    server = health.bind(port) if port else None
     for informer in informers:
         informer.start()
     # Workers start once every cache is filled: a half-done move is only seen with its RayJob's annotation.
@@ -84,8 +90,8 @@ def main() -> int:
     stopping = threading.Event()
     for number in range(workers):
         threading.Thread(target=controller.work, args=(stopping,), name=f"worker-{number}", daemon=True).start()
-    if port:
-        health.serve(port)
+    if server is not None:  # once every cache is filled: a probe that answers finds a controller at work
+        health.serve(server)
     log.info("watching %s, grace %s, resync every %.0f s",
              " -> ".join(f"{r.flavor} ({r.local_queue})" for r in chain.rungs), grace, resync)
     next_resync = time.monotonic() + resync

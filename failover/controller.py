@@ -1,8 +1,9 @@
-"""The failover controller's I/O: watch Workloads, RayJobs and the autoscaler's events; carry out what
-`decisions` says.
+"""The failover controller's I/O: watch Workloads, RayJobs, the autoscaler's events, the Ray workers' pods and the
+nodes; carry out what `decisions` (a job that never got its slice) and `slices` (a running job that lost it) say.
 
-Event-driven: informers keep a slim cache (a WorkloadView per Workload, each RayJob's move annotation, the
-stockout events) and put the key of every changed Workload on a work queue; workers reconcile one key at a time.
+Event-driven: informers keep a slim cache (a WorkloadView per Workload, each RayJob's annotations and RayCluster, the
+stockout events, each TPU worker pod's HostView, each node's NodeView) and put the key of every changed Workload on a
+work queue; workers reconcile one key at a time.
 A periodic resync re-queues every key, the safety net for anything a watch missed. The early path's grace
 period ends at a known time, so the key is queued for that moment rather than found by a later pass.
 
@@ -24,9 +25,10 @@ from dataclasses import dataclass
 from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 
-from failover import decisions
+from failover import decisions, slices
 from failover.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL,
-                                Chain, FinishMove, Move, RecordFlavor, StartMove, WorkloadView)
+                                SLICE_LOST, Chain, FinishMove, Move, RecordFlavor, StartMove, WorkloadView)
+from failover.slices import SLICE_LOST_ANNOTATION, GiveUpSlice, HostView, LostSlice, NodeView, RecordLoss
 from failover.informer import Informer, Watched
 from failover.metrics import Metrics
 from failover.workqueue import WorkQueue
@@ -40,9 +42,15 @@ EVENT_REASON = "MovedToNextRung"
 SUSPEND_WAIT_SECONDS = 10.0
 # The kinds the controller watches. Events: only Warnings about pods, where the autoscaler reports a stockout.
 WATCHED_WORKLOADS = Watched("workloads", "/apis/kueue.x-k8s.io/v1beta2/workloads")
-WATCHED_RAYJOBS = Watched("rayjobs", "/apis/ray.io/v1/rayjobs", metadata_only=True)
+WATCHED_RAYJOBS = Watched("rayjobs", "/apis/ray.io/v1/rayjobs")  # whole: status.rayClusterName names its pods
 WATCHED_EVENTS = Watched("events", "/api/v1/events", field_selector="involvedObject.kind=Pod,type=Warning")
-
+# KubeRay labels every pod with its RayCluster and node type; the TPU hosts are the workers.
+# Ref: github.com/ray-project/kuberay ray-operator@v1.6.2 controllers/ray/common/pod.go labelPod
+RAY_CLUSTER_LABEL = "ray.io/cluster"
+WATCHED_PODS = Watched("pods", "/api/v1/pods", label_selector="ray.io/node-type=worker")
+WATCHED_NODES = Watched("nodes", "/api/v1/nodes")
+GONE_NODES_KEPT = datetime.timedelta(hours=1)  # a deleted node is remembered this long (its pods outlive it a while)
+LOSS_EVENT_REASON, RECOVERY_EVENT_REASON = "SliceLost", "SliceRecovered"
 Key = tuple[str, str]  # (namespace, name)
 
 
@@ -103,7 +111,11 @@ class Controller(GuardedWrites):
         self._workload_of_job: dict[Key, Key] = {}  # (namespace, RayJob) -> its Workload
         self._job_moves: dict[Key, str | None] = {}  # (namespace, RayJob) -> its FAILOVER_ANNOTATION
         self._stockouts: dict[str, dict[str, dict]] = {}  # namespace -> event uid -> stockout event
-
+        self._job_losses: dict[Key, str | None] = {}  # (namespace, RayJob) -> its SLICE_LOST_ANNOTATION
+        self._job_of_cluster: dict[Key, Key] = {}  # (namespace, RayCluster) -> (namespace, RayJob)
+        self._hosts: dict[Key, dict[str, HostView]] = {}  # (namespace, RayCluster) -> TPU pod name -> HostView
+        self._nodes: dict[str, NodeView] = {}
+        self._gone: dict[str, datetime.datetime] = {}  # node -> when its deletion was seen
     # ---- what the informers see --------------------------------------------------------------------------------
     def informers(self) -> list[Informer]:
         def counted(resource, handler):
@@ -117,7 +129,9 @@ class Controller(GuardedWrites):
                          errors),
                 Informer(self.api, WATCHED_EVENTS, self.events_listed, counted("events", self.event_changed), errors),
                 Informer(self.api, WATCHED_WORKLOADS, self.workloads_listed,
-                         counted("workloads", self.workload_changed), errors)]
+                         counted("workloads", self.workload_changed), errors),
+                Informer(self.api, WATCHED_PODS, self.pods_listed, counted("pods", self.pod_changed), errors),
+                Informer(self.api, WATCHED_NODES, self.nodes_listed, counted("nodes", self.node_changed), errors)]
 
     def workloads_listed(self, items: list[dict]) -> None:
         with self._lock:
@@ -151,21 +165,93 @@ class Controller(GuardedWrites):
     def rayjobs_listed(self, items: list[dict]) -> None:
         with self._lock:
             self._job_moves.clear()
+            self._job_losses.clear()
+            self._job_of_cluster.clear()
         for item in items:
             self.rayjob_changed("ADDED", item)
 
     def rayjob_changed(self, event_type: str, obj: dict) -> None:
         key = _key(obj)
-        annotation = (obj["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION)
+        annotations = obj["metadata"].get("annotations") or {}
+        annotation, loss = annotations.get(FAILOVER_ANNOTATION), annotations.get(SLICE_LOST_ANNOTATION)
+        cluster = (obj.get("status") or {}).get("rayClusterName")
         with self._lock:
+            for known, job in list(self._job_of_cluster.items()):
+                if job == key and (event_type == "DELETED" or known[1] != cluster):
+                    del self._job_of_cluster[known]
             if event_type == "DELETED":
                 self._job_moves.pop(key, None)
+                self._job_losses.pop(key, None)
                 return
-            changed = self._job_moves.get(key) != annotation
-            self._job_moves[key] = annotation
+            changed = self._job_moves.get(key) != annotation or self._job_losses.get(key) != loss
+            self._job_moves[key], self._job_losses[key] = annotation, loss
+            if cluster and self._job_of_cluster.get((key[0], cluster)) != key:
+                self._job_of_cluster[(key[0], cluster)] = key
+                changed = True
             workload = self._workload_of_job.get(key)
         if changed and workload is not None:
             self.queue.add(workload)
+
+    def pods_listed(self, items: list[dict]) -> None:
+        with self._lock:
+            self._hosts.clear()
+        for item in items:
+            self.pod_changed("ADDED", item)
+
+    def pod_changed(self, event_type: str, obj: dict) -> None:
+        meta = obj["metadata"]
+        cluster = (meta.get("labels") or {}).get(RAY_CLUSTER_LABEL)
+        requests_tpu = any(decisions.TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {})
+                           for c in (obj.get("spec") or {}).get("containers") or [])
+        if not cluster or not requests_tpu:
+            return
+        key = (meta["namespace"], cluster)
+        with self._lock:
+            hosts = self._hosts.setdefault(key, {})
+            if event_type == "DELETED":
+                hosts.pop(meta["name"], None)
+                if not hosts:
+                    del self._hosts[key]
+            else:
+                hosts[meta["name"]] = HostView.from_object(obj)
+            workloads = self._workloads_of_clusters([key])
+        for workload in workloads:
+            self.queue.add(workload)
+
+    def nodes_listed(self, items: list[dict]) -> None:
+        with self._lock:
+            listed = {item["metadata"]["name"] for item in items}
+            now = self.clock()
+            # Nodes deleted while the watch was down: gone since now, as far as anyone here can tell.
+            for name in set(self._nodes) - listed:
+                self._gone.setdefault(name, now)
+            self._nodes.clear()
+        for item in items:
+            self.node_changed("ADDED", item)
+
+    def node_changed(self, event_type: str, obj: dict) -> None:
+        name, now = obj["metadata"]["name"], self.clock()
+        with self._lock:
+            if event_type == "DELETED":
+                self._nodes.pop(name, None)
+                self._gone[name] = now
+            else:
+                view = NodeView.from_object(obj)
+                if self._nodes.get(name) == view:
+                    return  # a heartbeat: nothing the loss rules read changed
+                self._nodes[name] = view
+                self._gone.pop(name, None)
+            for old in [n for n, at in self._gone.items() if now - at > GONE_NODES_KEPT]:
+                del self._gone[old]
+            clusters = [key for key, hosts in self._hosts.items() if any(h.node == name for h in hosts.values())]
+            workloads = self._workloads_of_clusters(clusters)
+        for workload in workloads:
+            self.queue.add(workload)
+
+    def _workloads_of_clusters(self, clusters: list[Key]) -> list[Key]:
+        """The Workloads of the RayJobs that run these RayClusters (under the lock)."""
+        jobs = [self._job_of_cluster.get(cluster) for cluster in clusters]
+        return [w for w in (self._workload_of_job.get(job) for job in jobs if job) if w is not None]
 
     def events_listed(self, items: list[dict]) -> None:
         with self._lock:
@@ -239,10 +325,14 @@ class Controller(GuardedWrites):
             return 0
         self.metrics.reconciles.inc()
         view, now = cached.view, self.clock()
+        if (pending := Move.from_json(annotation)) is None or pending.state != decisions.MOVING:
+            acted = self._reconcile_loss(cached, now)
+            if acted is not None:
+                return acted
         job = None
         stockout = None
         events = self._events(view.namespace) if view.admitted and self.chain.stocks_out_after_admission(
-            view.flavor) else []
+            view.flavor) and not self._losing(view) else []
         if events:
             job = self._get(self.rayjobs, view.rayjob, view.namespace)
             if job is None:
@@ -278,6 +368,69 @@ class Controller(GuardedWrites):
             return 0
         return 1
 
+    # ---- a running job that lost its slice -----------------------------------------------------------------------
+    def _losing(self, view: WorkloadView) -> bool:
+        """Whether the job waits for its lost slice this admission: then the recovery wait decides, not a stockout
+        report about its replacement pods (one move, with the loss as its reason)."""
+        with self._lock:
+            recorded = LostSlice.from_json(self._job_losses.get((view.namespace, view.rayjob)))
+        return (recorded is not None and recorded.state == slices.LOST and view.pods_ready_since is not None
+                and recorded.flavor == view.flavor
+                and (decisions.parse_time(recorded.at) or view.pods_ready_since) >= view.pods_ready_since)
+
+    def _reconcile_loss(self, cached: CachedWorkload, now: datetime.datetime) -> int | None:
+        """The lost-slice rules (failover/slices.py) for a running job; None when they have nothing to do."""
+        view = cached.view
+        if not (view.admitted and view.pods_ready_since and view.tpu_hosts and view.multikueue_origin is None
+                and not view.finished):
+            return None
+        rung = self.chain.index_of_flavor(view.flavor)
+        if rung is None:
+            return None
+        job_key = (view.namespace, view.rayjob)
+        with self._lock:
+            recorded = LostSlice.from_json(self._job_losses.get(job_key))
+            cluster = next((c for c, j in self._job_of_cluster.items() if j == job_key), None)
+            hosts = list(self._hosts.get(cluster, {}).values()) if cluster else []
+            loss = slices.slice_loss(view.tpu_hosts, hosts, dict(self._nodes), dict(self._gone), now)
+        recovery = datetime.timedelta(seconds=self.chain.rungs[rung].recovery_seconds)
+        action = slices.decide_loss(view.flavor, view.pods_ready_since, recorded, loss, recovery, now)
+        if action is None:
+            if recorded is not None and (until := slices.waiting_until(recorded)) is not None and until > now:
+                self.queue.add((view.namespace, cached.meta["name"]), delay=(until - now).total_seconds() + 0.05)
+            return None
+        job = self._get(self.rayjobs, view.rayjob, view.namespace)
+        if job is None:
+            return 0
+        if (job["metadata"].get("annotations") or {}).get(SLICE_LOST_ANNOTATION) != (
+                recorded.to_json() if recorded else None):
+            self.queue.add((view.namespace, cached.meta["name"]), delay=0.2)  # the cache lags: decide on its next view
+            return 0
+        if isinstance(action, GiveUpSlice):
+            start = decisions.move_after_loss(self.chain, view, action.lost.flavor, now)
+            if start is None:
+                return None
+            log.info("%s/%s: starting a move to %s (%s on %s since %s)", view.namespace, view.rayjob,
+                     start.move.to_flavor, SLICE_LOST, action.lost.flavor, action.lost.at)
+            self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: start.move.to_json()}}})
+            since = decisions.parse_time(action.lost.at)
+            if since is not None:
+                self.metrics.move_delay.labels(SLICE_LOST).observe(max((now - since).total_seconds(), 0.0))
+            self._finish(start.move, cached.meta["name"], view.namespace, view.queue_name)
+            return 1
+        lost = action.lost
+        self._patch(self.rayjobs, job, {"metadata": {"annotations": {SLICE_LOST_ANNOTATION: lost.to_json()}}})
+        message = slices.loss_message(lost)
+        log.info("%s/%s: %s", view.namespace, view.rayjob, message)
+        if isinstance(action, RecordLoss):
+            self.metrics.slices_lost.labels(lost.flavor).inc()
+            rayjob_event(self.core, job["metadata"], COMPONENT, LOSS_EVENT_REASON, message, "Warning", now)
+            self.queue.add((view.namespace, cached.meta["name"]),
+                           delay=max((decisions.parse_time(lost.until) - now).total_seconds(), 0.0) + 0.05)
+        else:
+            rayjob_event(self.core, job["metadata"], COMPONENT, RECOVERY_EVENT_REASON, message, "Normal", now)
+        return 1
+
     # ---- the move ----------------------------------------------------------------------------------------------
     def _finish(self, move: Move, workload_name: str, namespace: str, from_queue: str) -> bool:
         """Deactivate, wait for Kueue to release quota and suspend the job, relabel the RayJob, repoint the
@@ -294,6 +447,23 @@ class Controller(GuardedWrites):
             if job is None:
                 return False
             label = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
+            if move.requeue:
+                # Evicted from the admission that lost its slice (deactivated), then queued again where it was.
+                on_old = view.quota_reserved and (view.admitted_at is None
+                                                  or view.admitted_at < decisions.parse_time(move.at))
+                if view.active and not on_old:
+                    self._record_done(job, move, move.to_local_queue)
+                    return True
+                if view.active:
+                    self._patch(self.workloads, workload, {"spec": {"active": False}})
+                    continue
+                if view.quota_reserved or not job["spec"].get("suspend", False):
+                    if time.monotonic() > deadline:
+                        return False
+                    time.sleep(0.2)
+                    continue
+                self._patch(self.workloads, workload, {"spec": {"active": True}})
+                continue
             if view.queue_name == move.to_local_queue and label == move.to_local_queue and view.active:
                 self._record_done(job, move, from_queue if from_queue != move.to_local_queue else "")
                 return True
@@ -332,14 +502,10 @@ class Controller(GuardedWrites):
             return list(self._stockouts.get(namespace, {}).values())
 
     def _tpu_pods(self, job: dict) -> set[str]:
-        """The names of the RayJob's pods that request TPUs (KubeRay labels them with their RayCluster)."""
+        """The names of the RayJob's pods that request TPUs, as the pod informer last saw them."""
         cluster = (job.get("status") or {}).get("rayClusterName")
-        if not cluster:
-            return set()
-        pods = self.core.list_namespaced_pod(job["metadata"]["namespace"], label_selector=f"ray.io/cluster={cluster}")
-        return {pod.metadata.name for pod in pods.items
-                if any(decisions.TPU_RESOURCE in ((c.resources and c.resources.requests) or {})
-                       for c in pod.spec.containers)}
+        with self._lock:
+            return set(self._hosts.get((job["metadata"]["namespace"], cluster), {})) if cluster else set()
 
 
 def rayjob_event(core: client.CoreV1Api, meta: Mapping, component: str, reason: str, message: str, kind: str,

@@ -40,12 +40,16 @@ STOCKOUT_MESSAGE = re.compile(r"GCE out of resources|resource[_ ]pool[_ ]exhaust
                               r"does not have enough resources", re.IGNORECASE)
 
 
+DEFAULT_RECOVERY_SECONDS = 300.0  # when the chain does not say (infra/settings.py has the stack's defaults)
+
+
 @dataclass(frozen=True)
 class Rung:
     flavor: str
     cluster_queue: str
     local_queue: str
     admission_check: bool  # a rung with a check (DWS) provisions before admission: nothing to time out early
+    recovery_seconds: float = DEFAULT_RECOVERY_SECONDS  # how long a job that lost its slice here waits for it
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,8 @@ class Chain:
 
     @classmethod
     def from_json(cls, text: str) -> Chain:
-        return cls(tuple(Rung(r["flavor"], r["clusterQueue"], r["localQueue"], bool(r.get("admissionCheck")))
+        return cls(tuple(Rung(r["flavor"], r["clusterQueue"], r["localQueue"], bool(r.get("admissionCheck")),
+                              float(r.get("recoverySeconds", DEFAULT_RECOVERY_SECONDS)))
                          for r in json.loads(text)))
 
     def start_of_queue(self, local_queue: str) -> int | None:
@@ -90,6 +95,9 @@ class WorkloadView:
     pending_since: datetime.datetime | None = None  # waiting for quota since (creation, or losing its quota)
     check_states: tuple[tuple[str, str], ...] = ()  # (admission check, state), as Kueue reports them
     multikueue_origin: str | None = None  # set on a fleet manager's copy (MULTIKUEUE_ORIGIN_LABEL)
+    pods_ready_since: datetime.datetime | None = None  # PodsReady True since (this admission), else None
+    tpu_hosts: int = 0  # the TPU pods the job needs: its TPU pod sets' counts
+    finished: bool = False  # Kueue's Finished: the job ended (its pods go as they should)
 
     @classmethod
     def from_object(cls, obj: Mapping) -> WorkloadView:
@@ -105,6 +113,9 @@ class WorkloadView:
         reserved = true("QuotaReserved")
         owner = next((o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "RayJob"), None)
         pending_since = None
+        tpu_hosts = sum(int(pod_set.get("count", 1)) for pod_set in spec.get("podSets") or []
+                        if any(TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {})
+                               for c in ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []))
         if not reserved:
             pending_since = parse_time((conditions.get("QuotaReserved") or {}).get("lastTransitionTime")
                                        or meta.get("creationTimestamp"))
@@ -117,7 +128,10 @@ class WorkloadView:
             evicted_reason=conditions["Evicted"].get("reason") if true("Evicted") else None,
             rayjob=owner, pending_since=pending_since,
             check_states=tuple((c["name"], c.get("state", "")) for c in status.get("admissionChecks") or []),
-            multikueue_origin=(meta.get("labels") or {}).get(MULTIKUEUE_ORIGIN_LABEL))
+            multikueue_origin=(meta.get("labels") or {}).get(MULTIKUEUE_ORIGIN_LABEL),
+            pods_ready_since=(parse_time(conditions["PodsReady"].get("lastTransitionTime"))
+                              if reserved and true("PodsReady") else None),
+            tpu_hosts=tpu_hosts, finished=true("Finished"))
 
 
 @dataclass(frozen=True)
@@ -127,7 +141,7 @@ class Move:
     from_flavor: str
     to_flavor: str
     to_local_queue: str
-    reason: str  # PodsReadyTimeout or Stockout
+    reason: str  # PodsReadyTimeout, Stockout or SliceLost
     at: str  # RFC 3339
     state: str = MOVING
 
@@ -147,6 +161,12 @@ class Move:
 
     def done(self) -> Move:
         return Move(self.from_flavor, self.to_flavor, self.to_local_queue, self.reason, self.at, MOVED)
+
+    @property
+    def requeue(self) -> bool:
+        """On the last rung there is no next one: the job is evicted and queued again where it was (DWS asks for a
+        new slice)."""
+        return self.from_flavor == self.to_flavor
 
 
 @dataclass(frozen=True)
@@ -229,13 +249,26 @@ def decide(chain: Chain, workload: WorkloadView, job_failover: str | None,
     return None
 
 
-MOVE_REASONS = (PODS_READY_TIMEOUT, STOCKOUT)  # why `decide` moves a job
+SLICE_LOST = "SliceLost"  # a running job lost its slice and it was not back within the rung's recovery wait
+MOVE_REASONS = (PODS_READY_TIMEOUT, STOCKOUT, SLICE_LOST)  # why the controller moves a job
 
 
 def possible_moves(chain: Chain) -> list[tuple[str, str, str]]:
-    """Every (from flavor, to flavor, reason) `decide` can start: a move goes from a rung to the next one only."""
-    return [(upper.flavor, lower.flavor, reason) for upper, lower in zip(chain.rungs, chain.rungs[1:])
-            for reason in MOVE_REASONS]
+    """Every (from flavor, to flavor, reason) the controller can start: a move goes from a rung to the next one only;
+    a job that lost its slice on the last rung is requeued there."""
+    moves = [(upper.flavor, lower.flavor, reason) for upper, lower in zip(chain.rungs, chain.rungs[1:])
+             for reason in MOVE_REASONS]
+    return moves + [(chain.rungs[-1].flavor, chain.rungs[-1].flavor, SLICE_LOST)] if chain.rungs else moves
+
+
+def move_after_loss(chain: Chain, workload: WorkloadView, lost_on: str, now: datetime.datetime) -> StartMove | None:
+    """A job whose slice on `lost_on` was not back in time: to the next rung, or requeued on the last one."""
+    start, rung = chain.start_of_queue(workload.queue_name), chain.index_of_flavor(lost_on)
+    if start is None or rung is None or workload.multikueue_origin is not None:
+        return None
+    if rung + 1 < len(chain.rungs):
+        return _move_to_next(chain, workload, start, rung, SLICE_LOST, now)
+    return StartMove(Move(lost_on, lost_on, workload.queue_name, SLICE_LOST, format_time(now)))
 
 
 def _move_to_next(chain: Chain, workload: WorkloadView, start: int, rung: int, reason: str,
@@ -299,7 +332,10 @@ def with_move_recorded(annotations: Mapping[str, str] | None, move: Move) -> str
 
 def move_message(move: Move, from_queue: str) -> str:
     """The one line logged, and the Event's message, for a move."""
-    cause = ("its pods were not ready within Kueue's waitForPodsReady timeout" if move.reason == PODS_READY_TIMEOUT
-             else "GKE's autoscaler reported no TPU capacity for its pods")
+    cause = {PODS_READY_TIMEOUT: "its pods were not ready within Kueue's waitForPodsReady timeout",
+             STOCKOUT: "GKE's autoscaler reported no TPU capacity for its pods",
+             SLICE_LOST: "it lost its slice and the slice was not back within the rung's recovery wait"}[move.reason]
+    if move.requeue:
+        return f"requeued on {move.to_flavor} (LocalQueue {move.to_local_queue}): {cause}"
     return (f"moved from {move.from_flavor} to {move.to_flavor} (LocalQueue {from_queue} -> {move.to_local_queue}): "
             f"{cause}")

@@ -34,8 +34,8 @@ class Metrics(_Served):
                              ["from_flavor", "to_flavor", "reason"], registry=r)
         self.move_delay = Histogram(
             "tpu_fallback_move_delay_seconds",
-            "Seconds from admission (PodsReadyTimeout) or the first stockout signal (Stockout) to the move's first "
-            "write.", ["reason"], buckets=WAIT_BUCKETS, registry=r)
+            "Seconds from admission (PodsReadyTimeout), the first stockout signal (Stockout) or the slice's loss "
+            "(SliceLost) to the move's first write.", ["reason"], buckets=WAIT_BUCKETS, registry=r)
         self.admission_wait = Histogram(
             "tpu_fallback_admission_wait_seconds",
             "Seconds a Workload waited for quota, from creation or its last requeue, by the flavor it got.",
@@ -50,6 +50,8 @@ class Metrics(_Served):
         self.resyncs = Counter("tpu_fallback_resyncs", "Periodic passes over every Workload (the safety net).",
                                registry=r)
         self.errors = Counter("tpu_fallback_errors", "Reconciles or watches that failed (retried).", registry=r)
+        self.slices_lost = Counter("tpu_fallback_slices_lost", "Running jobs that lost their slice, by flavor.",
+                                   ["flavor"], registry=r)
         self.workloads_watched = Gauge("tpu_fallback_workloads_watched", "Workloads in the controller's cache.",
                                        registry=r)
 

@@ -19,7 +19,7 @@ from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
 PACKAGE_FILES = ("__init__.py", "__main__.py", "cluster_client.py", "controller.py", "credentials.py", "decisions.py",
-                 "fleet.py", "informer.py", "ladder.py", "metrics.py", "workqueue.py", "requirements.txt")
+                 "fleet.py", "informer.py", "ladder.py", "metrics.py", "slices.py", "workqueue.py", "requirements.txt")
 # What the token renewer alone needs (a scrape token's, infra/monitoring.py): shipped where the package is not.
 RENEWER_FILES = ("__init__.py", "cluster_client.py", "credentials.py", "requirements.txt")
 # The image's Python is the one the tests run the controller with (3.11); a patch release, pinned.
@@ -34,11 +34,11 @@ METRICS_PORT_NAME = "metrics"  # the container port's name, which the PodMonitor
 # The controller reacts to watch events; the resync only re-queues every Workload, a safety net.
 RESYNC_SECONDS = 300
 
-# Least privilege: watch Workloads, RayJobs and events, list pods; write only what a move changes.
+# Least privilege: watch Workloads, RayJobs, events, pods and nodes; write only what a move or a loss changes.
 RBAC_RULES = (
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+    {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["list", "watch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create"]},
 )
 
@@ -53,9 +53,13 @@ def code_configmap_name(sources: dict[str, str], prefix: str = NAME) -> str:
 
 
 def chain_config(kueue: Kueue, settings: PlatformSettings) -> str:
-    """The chain as the controller reads it (FAILOVER_CHAIN): the stack's queueChain plus which rungs have a check."""
+    """The chain as the controller reads it (FAILOVER_CHAIN): the stack's queueChain plus which rungs have a check
+    and how long a job that lost its slice on each waits for it (fallback.sliceRecoveryWait)."""
     checked = rungs_with_admission_check(settings)
-    return json.dumps([{**rung.as_output(), "admissionCheck": rung.flavor in checked} for rung in kueue.queue_chain])
+    key_of = {plan.flavor: plan.config_key for plan in settings.plans}
+    return json.dumps([{**rung.as_output(), "admissionCheck": rung.flavor in checked,
+                        "recoverySeconds": settings.fallback.recovery_seconds(key_of[rung.flavor])}
+                       for rung in kueue.queue_chain])
 
 
 def start_command(settings: PlatformSettings, module: str = "failover") -> tuple[str, list[dict]]:

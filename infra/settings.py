@@ -35,7 +35,8 @@ DEFAULTS: Mapping[str, Any] = {
     "flexStart": {"nodePool": "dws-pool", "maxSlices": 1},
     "rungOrder": [],
     "kueue": {"version": "0.19.2", "chartRepository": "oci://registry.k8s.io/kueue/charts"},
-    "fallback": {"podsReadyTimeout": "15m", "stockoutGracePeriod": "3m"},
+    "fallback": {"podsReadyTimeout": "15m", "stockoutGracePeriod": "3m",
+                 "sliceRecoveryWait": {"default": "10m", "spot": "2m", "flexStart": "2m"}},
     "failoverController": {"image": "", "pipIndexUrl": ""},
     "monitoring": {"enabled": True, "alerts": {"enabled": True, "pendingTooLong": {"default": "1h", "flexStart": "6h"},
                                                "movesPerHour": 3, "notificationChannels": []}},
@@ -87,6 +88,9 @@ _DURATION = re.compile(r"^([0-9]+)(s|m|h)$")
 DEFAULT_RUNG = "default"  # the `pendingTooLong` entry for every rung not named
 # A wait alert needs a few 30 s scrapes to be more than a blip; a day is as long as a queued job is watched here.
 MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS = 5 * 60, 24 * 3600
+# A lost slice's recovery wait (failover/slices.py): at least the time for the controller to see the loss and for
+# KubeRay to replace the pods; a wait past a day is no longer a wait.
+MIN_RECOVERY_WAIT_SECONDS, MAX_RECOVERY_WAIT_SECONDS = 30, 24 * 3600
 MAX_MOVES_PER_HOUR = 1000
 # teamShareOrder: the ladder's order (the default) or a free share first (infra/teams.py FIRST_RUNG_FUNGIBILITY).
 SHARE_ORDER_LADDER, SHARE_ORDER_FREE_FIRST = "ladder", "freeFirst"
@@ -321,6 +325,14 @@ class FallbackSettings:
 
     pods_ready_timeout_seconds: int
     stockout_grace_period_seconds: int
+    # (rung config key or DEFAULT_RUNG, seconds): how long a running job that lost its slice waits for it to be whole
+    # again before it moves on (failover/slices.py)
+    slice_recovery_wait: tuple[tuple[str, int], ...]
+
+    def recovery_seconds(self, rung: str) -> int:
+        """The recovery wait of a rung (its config key): its own, or the default."""
+        waits = dict(self.slice_recovery_wait)
+        return waits.get(rung, waits[DEFAULT_RUNG])
 
 
 @dataclass(frozen=True)
@@ -594,7 +606,10 @@ def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:
     reader.check("fallback.stockoutGracePeriod", grace < timeout,
                  f"{raw['stockoutGracePeriod']} is not shorter than podsReadyTimeout {raw['podsReadyTimeout']}; "
                  "by then Kueue has already evicted the job, so the early failover would never act")
-    return FallbackSettings(timeout, grace)
+    recovery = _read_per_rung_durations(reader, "fallback.sliceRecoveryWait", raw["sliceRecoveryWait"],
+                                        DEFAULTS["fallback"]["sliceRecoveryWait"], MIN_RECOVERY_WAIT_SECONDS,
+                                        MAX_RECOVERY_WAIT_SECONDS)
+    return FallbackSettings(timeout, grace, tuple(sorted(recovery)))  # one order, whatever the config's
 
 
 def read_controller_runtime(reader: ConfigReader) -> ControllerRuntime:
@@ -624,10 +639,16 @@ def read_monitoring_settings(reader: ConfigReader) -> MonitoringSettings:
 
 
 def _read_pending_too_long(reader: ConfigReader, given: dict) -> tuple[tuple[str, int], ...]:
-    """`pendingTooLong`: a duration per rung config key, or `default`; the given keys over the defaults. A rung
-    that is off in this stack is allowed (its entry waits for it), a name that is no rung is not."""
-    name = "monitoring.alerts.pendingTooLong"
-    waits = dict(DEFAULTS["monitoring"]["alerts"]["pendingTooLong"])
+    return _read_per_rung_durations(reader, "monitoring.alerts.pendingTooLong", given,
+                                    DEFAULTS["monitoring"]["alerts"]["pendingTooLong"], MIN_PENDING_ALERT_SECONDS,
+                                    MAX_PENDING_ALERT_SECONDS)
+
+
+def _read_per_rung_durations(reader: ConfigReader, name: str, given: dict, defaults: Mapping[str, str],
+                             minimum: int, maximum: int) -> tuple[tuple[str, int], ...]:
+    """A duration per rung config key, or `default`; the given keys over the defaults. A rung that is off in this
+    stack is allowed (its entry waits for it), a name that is no rung is not."""
+    waits = dict(defaults)
     for rung, value in given.items():
         where = f"{name}.{rung}"
         if rung != DEFAULT_RUNG and rung not in RUNG_KINDS:
@@ -641,11 +662,18 @@ def _read_pending_too_long(reader: ConfigReader, given: dict) -> tuple[tuple[str
         seconds = _duration_seconds(reader, f"{name}.{rung}", value)
         if seconds is None:
             continue
-        if reader.check(f"{name}.{rung}", MIN_PENDING_ALERT_SECONDS <= seconds <= MAX_PENDING_ALERT_SECONDS,
-                        f"{value} is out of range; use {MIN_PENDING_ALERT_SECONDS // 60}m to "
-                        f"{MAX_PENDING_ALERT_SECONDS // 3600}h"):
+        if reader.check(f"{name}.{rung}", minimum <= seconds <= maximum,
+                        f"{value} is out of range; use {_short(minimum)} to {_short(maximum)}"):
             found.append((rung, seconds))
     return tuple(found)
+
+
+def _short(seconds: int) -> str:
+    """A bound as a duration a user types: 30s, 5m, 24h."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds % size == 0:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
 
 
 def _read_moves_per_hour(reader: ConfigReader, value: int) -> int:

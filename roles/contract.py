@@ -13,7 +13,8 @@ from typing import Any
 
 from infra.cpu import lookup_cpu_machine
 from infra.rungs import RUNG_KINDS
-from infra.settings import (FallbackSettings, PlanSettings, PlatformSettings, ReservedSlices, SystemPoolSettings)
+from infra.settings import (DEFAULTS, FallbackSettings, PlanSettings, PlatformSettings, ReservedSlices,
+                            SystemPoolSettings, duration_seconds)
 from infra.tpu import lookup_slice
 from workloads.jobs import TeamNamespace
 
@@ -37,7 +38,8 @@ def platform_output(settings: PlatformSettings) -> dict[str, Any]:
                   for plan in settings.plans],
         "kueue": {"version": settings.kueue_version, "chartRepository": settings.kueue_chart_repository},
         "fallback": {"podsReadyTimeoutSeconds": settings.fallback.pods_ready_timeout_seconds,
-                     "stockoutGracePeriodSeconds": settings.fallback.stockout_grace_period_seconds},
+                     "stockoutGracePeriodSeconds": settings.fallback.stockout_grace_period_seconds,
+                     "sliceRecoveryWaitSeconds": dict(settings.fallback.slice_recovery_wait)},
     }
 
 
@@ -66,8 +68,16 @@ def settings_from_output(published: Mapping[str, Any]) -> PlatformSettings:
         tpu=lookup_slice(tpu["machineType"], tpu["topology"]), plans=tuple(plans),
         kueue_version=str(kueue["version"]), kueue_chart_repository=str(kueue["chartRepository"]),
         fallback=FallbackSettings(int(fallback["podsReadyTimeoutSeconds"]),
-                                  int(fallback["stockoutGracePeriodSeconds"])),
+                                  int(fallback["stockoutGracePeriodSeconds"]),
+                                  _recovery_waits(fallback.get("sliceRecoveryWaitSeconds"))),
     )
+
+
+def _recovery_waits(published: Mapping[str, Any] | None) -> tuple[tuple[str, int], ...]:
+    """The platform's lost-slice waits; a platform deployed before they existed uses the defaults, as it does."""
+    waits = published if published is not None else {
+        rung: duration_seconds(value) for rung, value in DEFAULTS["fallback"]["sliceRecoveryWait"].items()}
+    return tuple(sorted((str(rung), int(seconds)) for rung, seconds in waits.items()))
 
 
 def team_from_output(teams: Mapping[str, Any], team: str) -> TeamNamespace:

@@ -35,12 +35,13 @@ def test_dev_deploys_the_controller_on_the_cpu_pool_with_its_own_account():
 def test_rbac_is_exactly_what_a_move_needs():
     plan = plan_for()
     role = plan.named("failover-role").inputs  # infra/monitoring.py declares a ClusterRole too
-    # Watches instead of lists every pass: watch on what it follows; create only Events; patch only what a move
-    # changes. Nothing cluster-wide beyond that (no delete, no update, no secrets).
+    # Watches instead of lists every pass: watch on what it follows (the Ray workers' pods and the nodes: a lost
+    # slice); create only Events; patch only what a move or a loss changes. Nothing cluster-wide beyond that (no
+    # delete, no update, no secrets).
     assert role["rules"] == [
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
         {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]},
+        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["list", "watch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create"]},
     ]
     binding = plan.named("failover-binding").inputs
@@ -78,11 +79,15 @@ def test_pins_are_exact_and_what_the_tests_run_with():
 
 
 def test_the_controller_gets_the_chain_and_the_grace_period_from_the_stack():
-    plan = plan_for("dev", {"fallback": {"podsReadyTimeout": "10m", "stockoutGracePeriod": "90s"}})
+    plan = plan_for("dev", {"fallback": {"podsReadyTimeout": "10m", "stockoutGracePeriod": "90s",
+                                         "sliceRecoveryWait": {"flexStart": "45s"}}})
     env = _env(plan)
     chain = json.loads(env["FAILOVER_CHAIN"])
-    assert [{k: v for k, v in rung.items() if k != "admissionCheck"} for rung in chain] == plan.outputs["queueChain"]
+    assert [{k: v for k, v in rung.items() if k not in ("admissionCheck", "recoverySeconds")}
+            for rung in chain] == plan.outputs["queueChain"]
     assert [rung["admissionCheck"] for rung in chain] == [False, True]
+    # Each rung's lost-slice wait: on-demand the default's (10m), flex-start its own.
+    assert [rung["recoverySeconds"] for rung in chain] == [600, 45]
     assert env["FAILOVER_GRACE_SECONDS"] == "90"
     probe = _container(plan)["livenessProbe"]["httpGet"]
     assert probe["path"] == "/healthz" and str(failover.HEALTH_PORT) == env["FAILOVER_HEALTH_PORT"]

@@ -250,8 +250,9 @@ def test_every_move_decide_can_start_is_declared_at_zero_when_the_controller_sta
 
     flavors = [rung.flavor for rung in CHAIN.rungs]
     assert decisions.possible_moves(CHAIN) == [
-        (upper, lower, reason) for upper, lower in zip(flavors, flavors[1:])
-        for reason in (decisions.PODS_READY_TIMEOUT, decisions.STOCKOUT)]
+        *((upper, lower, reason) for upper, lower in zip(flavors, flavors[1:])
+          for reason in (decisions.PODS_READY_TIMEOUT, decisions.STOCKOUT, decisions.SLICE_LOST)),
+        (flavors[-1], flavors[-1], decisions.SLICE_LOST)]  # the last rung's requeue after a lost slice
     metrics = Metrics(CollectorRegistry())
     metrics.declare_moves(decisions.possible_moves(CHAIN))
     for upper, lower, reason in decisions.possible_moves(CHAIN):

@@ -68,6 +68,15 @@ BAD_CONFIGS = [
     ("stockout-grace-not-shorter-than-timeout", {"fallback": {"podsReadyTimeout": "5m", "stockoutGracePeriod": "300s"}},
      "tpu-fallback:fallback.stockoutGracePeriod"),
     ("fallback-field-typo", {"fallback": {"podsReadyTimeOut": "5m"}}, "tpu-fallback:fallback.podsReadyTimeOut"),
+    ("recovery-wait-not-duration", {"fallback": {"sliceRecoveryWait": {"spot": "2 minutes"}}},
+     "tpu-fallback:fallback.sliceRecoveryWait.spot"),
+    ("recovery-wait-too-short", {"fallback": {"sliceRecoveryWait": {"default": "10s"}}},
+     "tpu-fallback:fallback.sliceRecoveryWait.default"),
+    ("recovery-wait-too-long", {"fallback": {"sliceRecoveryWait": {"flexStart": "25h"}}},
+     "tpu-fallback:fallback.sliceRecoveryWait.flexStart"),
+    ("recovery-wait-unknown-rung", {"fallback": {"sliceRecoveryWait": {"preemptible": "1m"}}},
+     "tpu-fallback:fallback.sliceRecoveryWait.preemptible"),
+    ("recovery-wait-not-a-dict", {"fallback": {"sliceRecoveryWait": "5m"}}, "tpu-fallback:fallback.sliceRecoveryWait"),
 ]
 
 

@@ -20,7 +20,7 @@ from tests.conftest import REPO, plan_for
 from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.kube import Kube, wait_for
-from tests.controlplane.processes import Process, free_port, http_ok
+from tests.controlplane.processes import Process, start_serving
 from tests.controlplane.stack import deploy, release_values
 
 # Kueue's waitForPodsReady on the tier's clock (stack.release_values): a slice appears here within seconds, so
@@ -63,17 +63,13 @@ class FailoverTier:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {item["name"]: item["value"] for item in container["env"] if item["name"].startswith("FAILOVER_")}
         kubeconfig = self.plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
-        return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(resync),
-                "FAILOVER_HEALTH_PORT": str(free_port()), "FAILOVER_METRICS_PORT": str(free_port()),
-                "KUBECONFIG": str(kubeconfig)}
+        return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(resync), "KUBECONFIG": str(kubeconfig)}
 
     def start_controller(self, resync: float = RESYNC_SECONDS) -> Process:
-        env = self.controller_env(resync)
+        self.controller, env = start_serving(self.plane.supervisor, "failover", [sys.executable, "-m", "failover"],
+                                             self.controller_env(resync), REPO, 30, "FAILOVER_HEALTH_PORT",
+                                             ("FAILOVER_METRICS_PORT",))
         self.metrics_url = f"http://127.0.0.1:{env['FAILOVER_METRICS_PORT']}/metrics"
-        self.controller = self.plane.supervisor.start("failover", [sys.executable, "-m", "failover"], env=env,
-                                                      cwd=REPO)
-        url = f"http://127.0.0.1:{env['FAILOVER_HEALTH_PORT']}/healthz"
-        self.plane.supervisor.wait_until(self.controller, lambda: http_ok(url), 30, "/healthz")
         return self.controller
 
     def metric(self, name: str, **labels: str) -> float:

@@ -569,6 +569,36 @@ class Autoscaler:
         each.idle_since, each.used = None, True
         return False
 
+    def lose_slice(self, slice_id: str, grace_seconds: int, going_taint: Mapping[str, str] | None = None) -> float:
+        """A slice lost as GKE loses one: a multi-host TPU slice is one unit, so when one host is preempted, fails or
+        ends, the whole node group goes and is recreated (https://cloud.google.com/kubernetes-engine/docs/concepts/tpus
+        "multi-host slice"). `going_taint` first (the node lifecycle controller's unreachable taint on a failed host);
+        then the kubelets' shutdown of every pod on the slice with `grace_seconds` (Spot: 15 s for non-system pods,
+        https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms); then the nodes go. The slice comes back
+        like any other, from the autoscaler's next pass for the pods KubeRay makes again, unless the pool is stocked
+        out. The monotonic time of the first signal."""
+        with self._lock:
+            lost = self.slices.pop(slice_id)
+            signal = time.monotonic()
+            if going_taint is not None:
+                node = self.kube.get("v1", "Node", lost.nodes[0])
+                taints = [*(((node or {}).get("spec") or {}).get("taints") or []),
+                          {**going_taint, "timeAdded": _now()}]
+                self.kube.patch("v1", "Node", lost.nodes[0], {"spec": {"taints": taints}})
+            on_slice = [p for p in self.kube.list("v1", "Pod") if (p.get("spec") or {}).get("nodeName") in lost.nodes]
+            for pod in on_slice:
+                self.kube.delete("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"],
+                                 grace_seconds=grace_seconds)
+            for node in lost.nodes:
+                self.kube.delete("v1", "Node", node, propagation="Background")
+            self.history.append((time.monotonic(), "lost-slice", lost.pool, slice_id))
+            self._note(f"lost slice {lost.pool} {slice_id} ({len(on_slice)} pods, grace {grace_seconds} s)")
+            return signal
+
+    def slice_of(self, node: str) -> str | None:
+        with self._lock:
+            return next((s.id for s in self.slices.values() if node in s.nodes), None)
+
     def remove_idle(self) -> None:
         """Between scenarios: every slice no pod runs on goes now, and no slice is on its way (a test's next
         scenario starts from an empty cluster, not a slice the last one asked for)."""

@@ -87,9 +87,11 @@ class Kube:
                           content_type="application/merge-patch+json")
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None,
-               propagation: str = "Foreground") -> bool:
+               propagation: str = "Foreground", grace_seconds: int | None = None) -> bool:
         """Delete as pulumi-kubernetes does (foreground by default); False when it was already gone."""
         body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": propagation}
+        if grace_seconds is not None:
+            body["gracePeriodSeconds"] = grace_seconds
         try:
             self._call("DELETE", self._path(api_version, kind, name, namespace), body)
         except Rejected as rejected:

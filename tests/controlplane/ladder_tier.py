@@ -27,7 +27,7 @@ from tests.controlplane import jobs
 from tests.controlplane.fleet_tier import (MEMBER_STACKS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
                                            WORKER_LOST_SECONDS, FleetStacks)
 from tests.controlplane.kube import condition, wait_for
-from tests.controlplane.processes import Process, free_port, http_ok
+from tests.controlplane.processes import Process, start_serving
 
 W3 = "member-us-east5-b"  # a third member: W1's stack in another zone, offering DWS only (the default)
 # The ladder tier's members: three (the issue's fleet), or the first two with TPU_FALLBACK_LADDER_MEMBERS=2 (measured
@@ -106,12 +106,10 @@ class LadderFleet(FleetStacks):
         env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FAILOVER_")}
         plane = self.tier.members[member]
         kubeconfig = plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
-        health = free_port()
-        self.member_failover = plane.supervisor.start("failover", [sys.executable, "-m", "failover"], env={
-            **os.environ, **env, "FAILOVER_HEALTH_PORT": str(health), "FAILOVER_METRICS_PORT": str(free_port()),
-            "KUBECONFIG": str(kubeconfig)}, cwd=REPO)
-        plane.supervisor.wait_until(self.member_failover, lambda: http_ok(f"http://127.0.0.1:{health}/healthz"),
-                                    REACTION, "/healthz")
+        self.member_failover, _ = start_serving(
+            plane.supervisor, "failover", [sys.executable, "-m", "failover"],
+            {**os.environ, **env, "KUBECONFIG": str(kubeconfig)}, REPO, REACTION, "FAILOVER_HEALTH_PORT",
+            ("FAILOVER_METRICS_PORT",))
         return self.member_failover
 
     def submit_to(self, name: str, queue: str, annotations: dict | None = None) -> str:

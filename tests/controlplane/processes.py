@@ -88,6 +88,28 @@ class Supervisor:
             self.stop(process)
 
 
+def start_serving(supervisor, name: str, argv: list[str], env: dict[str, str], cwd, timeout: float,
+                  health_port: str, other_ports: tuple[str, ...] = (), attempts: int = 3) -> tuple[Process, dict]:
+    """Start a program of ours that serves `/healthz` (answering "ok <its pid>") on the port in env[health_port],
+    on ports free just now (and the `other_ports` env keys too); (the process, its env). A port taken between the
+    pick and the program's bind (four test files start planes at once) is picked again, and an answer from another
+    process on that port does not count (seen: a controller's port taken, the test talking to someone else's)."""
+    for attempt in range(attempts):
+        ports = {key: str(free_port()) for key in (health_port, *other_ports)}
+        full = {**env, **ports}
+        process = supervisor.start(name, argv, env=full, cwd=cwd)
+        url = f"http://127.0.0.1:{ports[health_port]}/healthz"
+        try:
+            supervisor.wait_until(process, lambda: http_ok(url, expect=f"ok {process.popen.pid}\n"), timeout,
+                                  "/healthz")
+            return process, full
+        except StartError as error:
+            if "Address already in use" not in str(error) or attempt == attempts - 1:
+                raise
+            supervisor.stop(process)
+    raise AssertionError("unreachable")
+
+
 def http_ok(url: str, context: ssl.SSLContext | None = None, expect: str | None = None) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=2, context=context) as response:
