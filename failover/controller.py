@@ -402,8 +402,7 @@ class Controller(GuardedWrites):
         job = self._get(self.rayjobs, view.rayjob, view.namespace)
         if job is None:
             return 0
-        if (job["metadata"].get("annotations") or {}).get(SLICE_LOST_ANNOTATION) != (
-                recorded.to_json() if recorded else None):
+        if LostSlice.from_json((job["metadata"].get("annotations") or {}).get(SLICE_LOST_ANNOTATION)) != recorded:
             self.queue.add((view.namespace, cached.meta["name"]), delay=0.2)  # the cache lags: decide on its next view
             return 0
         if isinstance(action, GiveUpSlice):

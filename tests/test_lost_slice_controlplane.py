@@ -7,7 +7,7 @@ recreated when capacity allows). The rest judges: KubeRay makes the pods again, 
 or releases the quota, and the controller reads the loss from the nodes and pods, and decides.
 
 The stack's rungs here: on-demand, Spot, DWS; `fallback.sliceRecoveryWait` set through stack config as a user
-would: 30s on on-demand (the shortest the stack takes), 2m on Spot.
+would: 30s on on-demand and DWS (the shortest the stack takes), 2m on Spot.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from tests.controlplane.kube import wait_for
 pytestmark = pytest.mark.controlplane
 
 RECOVERY = {"onDemand": "30s", "spot": "2m", "flexStart": "30s"}
-ON_DEMAND_WAIT_SECONDS = 30
+ON_DEMAND_WAIT_SECONDS = DWS_WAIT_SECONDS = 30
 SPOT_GRACE_SECONDS = 15  # GKE gives a Spot VM's non-system pods 15 s of its 30 s notice (spot-vms page)
 # The node lifecycle controller's taint on a host whose kubelet stopped reporting (a failed host).
 # Ref: https://kubernetes.io/docs/reference/labels-annotations-taints/#node-kubernetes-io-unreachable
@@ -50,11 +50,6 @@ def clean(tier):
     tier.delete_all_jobs()
 
 
-def lost_of(tier, job: str) -> slices.LostSlice | None:
-    rayjob = tier.kube.get(*jobs.RAYJOB, job, NAMESPACE)
-    return slices.LostSlice.from_json((rayjob["metadata"].get("annotations") or {}).get(slices.SLICE_LOST_ANNOTATION))
-
-
 def events_of(tier, job: str, reason: str) -> list[dict]:
     return [e for e in tier.kube.list("v1", "Event", namespace=NAMESPACE)
             if e["involvedObject"].get("kind") == "RayJob" and e["involvedObject"]["name"] == job
@@ -62,36 +57,16 @@ def events_of(tier, job: str, reason: str) -> list[dict]:
 
 
 class Runs:
-    """The job's RayClusters seen with pods, poll by poll: it never runs twice at once."""
+    """The job's runs (RayClusters with pods) seen, poll by poll: it never runs twice at once."""
 
     def __init__(self, tier, job: str):
         self.tier, self.job, self.most = tier, job, 0
 
-    def poll(self) -> None:
-        clusters = {p["metadata"]["labels"].get("ray.io/cluster")
-                    for p in self.tier.kube.list("v1", "Pod", namespace=NAMESPACE)
-                    if (p["metadata"].get("labels") or {}).get("ray.io/cluster", "").startswith(f"{self.job}-")
-                    and not p["metadata"].get("deletionTimestamp")}
-        self.most = max(self.most, len(clusters))
-
     def wait(self, probe, what: str, timeout: float = REACTION):
         def polled():
-            self.poll()
+            self.most = max(self.most, self.tier.runs_of(self.job))
             return probe()
         return wait_for(polled, timeout, what, interval=0.2)
-
-
-def running_on(tier, job: str, flavor: str) -> bool:
-    pools = jobs.pools_of(tier.kube, NAMESPACE, job)
-    return bool(pools) and tier.on_one_slice_of(flavor, pools["worker"])
-
-
-def lose_the_slice_of(tier, job: str, **how) -> tuple[float, datetime.datetime]:
-    """Lose the slice the job's workers run on; (the monotonic time of GKE's first signal, its wall time)."""
-    (worker, *_) = jobs.pods_of(tier.kube, NAMESPACE, job)["worker"]
-    slice_id = tier.gke.slice_of(worker["spec"]["nodeName"])
-    wall = datetime.datetime.now(datetime.timezone.utc)
-    return tier.gke.lose_slice(slice_id, **how), wall
 
 
 def seconds_between(later: str, earlier: datetime.datetime | str) -> float:
@@ -103,11 +78,11 @@ def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothi
     tier, job = clean, "lost-spot"
     tier.submit(job, queue="user-queue-spot")
     runs = Runs(tier, job)
-    runs.wait(lambda: running_on(tier, job, "spot"), "running on a Spot slice")
+    runs.wait(lambda: tier.running_on(job, "spot"), "running on a Spot slice")
     jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
 
-    signal, wall = lose_the_slice_of(tier, job, grace_seconds=SPOT_GRACE_SECONDS)
-    lost = runs.wait(lambda: lost_of(tier, job), "the loss recorded on the RayJob")
+    signal, wall = tier.lose_slice_of(job, grace_seconds=SPOT_GRACE_SECONDS)
+    lost = runs.wait(lambda: tier.lost_of(job), "the loss recorded on the RayJob")
     seen = time.monotonic() - signal
     # The loss counts from GKE's signal (the kubelets' termination of the pods), not from when the pods are gone.
     assert lost.flavor == "spot" and lost.state == slices.LOST
@@ -117,8 +92,8 @@ def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothi
     assert event["type"] == "Warning" and event["message"] == slices.loss_message(lost)
 
     # GKE recreates the slice (capacity is there); KubeRay makes the workers again; the job is whole on Spot.
-    runs.wait(lambda: running_on(tier, job, "spot"), "running on Spot again")
-    recovered = runs.wait(lambda: (found := lost_of(tier, job)) and found.state == slices.RECOVERED and found,
+    runs.wait(lambda: tier.running_on(job, "spot"), "running on Spot again")
+    recovered = runs.wait(lambda: (found := tier.lost_of(job)) and found.state == slices.RECOVERED and found,
                           "the loss marked recovered")
     whole_after = seconds_between(recovered.recovered_at, lost.at)
     print(f"\nSpot preemption, capacity back: loss seen {seen:.2f} s after the signal; whole again "
@@ -134,12 +109,12 @@ def test_a_failed_host_without_capacity_back_moves_the_job_once_at_the_rungs_wai
     tier, job = clean, "lost-on-demand"
     tier.submit(job)
     runs = Runs(tier, job)
-    runs.wait(lambda: running_on(tier, job, "on-demand"), "running on an on-demand slice")
+    runs.wait(lambda: tier.running_on(job, "on-demand"), "running on an on-demand slice")
     jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
 
     tier.stockout("on-demand")  # the capacity does not come back: GKE cannot recreate the slice
-    signal, wall = lose_the_slice_of(tier, job, grace_seconds=0, going_taint=UNREACHABLE)
-    lost = runs.wait(lambda: lost_of(tier, job), "the loss recorded on the RayJob")
+    signal, wall = tier.lose_slice_of(job, grace_seconds=0, going_taint=UNREACHABLE)
+    lost = runs.wait(lambda: tier.lost_of(job), "the loss recorded on the RayJob")
     seen = time.monotonic() - signal
     assert lost.flavor == "on-demand" and "is unreachable" in lost.cause, lost
     assert -1 <= seconds_between(lost.at, wall) <= 1, (lost, wall)
@@ -150,10 +125,45 @@ def test_a_failed_host_without_capacity_back_moves_the_job_once_at_the_rungs_wai
     # One move, at the rung's wait: not the stockout's early path (the autoscaler reported the replacement pods).
     took = seconds_between(move.at, lost.at)
     assert ON_DEMAND_WAIT_SECONDS <= took <= ON_DEMAND_WAIT_SECONDS + MOVE_SLACK_SECONDS, (took, move, lost)
-    runs.wait(lambda: running_on(tier, job, "spot"), "running on Spot, the next rung")
+    runs.wait(lambda: tier.running_on(job, "spot"), "running on Spot, the next rung")
     events = wait_for(lambda: tier.moves_recorded(job), REACTION, "the move's Event")
     assert [e["message"] for e in events] == [decisions.move_message(move, "user-queue")]
     assert len(decisions.move_history(tier.kube.get(*jobs.RAYJOB, job, NAMESPACE)["metadata"]["annotations"])) == 1
     assert runs.most == 1  # the lost run's pods were gone before the next rung's run began
     print(f"\nfailed host, no capacity: loss seen {seen:.2f} s after the signal; moved {took:.0f} s after the loss "
           f"(wait {ON_DEMAND_WAIT_SECONDS} s)")
+
+
+def test_the_end_of_a_dws_run_requeues_the_job_on_dws_for_a_new_slice(clean):
+    """DWS is the last rung: nothing below to move to, and a flex-start slice that ended does not come back by
+    itself (no ProvisioningRequest asks for it). At the wait the job is evicted and queued again on DWS, which asks
+    for a new slice; once provisioned, the job runs there again."""
+    tier, job = clean, "lost-dws"
+    tier.submit(job, queue="user-queue-dws")
+    runs = Runs(tier, job)
+    first = jobs.wait_provisioning_request(tier.kube, NAMESPACE, job, REACTION)
+    jobs.mark_provisioned(tier.kube, first, "tier-resize-lost-1")
+    runs.wait(lambda: tier.running_on(job, "dws"), "running on a DWS slice")
+    jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
+
+    signal, wall = tier.lose_slice_of(job, grace_seconds=SPOT_GRACE_SECONDS)
+    lost = runs.wait(lambda: tier.lost_of(job), "the loss recorded on the RayJob")
+    assert lost.flavor == "dws" and -1 <= seconds_between(lost.at, wall) <= 1, (lost, wall)
+
+    def second_request() -> dict | None:
+        workload = jobs.workload_of(tier.kube, NAMESPACE, job)
+        found = [r for r in (jobs.provisioning_requests(tier.kube, NAMESPACE, workload) if workload else [])
+                 if r["metadata"]["uid"] != first["metadata"]["uid"]]
+        return found[0] if found else None
+    request = runs.wait(second_request, "a new ProvisioningRequest on DWS", DWS_WAIT_SECONDS + REACTION)
+    move = runs.wait(lambda: (m := tier.move_of(job)) and m.state == decisions.MOVED and m, "the requeue recorded")
+    assert (move.from_flavor, move.to_flavor, move.reason, move.requeue) == ("dws", "dws", decisions.SLICE_LOST, True)
+    took = seconds_between(move.at, lost.at)
+    assert DWS_WAIT_SECONDS <= took <= DWS_WAIT_SECONDS + MOVE_SLACK_SECONDS, (took, move, lost)
+    jobs.mark_provisioned(tier.kube, request, "tier-resize-lost-2")
+    runs.wait(lambda: tier.running_on(job, "dws"), "running on a new DWS slice")
+    events = wait_for(lambda: tier.moves_recorded(job), REACTION, "the requeue's Event")
+    assert [e["message"] for e in events] == [decisions.move_message(move, "user-queue-dws")]
+    assert events[0]["message"].startswith("requeued on dws (LocalQueue user-queue-dws)")
+    assert tier.queues_of(job) == ("user-queue-dws", "user-queue-dws")
+    assert runs.most == 1

@@ -342,6 +342,25 @@ def test_admitted_waits_for_its_pods_then_runs():
     assert view.since == NOW - datetime.timedelta(seconds=15)
 
 
+def test_a_running_job_that_lost_its_slice_says_since_when_and_until_when_it_waits():
+    from failover import decisions, slices
+
+    def lost_on(seconds: int, state: str = slices.LOST) -> str:
+        at = NOW - datetime.timedelta(seconds=seconds)
+        return slices.LostSlice("on-demand", decisions.format_time(at), "its host n-1 is gone",
+                                decisions.format_time(at + datetime.timedelta(minutes=10)), state).to_json()
+
+    job = rayjob("lost", annotations={slices.SLICE_LOST_ANNOTATION: lost_on(5)})
+    view = one_job(job, workload(job, admitted(40, pods_ready=15), flavor="on-demand"))
+    assert (view.state, view.rung) == (jobs.SLICE_LOST, "on-demand")
+    assert view.words == f"lost its slice, waiting for it until {decisions.format_time(NOW + datetime.timedelta(seconds=595))}"
+    assert view.since == NOW - datetime.timedelta(seconds=5) and "its host n-1 is gone" in view.detail
+    # Whole again, or a loss of an earlier run (before this admission's pods were ready): running.
+    for annotation in (lost_on(5, slices.RECOVERED), lost_on(30)):
+        job = rayjob("lost", annotations={slices.SLICE_LOST_ANNOTATION: annotation})
+        assert one_job(job, workload(job, admitted(40, pods_ready=15), flavor="on-demand")).state == jobs.RUNNING
+
+
 def test_evicted_by_the_pods_ready_timeout_says_from_where_and_when_it_is_back():
     job = rayjob("stocked-out")
     view = one_job(job, workload(job, evicted(PODS_READY_TIMEOUT, 20), requeue_at=40,

@@ -1,8 +1,8 @@
 """Tests of workloads/train.py: real Ray Train (JaxTrainer) and real JAX on the CPU.
 
 The Ray tests run 2 worker processes joined by jax.distributed (2 processes x 1 CPU device), like two
-TPU hosts. Four fit() calls in all (about 2 minutes on 2 cores): an uninterrupted run, a run with an
-injected worker death, an extension of the first run, and a second dispatch of the first run's job (another
+TPU hosts. Four fit() calls in all (about 2 minutes on 2 cores): an uninterrupted run, a run with a termination
+notice and an injected worker death, an extension of the first run, and a second dispatch of the first run's job (another
 run id) that resumes from it. The model helpers and the choice of the resume source are unit-tested
 in-process.
 """
@@ -26,6 +26,7 @@ from workloads import train  # noqa: E402
 STEPS = 30
 CKPT_EVERY = 10
 FAIL_AT = 15
+NOTICE_AT = 5
 VOCAB = train.build_parser().parse_args([]).vocab  # the defaults are what `python train.py` runs
 LOG_V = math.log(VOCAB)
 
@@ -241,15 +242,29 @@ def test_loss_falls_below_half_of_log_vocab(baseline):
     assert metrics["tokens_per_s"] > 0 and metrics["tflops_per_device"] > 0
 
 
-def test_worker_failure_resumes_from_last_checkpoint_and_matches_uninterrupted_run(baseline, tmp_path):
-    result = train.main(_argv(tmp_path, "crash", STEPS, "--fail-at-step", str(FAIL_AT)))
+def test_a_notice_loses_no_step_a_crash_at_most_one_interval_and_both_match_the_uninterrupted_run(baseline,
+                                                                                                   tmp_path):
+    """One fit, two faults: GKE's termination notice at step NOTICE_AT (the file the workers' preStop hook creates),
+    then a worker killed without notice at FAIL_AT. Ray Train restarts the worker group after each."""
+    notice = tmp_path / "notice-dir" / "termination-notice"
+    result = train.main(_argv(tmp_path, "crash", STEPS, "--fail-at-step", str(FAIL_AT),
+                              "--preempt-at-step", str(NOTICE_AT), "--notice-file", str(notice)))
 
+    assert (tmp_path / "crash-orbax" / f"injected-notice-at-step-{NOTICE_AT}").exists()  # the notice came once
     assert (tmp_path / "crash-orbax" / f"injected-failure-at-step-{FAIL_AT}").exists()  # it did die once
-    # The restarted worker group began at the last orbax step before the failure, not at 0.
+    assert not notice.exists()  # consumed by the run that saw it
+    # Each checkpoint's Ray marker says the step and where its worker group began; the markers stay on storage when
+    # a report is dropped (a worker that dies before Ray Train's controller collects it), the metrics do not.
+    markers = {(meta["step"], meta["start_step"]) for meta in
+               (json.loads(p.read_text()) for p in (tmp_path / "ray" / "crash").rglob("meta.json"))}
+    # With notice: every host saved the step it reached (off the checkpoint interval), and the next group began
+    # there: no finished step lost.
+    assert NOTICE_AT % CKPT_EVERY and (NOTICE_AT, 0) in markers and (10, NOTICE_AT) in markers, markers
+    # Without notice: the restarted worker group began at the last orbax step before the failure, not at 0 (steps
+    # lost: FAIL_AT - 10, at most one interval).
     assert result.metrics["step"] == STEPS
     assert result.metrics["start_step"] == (FAIL_AT // CKPT_EVERY) * CKPT_EVERY == 10
-    history = result.metrics_dataframe
-    assert set(history.loc[history["step"] > FAIL_AT, "start_step"]) == {10}
+    assert {start for step, start in markers if step > FAIL_AT} == {10}, markers
 
     # Same seed, same batches per step, deterministic CPU XLA: the state after the restart matches the
     # uninterrupted run's exactly (params, Adam moments, step). Bitwise, hence rtol=atol=0.

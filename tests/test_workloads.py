@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata
+import os
 import re
 import shlex
+import subprocess
+import tempfile
 
 import pytest
 import yaml
@@ -13,7 +16,7 @@ import yaml
 from infra.offline import OfflineEngine
 from infra.settings import SettingsError
 from workloads import jobs as jobs_module
-from workloads import train
+from workloads import rayjob, train
 from workloads.jobs import checkpoint_bucket_name, script_configmap_name
 from workloads.rayjob import RUNTIME_REQUIREMENTS, SCRIPT_PATH, runtime_pins
 from tests.conftest import config_with, plan_for
@@ -129,6 +132,32 @@ def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
     # No fixed --run-id: each RayCluster (dispatch, retry) writes under its own name, from RAY_CLUSTER_NAME.
     assert args.run_id is None
     assert args.steps == 500 and args.dtype == "bfloat16" and args.d_model == 1024  # the configured flags
+    assert args.checkpoint_every == 100  # workloads.checkpointEvery
+    assert args.notice_file == train.DEFAULT_NOTICE_FILE  # where the workers' preStop hook writes
+
+
+def test_checkpoint_interval_comes_from_config():
+    job = rayjobs(plan_for(overrides={"workloads": {"checkpointEvery": 25}}))["rayjob-tpu-v6e-4x4-1"]
+    assert train.build_parser().parse_args(shlex.split(job["spec"]["entrypoint"])[2:]).checkpoint_every == 25
+
+
+def test_tpu_workers_get_gkes_termination_notice_as_the_training_reads_it():
+    """GKE's notice reaches the TPU workers through their preStop hook (the SIGTERM goes to `ray start`, which drains
+    for 30 s first): the hook creates the file train.py looks for after each step, then gives it time to save."""
+    job = rayjobs(plan_for())["rayjob-tpu-v6e-dws-1"]
+    (worker,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    (container,) = worker["template"]["spec"]["containers"]
+    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert command[:2] == ["/bin/sh", "-c"]
+    # Run the hook's script here, on a temporary path: it creates the notice where train.py looks.
+    with tempfile.TemporaryDirectory() as directory:
+        notice = f"{directory}/notice/file"
+        hook = rayjob.termination_notice_hook(notice, seconds=0)["preStop"]["exec"]["command"]
+        subprocess.run(hook, check=True, timeout=10)
+        assert os.path.exists(notice)
+    assert command[2].endswith(f"sleep {rayjob.NOTICE_SAVE_SECONDS}") and rayjob.NOTICE_SAVE_SECONDS < 15
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert "lifecycle" not in head  # the head trains nothing
 
 
 def test_script_configmap_is_named_by_content_and_mounted_everywhere():
@@ -337,6 +366,9 @@ BAD_WORKLOADS = [
     ("head-memory-exceeds-cpu-node", {"headMemory": "65Gi"}, "workloads.headMemory"),
     ("max-run-over-seven-days", {"maxRunDuration": 700000}, "workloads.maxRunDuration"),
     ("no-retry", {"backoffLimit": 0}, "workloads.backoffLimit"),
+    ("checkpoint-every-zero", {"checkpointEvery": 0}, "workloads.checkpointEvery"),
+    ("checkpoint-every-not-int", {"checkpointEvery": "100"}, "workloads.checkpointEvery"),
+    ("checkpoint-every-in-training-args", {"trainingArgs": ["--checkpoint-every", "5"]}, "workloads.trainingArgs"),
     ("field-typo", {"job": 2}, "workloads.job"),
 ]
 

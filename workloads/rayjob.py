@@ -17,9 +17,15 @@ from infra.kueue import NODEPOOL_LABEL_KEY, QUEUED_TAINT_KEY, tolerate_no_schedu
 from infra.settings import PlatformSettings
 from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY, TPU_RESOURCE
 from workloads.settings import WorkloadSettings
+from workloads.train import DEFAULT_NOTICE_FILE
 
 RUNTIME_REQUIREMENTS = Path(__file__).resolve().parent / "requirements-runtime.txt"
 SCRIPT_PATH = Path(__file__).resolve().parent / "train.py"
+# GKE gives a Spot VM's pods 15 s between its notice and the end (more for a TPU maintenance); the kubelet runs the
+# preStop hook first, then sends SIGTERM, which `ray start --block` answers with a 30 s drain (Ray 2.60) that never
+# reaches the training workers in time. So the hook itself tells them (train.py --notice-file) and gives them this
+# long to save the step they reached before the SIGTERM. Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms
+NOTICE_SAVE_SECONDS = 10
 SCRIPT_MOUNT = "/app"
 SCRIPT_KEY = "train.py"
 RAY_IMAGE_REPOSITORY = "rayproject/ray"
@@ -78,8 +84,18 @@ def entrypoint(platform: PlatformSettings, settings: WorkloadSettings, job_name:
         "--peak-tflops-per-device", f"{tpu.generation.peak_bf16_tflops_per_chip:g}",
         # A fixed run name and storage: a RayJob retry (a new RayCluster) resumes from the checkpoints.
         "--run-name", job_name, "--storage-path", f"gs://{bucket}/ray", "--checkpoint-dir", f"{run}/orbax",
+        "--checkpoint-every", str(settings.checkpoint_every),
     ]
     return shlex.join(["python", f"{SCRIPT_MOUNT}/{SCRIPT_KEY}", *flags, *settings.training_args])
+
+
+def termination_notice_hook(notice_file: str = DEFAULT_NOTICE_FILE, seconds: int = NOTICE_SAVE_SECONDS) -> dict:
+    """The TPU workers' preStop hook: the termination notice train.py looks for after each step, then the time to
+    save before the kubelet's SIGTERM."""
+    directory = notice_file.rsplit("/", 1)[0]
+    return {"preStop": {"exec": {"command": [
+        "/bin/sh", "-c", shlex.join(["mkdir", "-p", directory]) + " && " + shlex.join(["touch", notice_file])
+        + f" && sleep {seconds}"]}}}
 
 
 def max_replicas(platform: PlatformSettings) -> int:
@@ -180,6 +196,7 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
                 "env": [{"name": "JAX_PLATFORMS", "value": "tpu,cpu"}],
                 "resources": _resources(settings.worker_cpu, settings.worker_memory, tpu.chips_per_host),
                 "volumeMounts": [mount],
+                "lifecycle": termination_notice_hook(),
             }],
             "volumes": [volume],
         }},

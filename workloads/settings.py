@@ -21,7 +21,10 @@ WORKLOAD_DEFAULTS: Mapping[str, Any] = {
     "workerCpu": "8",
     "workerMemory": "16Gi",
     # A ~100M-parameter model in bf16: real matmul work for a slice, still quick to compile.
-    "trainingArgs": ["--steps", "500", "--checkpoint-every", "100", "--dtype", "bfloat16", "--lr", "1e-3",
+    # Steps between checkpoints: a slice lost without notice costs at most this many (train.py, README "A job that
+    # loses its slice"); with GKE's notice, none.
+    "checkpointEvery": 100,
+    "trainingArgs": ["--steps", "500", "--dtype", "bfloat16", "--lr", "1e-3",
                      "--vocab", "8192", "--seq-len", "1024", "--d-model", "1024", "--layers", "8",
                      "--heads", "16", "--batch-size", "256"],
     "maxRunDuration": 86400,
@@ -33,7 +36,9 @@ WORKLOAD_DEFAULTS: Mapping[str, Any] = {
 # Flags the workloads module derives from the platform; a user value would contradict the slice.
 DERIVED_FLAGS = ("--use-tpu", "--topology", "--accelerator-type", "--num-workers", "--chips-per-host",
                  "--peak-tflops-per-device", "--storage-path", "--checkpoint-dir", "--run-name",
-                 "--run-id")  # each run's own (RAY_CLUSTER_NAME): two runs of a job never share checkpoint files
+                 "--run-id",  # each run's own (RAY_CLUSTER_NAME): two runs of a job never share checkpoint files
+                 "--checkpoint-every", "--notice-file")  # workloads.checkpointEvery; the preStop hook's file
+MAX_CHECKPOINT_EVERY = 100_000  # a sanity bound: more steps than that between checkpoints is no checkpointing
 MAX_RUN_DURATION = 7 * 24 * 3600  # DWS nodes run for up to seven days
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 _CPU = re.compile(r"^([0-9]+)(m)?$")
@@ -54,6 +59,7 @@ class WorkloadSettings:
     worker_cpu: str
     worker_memory: str
     training_args: tuple[str, ...]
+    checkpoint_every: int
     max_run_duration_seconds: int
     backoff_limit: int
     ray_image_repository: str
@@ -130,6 +136,10 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings | No
     if reader.check("workloads.trainingArgs", all(isinstance(a, str) for a in args),
                     "must be a list of strings, e.g. [\"--steps\", \"200\"]"):
         _check_training_args(reader, args, platform)
+    reader.check("workloads.checkpointEvery", type(raw["checkpointEvery"]) is int
+                 and 1 <= raw["checkpointEvery"] <= MAX_CHECKPOINT_EVERY,
+                 f"{raw['checkpointEvery']!r} is out of range; use 1 to {MAX_CHECKPOINT_EVERY} steps (a slice lost "
+                 "without notice costs up to this many)")
     reader.check("workloads.maxRunDuration", 0 < raw["maxRunDuration"] <= MAX_RUN_DURATION,
                  f"{raw['maxRunDuration']} is out of range; use 1 to {MAX_RUN_DURATION} seconds (7 days)")
     reader.check("workloads.rayImageRepository", bool(_IMAGE_REPOSITORY.match(raw["rayImageRepository"])),
@@ -142,7 +152,7 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings | No
     return WorkloadSettings(
         enabled=raw["enabled"], jobs=raw["jobs"], namespace=raw["namespace"], name_prefix=name_prefix,
         head_cpu=raw["headCpu"], head_memory=raw["headMemory"], worker_cpu=raw["workerCpu"],
-        worker_memory=raw["workerMemory"], training_args=tuple(args),
+        worker_memory=raw["workerMemory"], training_args=tuple(args), checkpoint_every=raw["checkpointEvery"],
         max_run_duration_seconds=raw["maxRunDuration"], backoff_limit=raw["backoffLimit"],
         ray_image_repository=raw["rayImageRepository"],
     )

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from failover import decisions, ladder
+from failover import decisions, ladder, slices
 from failover.decisions import (FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
 from failover.fleet import FLEET_ANNOTATION
 from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
@@ -31,6 +31,7 @@ WAITING_FOR_SLICE = "WaitingForSlice"  # quota reserved on a rung with a Provisi
 WAITING_FOR_CHECKS = "WaitingForChecks"  # quota reserved, another admission check pending
 ADMITTED = "Admitted"  # admitted, pods not all ready yet (on a stocked-out rung they never are)
 RUNNING = "Running"
+SLICE_LOST = "SliceLost"  # admitted and was running; its slice is broken and the controller waits for it (slices.py)
 EVICTED = "Evicted"  # evicted and not back in the queue yet (requeue backoff, or deactivated)
 DEACTIVATED = "Deactivated"  # spec.active false before it was ever evicted
 MOVING = "Moving"  # the failover controller is moving it down the ladder
@@ -55,7 +56,8 @@ MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscale
               # A fleet's manager (plan C): the ladder controller's moves between steps (failover/ladder.py).
               ladder.MEMBER_EVICTED: "the step's member evicted it (pods not ready in time there, or preempted)",
               ladder.MEMBER_STOCKOUT: "the step's member reported no TPU capacity for its pods",
-              ladder.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)"}
+              ladder.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)",
+              decisions.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
 REQUEST_CONDITIONS = (
@@ -309,6 +311,11 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
         move = move_in_progress
         return State(MOVING, f"moving from {move.from_flavor} to {move.to_flavor}", parse_time(move.at),
                      f"started by the failover controller ({move.reason}): {MOVE_WORDS.get(move.reason, move.reason)}")
+    lost = slices.LostSlice.from_json(annotations(rayjob).get(slices.SLICE_LOST_ANNOTATION))
+    if (view.admitted and view.pods_ready_since is not None and lost is not None and lost.state == slices.LOST
+            and lost.flavor == view.flavor and (parse_time(lost.at) or view.pods_ready_since) >= view.pods_ready_since):
+        return State(SLICE_LOST, f"lost its slice, waiting for it until {lost.until}", parse_time(lost.at),
+                     f"{slices.loss_message(lost)}; then the failover controller moves it on")
     if view.quota_reserved:
         return _reserved_state(found, view, request, check_states(workload), slice_checks, requests_problem)
     evicted = found.get("Evicted") if is_true(found.get("Evicted")) else None
@@ -379,7 +386,7 @@ def current_rung(workload: Mapping | None, state: str, start: str | None) -> str
 
 
 # The states in which the Workload holds quota on a flavor (or did, when it finished).
-HOLDING_QUOTA = frozenset({WAITING_FOR_SLICE, WAITING_FOR_CHECKS, ADMITTED, RUNNING, FINISHED})
+HOLDING_QUOTA = frozenset({WAITING_FOR_SLICE, WAITING_FOR_CHECKS, ADMITTED, RUNNING, SLICE_LOST, FINISHED})
 
 
 # ---- what a Workload asks for and has been through ------------------------------------------------------------------

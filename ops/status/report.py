@@ -24,7 +24,7 @@ READS = ("cluster_queues", "cohorts", "resource_flavors", "admission_checks", "l
 
 # A job counts as admitted on its rung in these states, as pending in these (unless deactivated: a move in progress
 # reactivates it at its target).
-ADMITTED_STATES = frozenset({job_states.ADMITTED, job_states.RUNNING})
+ADMITTED_STATES = frozenset({job_states.ADMITTED, job_states.RUNNING, job_states.SLICE_LOST})
 PENDING_STATES = frozenset({job_states.WAITING_FOR_QUOTA, job_states.WAITING_FOR_SLICE,
                             job_states.WAITING_FOR_CHECKS, job_states.EVICTED, job_states.MOVING,
                             job_states.NO_WORKLOAD})

@@ -7,13 +7,14 @@ the plan's pools (runtime.py): the tests script only GCE capacity (`stockout`) a
 from __future__ import annotations
 
 import contextlib
+import datetime
 import os
 import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from failover import decisions
+from failover import decisions, slices
 from infra import failover as stack_failover
 from infra.offline import Plan
 from tests.conftest import REPO, plan_for
@@ -152,6 +153,32 @@ class FailoverTier:
         rayjob = self.kube.get(*jobs.RAYJOB, job, NAMESPACE)
         workload = jobs.workload_of(self.kube, NAMESPACE, job)
         return rayjob["metadata"]["labels"][jobs.QUEUE_LABEL], workload["spec"]["queueName"]
+
+    # ---- a running job that loses its slice (failover/slices.py) ------------------------------------------------
+    def lost_of(self, job: str) -> slices.LostSlice | None:
+        """The loss the controller recorded on the RayJob."""
+        rayjob = self.kube.get(*jobs.RAYJOB, job, NAMESPACE)
+        return slices.LostSlice.from_json((rayjob["metadata"].get("annotations") or {}).get(
+            slices.SLICE_LOST_ANNOTATION))
+
+    def running_on(self, job: str, flavor: str) -> bool:
+        """Every pod of the job's run Running and Ready, its workers on one slice of this rung."""
+        pools = jobs.pools_of(self.kube, NAMESPACE, job)
+        return bool(pools) and self.on_one_slice_of(flavor, pools["worker"])
+
+    def lose_slice_of(self, job: str, **how) -> tuple[float, datetime.datetime]:
+        """Lose the slice the job's workers run on (gke.Autoscaler.lose_slice); the monotonic and wall times of
+        GKE's first signal."""
+        (worker, *_) = jobs.pods_of(self.kube, NAMESPACE, job)["worker"]
+        slice_id = self.gke.slice_of(worker["spec"]["nodeName"])
+        wall = datetime.datetime.now(datetime.timezone.utc)
+        return self.gke.lose_slice(slice_id, **how), wall
+
+    def runs_of(self, job: str) -> int:
+        """How many runs (RayClusters) of the job have pods not being deleted now."""
+        return len({p["metadata"]["labels"]["ray.io/cluster"] for p in self.kube.list("v1", "Pod", namespace=NAMESPACE)
+                    if (p["metadata"].get("labels") or {}).get("ray.io/cluster", "").startswith(f"{job}-")
+                    and not p["metadata"].get("deletionTimestamp")})
 
     def moves_recorded(self, job: str) -> list[dict]:
         return [e for e in self.kube.list("v1", "Event", namespace=NAMESPACE)
