@@ -188,7 +188,11 @@ def decide_loss(flavor: str | None, running_since: datetime.datetime | None, rec
         if loss is None:
             return None
         at = max(loss.at, running_since)
-        return RecordLoss(LostSlice(flavor, format_time(at), loss.cause, format_time(at + recovery)))
+        # Whole seconds on the RayJob: `at` rounded down, the deadline up, so the job waits at least its wait.
+        until = at + recovery
+        if until.microsecond:
+            until += datetime.timedelta(microseconds=1_000_000 - until.microsecond)
+        return RecordLoss(LostSlice(flavor, format_time(at), loss.cause, format_time(until)))
     if loss is None:
         return RecordRecovery(replace(current, state=RECOVERED, recovered_at=format_time(now)))
     if now >= (parse_time(current.until) or now):

@@ -118,6 +118,12 @@ def test_a_loss_is_recorded_once_with_its_deadline_then_the_job_moves_at_the_dea
     assert decide_loss("spot", running, recorded, loss, WAIT, at_deadline) == GiveUpSlice(recorded)
 
 
+def test_the_deadline_is_rounded_up_to_a_whole_second_so_the_wait_is_never_short():
+    at = ago(5) + datetime.timedelta(milliseconds=300)
+    recorded = decide_loss("spot", ago(600), None, slices.Loss(at, "x"), WAIT, NOW).lost
+    assert (recorded.at, recorded.until) == (stamp(5), stamp(5 - 121))
+
+
 def test_a_slice_whole_again_marks_the_loss_recovered_and_a_later_loss_starts_a_new_wait():
     recorded = LostSlice("on-demand", stamp(60), "its host node-1 is gone", stamp(-540))
     recovered = decide_loss("on-demand", ago(3600), recorded, None, WAIT, NOW)

@@ -575,9 +575,10 @@ def _report(metrics: dict, marker_step: int | None, checkpoint_dir: str) -> None
         return
     with tempfile.TemporaryDirectory() as d:
         with open(os.path.join(d, "meta.json"), "w") as f:
-            # start_step: where this worker group began; the markers stay on storage when a report is dropped (a
-            # worker that dies before the controller collects it), so they tell each group's start.
-            json.dump({"step": marker_step, "orbax_dir": checkpoint_dir, "start_step": metrics.get("start_step")}, f)
+            # Where this worker group began and when its first step was done: the markers stay on storage when a
+            # report is dropped (a worker that dies before the controller collects it), so they tell each restart.
+            json.dump({"step": marker_step, "orbax_dir": checkpoint_dir, "start_step": metrics.get("start_step"),
+                       "first_step_at": metrics.get("first_step_at")}, f)
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
 
 
