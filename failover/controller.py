@@ -113,9 +113,11 @@ class Controller(GuardedWrites):
         self._stockouts: dict[str, dict[str, dict]] = {}  # namespace -> event uid -> stockout event
         self._job_losses: dict[Key, str | None] = {}  # (namespace, RayJob) -> its SLICE_LOST_ANNOTATION
         self._job_of_cluster: dict[Key, Key] = {}  # (namespace, RayCluster) -> (namespace, RayJob)
+        self._cluster_of_job: dict[Key, Key] = {}  # the other way
         self._hosts: dict[Key, dict[str, HostView]] = {}  # (namespace, RayCluster) -> TPU pod name -> HostView
         self._nodes: dict[str, NodeView] = {}
         self._gone: dict[str, datetime.datetime] = {}  # node -> when its deletion was seen
+
     # ---- what the informers see --------------------------------------------------------------------------------
     def informers(self) -> list[Informer]:
         def counted(resource, handler):
@@ -167,6 +169,7 @@ class Controller(GuardedWrites):
             self._job_moves.clear()
             self._job_losses.clear()
             self._job_of_cluster.clear()
+            self._cluster_of_job.clear()
         for item in items:
             self.rayjob_changed("ADDED", item)
 
@@ -176,16 +179,18 @@ class Controller(GuardedWrites):
         annotation, loss = annotations.get(FAILOVER_ANNOTATION), annotations.get(SLICE_LOST_ANNOTATION)
         cluster = (obj.get("status") or {}).get("rayClusterName")
         with self._lock:
-            for known, job in list(self._job_of_cluster.items()):
-                if job == key and (event_type == "DELETED" or known[1] != cluster):
-                    del self._job_of_cluster[known]
+            known = self._cluster_of_job.get(key)
+            if known is not None and (event_type == "DELETED" or known[1] != cluster):
+                del self._cluster_of_job[key]
+                self._job_of_cluster.pop(known, None)
             if event_type == "DELETED":
                 self._job_moves.pop(key, None)
                 self._job_losses.pop(key, None)
                 return
             changed = self._job_moves.get(key) != annotation or self._job_losses.get(key) != loss
             self._job_moves[key], self._job_losses[key] = annotation, loss
-            if cluster and self._job_of_cluster.get((key[0], cluster)) != key:
+            if cluster and self._cluster_of_job.get(key) != (key[0], cluster):
+                self._cluster_of_job[key] = (key[0], cluster)
                 self._job_of_cluster[(key[0], cluster)] = key
                 changed = True
             workload = self._workload_of_job.get(key)
@@ -390,7 +395,7 @@ class Controller(GuardedWrites):
         job_key = (view.namespace, view.rayjob)
         with self._lock:
             recorded = LostSlice.from_json(self._job_losses.get(job_key))
-            cluster = next((c for c, j in self._job_of_cluster.items() if j == job_key), None)
+            cluster = self._cluster_of_job.get(job_key)
             hosts = list(self._hosts.get(cluster, {}).values()) if cluster else []
             loss = slices.slice_loss(view.tpu_hosts, hosts, dict(self._nodes), dict(self._gone), now)
         recovery = datetime.timedelta(seconds=self.chain.rungs[rung].recovery_seconds)
