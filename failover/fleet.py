@@ -58,7 +58,10 @@ FLEET_ANNOTATION = "tpu-fallback/fleet"
 COMPONENT = "tpu-fallback-fleet-watch"
 KUEUE = ("kueue.x-k8s.io", "v1beta2")
 RAY = ("ray.io", "v1")
-REQUEST_TIMEOUT_SECONDS = 5  # a member that does not answer a probe in this long does not answer
+REQUEST_TIMEOUT_SECONDS = 5  # a probe not answered in this long is missed
+MISSES_BEFORE_LOST = 2  # a member that answered is lost after this many missed probes in a row, not one: measured
+# on a loaded tier, an API server just resumed after a partition may miss one probe, and a finding that flips for
+# one period (MemberLost, then back) is two Warnings that say nothing true
 WATCH_SECONDS = 10.0  # the period: kubeconfigs re-read, members asked for an answer
 RESYNC_SECONDS = 300.0  # every job evaluated again, the safety net for anything a watch missed
 SETTLE_SECONDS = 1.0  # a warning is published once it has held this long
@@ -184,6 +187,13 @@ def changed(previous: str | None, finding: Finding) -> bool:
         finding.state, list(finding.runs_in), finding.record, dict(finding.blocked))
 
 
+def still_answers(answered_before: bool, missed: int) -> bool:
+    """Whether a member answers after a probe, given whether it did before and the probes it missed in a row since
+    (0: this one was answered): one that never answered must answer first; one that did is lost only after
+    `MISSES_BEFORE_LOST` misses."""
+    return missed == 0 or (answered_before and missed < MISSES_BEFORE_LOST)
+
+
 def _true(obj: Mapping | None, kind: str) -> bool:
     return any(c.get("type") == kind and c.get("status") == "True"
                for c in ((obj or {}).get("status") or {}).get("conditions") or [])
@@ -303,8 +313,9 @@ class _Member:
         self.informers: list[Informer] = []
         self.copies: dict[Key, dict] = {}  # (namespace, Workload name) -> the copy
         self.rayjobs: dict[Key, dict] = {}  # (namespace, RayJob name) -> the member's RayJob
-        self.answers = False  # the last probe was answered
-        self.probe_failed_at: float | None = None
+        self.answers = False  # it answers (`still_answers`)
+        self.missed = 0  # probes missed in a row
+        self.probe_failed_at: float | None = None  # when it stopped answering
         self.primed = False  # its informers listed since it last did not answer (a new kubeconfig keeps this)
 
     def synced(self) -> bool:
@@ -528,11 +539,13 @@ class FleetWatch:
             except Exception as error:  # noqa: BLE001 - any failure to answer is "does not answer"
                 log.warning("member %s does not answer: %s", member.name, str(error).splitlines()[0][:200])
         before = member.answers
-        if answered and not before and member.probe_failed_at is not None:
+        member.missed = 0 if answered else member.missed + 1
+        answers = still_answers(before, member.missed)
+        if answers and not before and member.probe_failed_at is not None:
             self._restart_member(member)  # back: what its informers hold may be stale
-        member.answers = answered
-        member.probe_failed_at = None if answered else time.monotonic()
-        if answered != before:
+        member.answers = answers
+        member.probe_failed_at = None if answers else member.probe_failed_at or time.monotonic()
+        if answers != before:
             self._queue_all()
 
     def _queue_all(self) -> None:

@@ -89,14 +89,16 @@ def pytest_terminal_summary(terminalreporter):
 # scenarios 150, failover tier 145, destroy 124, watch 59, monitoring 48, status 41, ladder 38, teams 38; since then
 # the fleet tier grew to about 400 s alone and the fleet ladder's tier, about 240 s alone, came second; on real
 # KubeRay and nodes the failover tier (a failed job's retries) and the teams tier grew to about 200 s each, and the
-# fleet's run after admission, three planes with their nodes, takes about 130 s).
+# fleet's run after admission, three planes with their nodes, takes about 130 s). The training's fits (Ray Train) and
+# its in-process JAX tests are two files, so two workers run them at once; the lost-slice tier takes about 120 s.
 # `-n 4 --dist loadfile` gives each worker a file to run and one queued behind it, in collection order (pytest.ini
 # turns off xdist's reordering by test count): so the four longest start at once, each with a short file queued
 # behind it, and the other long ones follow. Simulated on those times: 328 s instead of 384 s.
-LONG_FILES = ("test_fleet_controlplane.py", "test_fleet_ladder_controlplane.py", "test_train.py", "test_controlplane.py",
-              "test_failover_controlplane.py", "test_teams_controlplane.py", "test_fleet_after_admission_controlplane.py",
-              "test_controlplane_destroy.py", "test_failover_watch_controlplane.py", "test_monitoring.py",
-              "test_status_controlplane.py", "test_failover_ladder_controlplane.py",
+LONG_FILES = ("test_fleet_controlplane.py", "test_fleet_ladder_controlplane.py", "test_train_ray.py",
+              "test_controlplane.py", "test_failover_controlplane.py", "test_teams_controlplane.py",
+              "test_fleet_after_admission_controlplane.py", "test_controlplane_destroy.py",
+              "test_lost_slice_controlplane.py", "test_failover_watch_controlplane.py", "test_train.py",
+              "test_monitoring.py", "test_status_controlplane.py", "test_failover_ladder_controlplane.py",
               "test_after_admission_controlplane.py")
 
 

@@ -485,7 +485,7 @@ def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visibl
             jobs.wait_pods_ready(fleet.kubes[W1], FLEET_NAMESPACE, job, REACTION)
             # Two runs of one job now: region 2's goes on behind the partition. They never share checkpoint files:
             # each RayJob object gets its own RayCluster, whose name is the run id train.py writes under
-            # (RAY_CLUSTER_NAME; tests/test_train.py runs the script twice on one checkpoint directory).
+            # (RAY_CLUSTER_NAME; tests/test_train_ray.py runs the script twice on one checkpoint directory).
             assert run["metadata"]["uid"] != original
             during = (fleet.manager_workload(workload).get("status") or {}).get("clusterName")
         finally:
@@ -526,7 +526,8 @@ def test_a_partitioned_winner_is_replaced_and_its_return_is_made_true_and_visibl
         "since": None, "rungs": {W2: DWS_FLAVOR}}
     events = events_of(fleet, job)
     stale = [e for e in events if e["reason"] == "FleetRecordStale"]
-    assert len(stale) == 1 and stale[0]["type"] == "Warning"
+    said = [(e["lastTimestamp"], e["reason"], e["message"][:90]) for e in events]
+    assert len(stale) == 1 and stale[0]["type"] == "Warning", sorted(said)
     assert stale[0]["message"].startswith(f"runs in {W2}; Kueue's record ")
     # One mark, when Kueue lost region 2: never again after the return (it would delete both runs).
     (marked,) = [e for e in events if e["reason"] == fleet_watch.EVICTION_UNBLOCKED]

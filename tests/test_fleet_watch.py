@@ -590,3 +590,51 @@ def test_the_watch_deletes_an_older_steps_run_and_copy_in_a_member_back_from_a_p
     watch.member_custom = lambda api: _MemberApi(missing=True)
     watch.evaluate(("tpu-fleet", "j"))
     assert len([reason for reason, _ in manager.events if reason == "FleetStaleStepRemoved"]) == 1
+
+
+def test_a_member_that_answered_is_lost_only_after_two_missed_probes_in_a_row(monkeypatch):
+    """Measured on a loaded CI run: a member's API server just resumed after a partition missed one probe, the finding
+    flipped to MemberLost for one period and back, and the return was announced twice. One miss is not a loss; two
+    in a row are; a member that never answered must answer first; back after a loss, its watches list afresh."""
+    from kubernetes import client
+
+    import failover.fleet as fleet_module
+    from failover.fleet import MISSES_BEFORE_LOST, FleetWatch, still_answers
+
+    assert MISSES_BEFORE_LOST == 2
+    assert [still_answers(True, missed) for missed in (0, 1, 2, 3)] == [True, True, False, False]
+    assert [still_answers(False, missed) for missed in (0, 1)] == [True, False]
+
+    answers = []
+
+    class Response:
+        def drain_conn(self):
+            pass
+
+        def release_conn(self):
+            pass
+
+    class Probe:
+        def __init__(self, api_client):
+            pass
+
+        def request(self, *args, **kwargs):
+            if not answers.pop(0):
+                raise OSError("timed out")
+            return Response()
+
+    monkeypatch.setattr(fleet_module, "RawClient", Probe)
+    watch = FleetWatch(client.ApiClient(), lambda: {}, "tpu-fallback-fleet")
+    restarts = []
+    seen = []
+    watch._restart_member = lambda member, stale=True: restarts.append(len(seen))  # at which probe
+    member = fleet_module._Member("w1")
+    member.api = object()
+    for answered in (False, True, False, True, False, False, False, True):
+        answers.append(answered)
+        watch._probe(member)
+        seen.append(member.answers)
+    assert seen == [False, True, True, True, True, False, False, True]
+    # Listed afresh when it answers after none (its first answer, after a miss) and when it is back after the loss;
+    # not after a single miss, whose watches are still its own.
+    assert restarts == [1, 7]

@@ -1,14 +1,9 @@
-"""Tests of workloads/train.py: real Ray Train (JaxTrainer) and real JAX on the CPU.
-
-The Ray tests run 2 worker processes joined by jax.distributed (2 processes x 1 CPU device), like two
-TPU hosts. Four fit() calls in all (about 2 minutes on 2 cores): an uninterrupted run, a run with a termination
-notice and an injected worker death, an extension of the first run, and a second dispatch of the first run's job (another
-run id) that resumes from it. The model helpers and the choice of the resume source are unit-tested
-in-process.
+"""Tests of workloads/train.py in-process: the model helpers, the data, the config, the choice of the resume source
+and the TPU trainer's config, with real JAX on the CPU. The fits with real Ray Train are in test_train_ray.py (a
+file of its own, so the suite's workers run the two at once).
 """
 
 import argparse
-import json
 import math
 import subprocess
 import sys
@@ -23,12 +18,6 @@ TRAIN_PY = Path(__file__).resolve().parents[1] / "workloads" / "train.py"
 # Imported as workloads.train here; on the cluster it runs as a single file (see the subprocess test).
 from workloads import train  # noqa: E402
 
-STEPS = 30
-CKPT_EVERY = 10
-FAIL_AT = 15
-NOTICE_AT = 5
-VOCAB = train.build_parser().parse_args([]).vocab  # the defaults are what `python train.py` runs
-LOG_V = math.log(VOCAB)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -181,152 +170,3 @@ def test_tpu_trainer_config_is_accepted_by_ray(accelerator_type, topology, hosts
     with pytest.raises(ValueError, match="multiple of"):  # Ray checks hosts per slice
         train.make_trainer(train.resolve_config(train.build_parser().parse_args(
             argv[:6] + [str(hosts + 1)] + argv[7:])))
-
-
-# --------------------------------------------------------------------------------------------------
-# Ray Train on the CPU: 2 workers
-# --------------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def ray_cpu(monkeypatch_module):
-    import ray
-    # Ray starts the workers of a driver's tasks at nice 15, but those of a submitted job (`ray job submit`, how
-    # KubeRay runs the job on the cluster) at 0 (ray/dashboard/modules/job/job_manager.py: RAY_worker_niceness).
-    # At 15, beside the suite's control planes, the training got a sliver of the CPU: the file took 933 s in a
-    # fresh-clone run (172 s alone), the suite's longest pole. 0, as on the cluster.
-    monkeypatch_module.setenv("RAY_worker_niceness", "0")
-    ray.init(num_cpus=2, include_dashboard=False)
-    yield
-    ray.shutdown()
-
-
-@pytest.fixture(scope="module")
-def monkeypatch_module():
-    with pytest.MonkeyPatch.context() as patch:
-        yield patch
-
-
-def _argv(root: Path, run: str, steps: int, *extra: str) -> list:
-    return ["--storage-path", str(root / "ray"), "--run-name", run, "--checkpoint-dir", str(root / f"{run}-orbax"),
-            "--steps", str(steps), "--checkpoint-every", str(CKPT_EVERY), "--report-every", "10",
-            "--num-workers", "2", *extra]
-
-
-def _run_dir(root: Path, run: str, run_id: str | None = None) -> Path:
-    """Where a run of job ``run`` writes its orbax steps (default run id: the driver's, "local" here)."""
-    run_id = run_id or train.resolve_config(train.build_parser().parse_args([]))["run_id"]
-    return Path(train.run_checkpoint_dir(str(root / f"{run}-orbax"), run_id))
-
-
-def _final_state(root: Path, run: str, step: int, run_id: str | None = None) -> dict:
-    cfg = train.model_config(train.resolve_config(train.build_parser().parse_args([])))
-    return train.load_checkpoint(str(_run_dir(root, run, run_id)), cfg, step=step)
-
-
-@pytest.fixture(scope="module")
-def baseline(ray_cpu, tmp_path_factory):
-    """An uninterrupted run of STEPS steps; its final state is read at once (test_second_fit extends it)."""
-    root = tmp_path_factory.mktemp("baseline")
-    result = train.main(_argv(root, "base", STEPS))
-    return {"root": root, "result": result, "state": _final_state(root, "base", STEPS)}
-
-
-def test_loss_falls_below_half_of_log_vocab(baseline):
-    metrics = baseline["result"].metrics
-    assert metrics["step"] == STEPS and metrics["start_step"] == 0 and metrics["devices"] == 2
-    assert abs(metrics["first_loss"] - LOG_V) < 0.1  # starts at the uniform guess, log(128) = 4.85
-    # Measured on 2 CPU workers: 2.19 nats (0.45 * log V) at step 30; the data's entropy floor is ~1.86
-    # (0.38 * log V). Half of log V (2.43) leaves about 10% margin.
-    assert metrics["loss"] < 0.5 * LOG_V, metrics
-    assert metrics["tokens_per_s"] > 0 and metrics["tflops_per_device"] > 0
-
-
-def test_a_notice_loses_no_step_a_crash_at_most_one_interval_and_both_match_the_uninterrupted_run(baseline,
-                                                                                                   tmp_path):
-    """One fit, two faults: GKE's termination notice at step NOTICE_AT (the file the workers' preStop hook creates),
-    then a worker killed without notice at FAIL_AT. Ray Train restarts the worker group after each."""
-    notice = tmp_path / "notice-dir" / "termination-notice"
-    result = train.main(_argv(tmp_path, "crash", STEPS, "--fail-at-step", str(FAIL_AT),
-                              "--preempt-at-step", str(NOTICE_AT), "--notice-file", str(notice)))
-
-    assert (tmp_path / "crash-orbax" / f"injected-notice-at-step-{NOTICE_AT}").exists()  # the notice came once
-    assert (tmp_path / "crash-orbax" / f"injected-failure-at-step-{FAIL_AT}").exists()  # it did die once
-    assert not notice.exists()  # consumed by the run that saw it
-    # Each checkpoint's Ray marker says the step and where its worker group began; the markers stay on storage when
-    # a report is dropped (a worker that dies before Ray Train's controller collects it), the metrics do not.
-    markers = {(meta["step"], meta["start_step"]) for meta in
-               (json.loads(p.read_text()) for p in (tmp_path / "ray" / "crash").rglob("meta.json"))}
-    # With notice: every host saved the step it reached (off the checkpoint interval), and the next group began
-    # there: no finished step lost.
-    assert NOTICE_AT % CKPT_EVERY and (NOTICE_AT, 0) in markers and (10, NOTICE_AT) in markers, markers
-    # Without notice: the restarted worker group began at the last orbax step before the failure, not at 0 (steps
-    # lost: FAIL_AT - 10, at most one interval).
-    assert result.metrics["step"] == STEPS
-    assert result.metrics["start_step"] == (FAIL_AT // CKPT_EVERY) * CKPT_EVERY == 10
-    assert {start for step, start in markers if step > FAIL_AT} == {10}, markers
-
-    # Same seed, same batches per step, deterministic CPU XLA: the state after the restart matches the
-    # uninterrupted run's exactly (params, Adam moments, step). Bitwise, hence rtol=atol=0.
-    import jax
-    crashed = _final_state(tmp_path, "crash", STEPS)
-    expected = jax.tree_util.tree_flatten_with_path(baseline["state"])[0]
-    got = jax.tree_util.tree_flatten_with_path(crashed)[0]
-    assert [p for p, _ in expected] == [p for p, _ in got]
-    for (path, want), (_, have) in zip(expected, got):
-        np.testing.assert_allclose(have, want, rtol=0, atol=0, err_msg=jax.tree_util.keystr(path))
-
-
-def test_second_fit_with_same_run_name_resumes_instead_of_starting_over(baseline):
-    root = baseline["root"]
-    result = train.main(_argv(root, "base", STEPS + 10))
-    metrics = result.metrics
-    assert metrics["start_step"] == baseline["result"].metrics["step"] == STEPS
-    assert metrics["step"] == STEPS + 10
-    # The first loss of the second fit is that of trained parameters, not of a fresh init (~log V).
-    assert metrics["first_loss"] < 0.5 * LOG_V, metrics
-
-
-def _files(directory: Path) -> dict:
-    """{relative path: (size, mtime in ns)} of every file under ``directory``."""
-    return {str(f.relative_to(directory)): (f.stat().st_size, f.stat().st_mtime_ns)
-            for f in directory.rglob("*") if f.is_file()}
-
-
-def _steps(run_dir: Path) -> list:
-    return sorted(int(p.name) for p in run_dir.iterdir() if p.name.isdigit())
-
-
-def test_a_second_dispatch_of_the_job_resumes_from_the_first_and_writes_only_its_own_files(baseline):
-    """MultiKueue may run one job in two clusters with the same flags; only the run id (the RayCluster's
-    name) differs. The baseline's run (the default run id) is dispatch A, finished; dispatch B starts with
-    run id "dispatch-b", takes A's newest step and trains on. One after the other, not at once: a fit takes
-    both CPUs. Neither run writes into the other's directories."""
-    root, job, a_id = baseline["root"], "base", _run_dir(baseline["root"], "base").name
-    a_orbax, b_orbax = _run_dir(root, job, a_id), _run_dir(root, job, "dispatch-b")
-    a_ray, b_ray = root / "ray" / job / a_id, root / "ray" / job / "dispatch-b"
-    a_newest = _steps(a_orbax)[-1]  # STEPS, or STEPS + 10 after test_second_fit
-    a_files, a_ray_files = _files(a_orbax), _files(a_ray)
-    assert a_newest >= STEPS and a_files and a_ray_files and not b_orbax.exists()
-
-    b = train.main(_argv(root, job, a_newest + CKPT_EVERY, "--run-id", "dispatch-b"))
-    assert (b.metrics["start_step"], b.metrics["resumed_from"]) == (a_newest, a_id)
-    assert b.metrics["step"] == a_newest + CKPT_EVERY
-    # B wrote, changed and deleted nothing of A's (orbax steps, Ray Train run) and saved into its own only.
-    assert _files(a_orbax) == a_files and _files(a_ray) == a_ray_files
-    assert _steps(b_orbax) == [a_newest + CKPT_EVERY]
-    assert sorted(p.name for p in (root / f"{job}-orbax").iterdir()) == ["runs"]  # no step at the root
-    assert sorted(p.name for p in a_orbax.parent.iterdir()) == sorted([a_id, "dispatch-b"])
-    assert sorted(p.name for p in (root / "ray" / job).iterdir()) == sorted([a_id, "dispatch-b"])
-    assert Path(b.path) == b_ray
-    markers = [json.loads((Path(ckpt.path) / "meta.json").read_text()) for ckpt, _ in b.best_checkpoints]
-    assert markers and {m["orbax_dir"] for m in markers} == {str(b_orbax)}  # Ray's marker names B's steps
-
-    # B started from A's newest parameters: its first loss is theirs on the batch of step a_newest (both
-    # processes' slices, in process order). A fresh start would show ~log V, an older step another value.
-    config = train.resolve_config(train.build_parser().parse_args([]))
-    cfg, local_batch = train.model_config(config), config["batch_size"] // 2
-    params = train.load_checkpoint(str(a_orbax), cfg, step=a_newest)["params"]
-    batch = np.concatenate([train.synthetic_batch(config["seed"], a_newest, proc, local_batch, cfg.seq_len,
-                                                  cfg.vocab) for proc in (0, 1)])
-    assert b.metrics["first_loss"] == pytest.approx(float(train.loss_fn(params, batch, cfg)), rel=1e-5, abs=0)
