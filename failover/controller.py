@@ -15,6 +15,7 @@ sees the first one's result.
 from __future__ import annotations
 
 import datetime
+import hashlib
 import logging
 import threading
 import time
@@ -513,10 +514,25 @@ class Controller(GuardedWrites):
 
 
 def rayjob_event(core: client.CoreV1Api, meta: Mapping, component: str, reason: str, message: str, kind: str,
-                 now: datetime.datetime) -> None:
-    """An Event on a RayJob, as the failover controller and the fleet watch (failover/fleet.py) write them."""
+                 now: datetime.datetime, once: str | None = None) -> None:
+    """An Event on a RayJob, as the failover controller and the fleet watch (failover/fleet.py) write them. With
+    `once` (what the Event is about, e.g. a move's JSON) its name is derived from it and a second try writes nothing:
+    written before the record it announces, a restart between the two does not say it twice, nor never."""
+    if once:
+        suffix = hashlib.sha256(f"{meta['uid']}/{reason}/{once}".encode()).hexdigest()[:12]
+    else:
+        suffix = uuid.uuid4().hex[:12]
+    try:
+        _create_event(core, meta, component, reason, message, kind, now, f"{meta['name']}.{suffix}")
+    except ApiException as error:
+        if not (once and error.status == 409):  # AlreadyExists: an earlier try wrote it
+            raise
+
+
+def _create_event(core: client.CoreV1Api, meta: Mapping, component: str, reason: str, message: str, kind: str,
+                  now: datetime.datetime, name: str) -> None:
     core.create_namespaced_event(meta["namespace"], client.CoreV1Event(
-        metadata=client.V1ObjectMeta(name=f"{meta['name']}.{uuid.uuid4().hex[:12]}", namespace=meta["namespace"]),
+        metadata=client.V1ObjectMeta(name=name, namespace=meta["namespace"]),
         involved_object=client.V1ObjectReference(api_version=RAYJOB[0], kind=RAYJOB[1], name=meta["name"],
                                                  namespace=meta["namespace"], uid=meta["uid"]),
         reason=reason, message=message, type=kind, count=1, first_timestamp=now, last_timestamp=now,

@@ -28,9 +28,11 @@ deactivated (`spec.active=false` on the manager's Workload: MultiKueue deletes i
 ProvisioningRequests), with the annotation `tpu-fallback/gave-up` on the RayJob (why, when, at which step) and a
 Warning Event `GaveUp`. Written first and finished by any pass, as a move is.
 
-The move is written on the RayJob before the first change (the regional controller's annotation and history,
-failover/decisions.py), each write guarded by the resourceVersion it was decided on, and each step of the move
-checks first: a restart, `kill -9` included, finishes the move it finds and never starts a second one for a hop.
+The move is written on the manager's Workload in the same write as its deactivation (WORKLOAD_MOVE_ANNOTATION:
+no moment when a move is decided and the job is still active at the step it leaves), then on the RayJob (the
+regional controller's annotation and history, failover/decisions.py); each write is guarded by the resourceVersion it
+was decided on, and each step of the move checks first: a restart, `kill -9` included, finishes the move it finds
+and never starts a second one for a hop.
 
 Configuration (environment, set by the fleet stack's Deployment, infra/fleet.py):
     FLEET_LADDER            JSON list of steps {localQueue, clusterQueue, admissionCheck, rung, members}, first first
@@ -80,6 +82,12 @@ MAX_WAIT_ANNOTATION = "tpu-fallback/max-wait"
 # On the manager's RayJob: that the ladder gave the job up, why and when (JSON, see GiveUp); written before the
 # Workload is deactivated, so a restart finishes it.
 GAVE_UP_ANNOTATION = "tpu-fallback/gave-up"
+# On the manager's Workload: the move in progress (a Move's JSON), written in the same write as `spec.active=false`
+# and removed in the same write as `spec.active=true`. One write, not two: with the move written on the RayJob first
+# and the deactivation after it, a controller killed in between left the Workload active at the step it was leaving,
+# and MultiKueue dispatched it there again while the controller restarted (issue 27; on GKE a restart is a container
+# start, tens of seconds). The RayJob's annotation (FAILOVER_ANNOTATION: the move, its history, ops status) follows.
+WORKLOAD_MOVE_ANNOTATION = "tpu-fallback/ladder-move"
 NEVER = "none"
 GIVING_UP, GAVE_UP = "deactivating", "done"
 MOVE_WAIT_SECONDS = 15.0  # how long one pass waits for Kueue within a move; the next pass resumes it
@@ -186,6 +194,7 @@ class LadderView:
     pods_ready: bool = False
     pods_not_ready_since: datetime.datetime | None = None
     nominated: tuple[str, ...] = ()  # the members MultiKueue sent it to and that have not admitted it (yet)
+    move: str | None = None  # WORKLOAD_MOVE_ANNOTATION: the move this deactivation is part of
 
     @classmethod
     def from_object(cls, obj: Mapping) -> LadderView:
@@ -208,7 +217,8 @@ class LadderView:
             pods_ready=pods_ready.get("status") == "True",
             pods_not_ready_since=decisions.parse_time(pods_ready.get("lastTransitionTime"))
             if pods_ready.get("status") == "False" else None,
-            nominated=tuple(status.get("nominatedClusterNames") or ()))
+            nominated=tuple(status.get("nominatedClusterNames") or ()),
+            move=(meta.get("annotations") or {}).get(WORKLOAD_MOVE_ANNOTATION))
 
     def check(self, name: str) -> CheckState | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -337,10 +347,12 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     submission or its last run is given up, at any step. Three causes move a job on: the step's member evicted it;
     the step's member reports a stockout for its pods (`stockout`: since when, this admission) for its grace period;
     or (with `step_wait`) the step has not admitted it for that long since the job was sent there (`waiting_since`):
-    its capacity is in use (a reservation or on-demand slice that is free admits within a second)."""
-    pending = Move.from_json(job_move)
-    if pending is not None and pending.state == MOVING:
-        return FinishMove(pending)
+    its capacity is in use (a reservation or on-demand slice that is free admits within a second). The move in
+    progress is the one the Workload carries (written with its deactivation), or else the RayJob's (between the
+    reactivation and the record; or started by an older controller, which wrote it there first)."""
+    for pending in (Move.from_json(view.move), Move.from_json(job_move)):
+        if pending is not None and pending.state == MOVING:
+            return FinishMove(pending)
     giving = GiveUp.from_json(gave_up)
     if giving is not None and giving.state == GIVING_UP:
         return FinishGiveUp(giving)
@@ -396,6 +408,11 @@ def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | 
     if not moments:
         return None
     return max((min(moments) - now).total_seconds(), 0.0) + 0.05
+
+
+def deactivation(move: Move) -> dict:
+    """Route D's first write on the manager's Workload: inactive, and why (WORKLOAD_MOVE_ANNOTATION)."""
+    return {"metadata": {"annotations": {WORKLOAD_MOVE_ANNOTATION: move.to_json()}}, "spec": {"active": False}}
 
 
 def evicting_member(step: Step | None, view: LadderView) -> str:
@@ -690,7 +707,7 @@ class LadderController(GuardedWrites):
             member = evicting_member(self.ladder.steps[index] if index is not None else None, view)
             log.info("%s/%s: starting a move from step %s to %s (%s, member %s)", key[0], view.rayjob,
                      action.move.from_flavor, action.move.to_flavor, action.move.reason, member)
-            self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: action.move.to_json()}}})
+            self._patch(self.workloads, workload, deactivation(action.move))  # the move and the deactivation: one write
             self.moves_started += 1
             self._finish(action.move, key[1], key[0], member)
             return 1
@@ -743,7 +760,9 @@ class LadderController(GuardedWrites):
     # ---- the move (route D on the manager) ---------------------------------------------------------------------
     def _finish(self, move: Move, workload_name: str, namespace: str, member: str) -> bool:
         """Each pass reads both objects and does the first thing left to do, so it resumes from any point. True
-        once the move is complete; False when Kueue has not caught up within MOVE_WAIT_SECONDS (queued again)."""
+        once the move is complete; False when Kueue has not caught up within MOVE_WAIT_SECONDS (queued again).
+        Route D (§8.8), with the move written on the Workload with the deactivation and taken off with the
+        reactivation, and on the RayJob once the Workload is inactive."""
         to = self.ladder.index(move.to_local_queue)
         to_check = self.ladder.steps[to].admission_check if to is not None else None
         deadline = time.monotonic() + MOVE_WAIT_SECONDS
@@ -756,8 +775,13 @@ class LadderController(GuardedWrites):
             if view.queue_name == move.to_local_queue and label == move.to_local_queue and view.active:
                 self._record_done(job, move, member)
                 return True
-            if view.queue_name != move.to_local_queue and view.active:  # 1. deactivate
-                self._patch(self.workloads, workload, {"spec": {"active": False}})
+            if view.queue_name != move.to_local_queue and view.active:  # 1. deactivate (a move an older
+                self._patch(self.workloads, workload, deactivation(move))  # controller wrote on the RayJob only)
+                continue
+            recorded = Move.from_json((job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION))
+            if recorded is None or (recorded.at, recorded.to_local_queue) != (move.at, move.to_local_queue):
+                # The move on the RayJob too: ops status and the history read it there.
+                self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: move.to_json()}}})
                 continue
             released = self._release_quota(view, job, deadline)  # 2. and 3.
             if released is None:
@@ -774,7 +798,8 @@ class LadderController(GuardedWrites):
                 if not self._wait(deadline):
                     return False
                 continue
-            self._patch(self.workloads, workload, {"spec": {"active": True}})  # 6. reactivate
+            self._patch(self.workloads, workload, {  # 6. reactivate, the move taken off the Workload
+                "spec": {"active": True}, "metadata": {"annotations": {WORKLOAD_MOVE_ANNOTATION: None}}})
 
     def _read(self, workload_name: str, namespace: str) -> tuple[dict, LadderView, dict] | None:
         """The manager's Workload, as read now, its view, and its RayJob; None once either is gone."""
@@ -811,12 +836,14 @@ class LadderController(GuardedWrites):
         current = Move.from_json((meta.get("annotations") or {}).get(FAILOVER_ANNOTATION))
         if current is not None and current.state == MOVED:
             return
+        message = move_message(move, member)
+        # The Event first, named after the move: killed before the record, the next pass writes the same Event
+        # (refused as there already) and then the record; the other order loses the Event.
+        rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock(), once=move.to_json())
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {
             FAILOVER_ANNOTATION: move.done().to_json(),
             decisions.MOVES_ANNOTATION: decisions.with_move_recorded(meta.get("annotations"), move)}}})
-        message = move_message(move, member)
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
-        rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock())
 
 
 def main() -> int:

@@ -253,6 +253,178 @@ def test_a_move_in_progress_is_finished_first_and_a_finished_one_is_not_repeated
     assert ladder_controller.decide(LADDER, fresh, done.to_json(), NOW) is None
 
 
+def test_a_move_written_on_the_workload_with_its_deactivation_is_finished_whatever_the_rayjob_says():
+    """A controller killed right after the first write (the move and the deactivation, one write on the Workload):
+    the next one finishes that move, and the Workload's move wins over an older one on the RayJob."""
+    moving = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", "MemberEvicted",
+                  "2026-12-01T11:59:00Z", MOVING)
+    older = Move("fleet-on-demand-w0", "fleet-on-demand-w1", "fleet-on-demand-w1", "StepBusy", "2026-12-01T11:00:00Z",
+                 MOVED)
+    raw = {"metadata": {"name": "wl", "namespace": FLEET_NAMESPACE,
+                        "ownerReferences": [{"kind": "RayJob", "name": "j"}],
+                        "annotations": ladder_controller.deactivation(moving)["metadata"]["annotations"]},
+           "spec": {"queueName": "fleet-on-demand-w1", "active": False},
+           "status": {"admissionChecks": [{"name": "fleet-on-demand-w1", "state": "Pending", "retryCount": 1}]}}
+    view = ladder_controller.LadderView.from_object(raw)
+    for on_the_rayjob in (None, older.to_json()):
+        assert ladder_controller.decide(LADDER, view, on_the_rayjob, NOW) == ladder_controller.FinishMove(moving)
+    assert ladder_controller.deactivation(moving) == {
+        "metadata": {"annotations": {ladder_controller.WORKLOAD_MOVE_ANNOTATION: moving.to_json()}},
+        "spec": {"active": False}}
+
+
+class _Killed(Exception):
+    """The controller process ends here (kill -9): the write before it was applied, nothing after it."""
+
+
+class _World:
+    """The manager's Workload and RayJob as Kueue keeps them, with what route D needs of Kueue: a deactivated
+    Workload releases its quota (its RayJob's status is inactive), a new `spec.queueName` gets the step's check in
+    place of the old one. `asked_again` records each moment the Workload was active at the step a decided move
+    leaves: MultiKueue would dispatch it there again (the member's eviction loop)."""
+
+    def __init__(self):
+        check = {"name": "fleet-on-demand-w1", "state": "Retry", "retryCount": 1,
+                 "message": 'Workload evicted on worker cluster: "w1", resetting for re-admission'}
+        self.workload = {
+            "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "resourceVersion": "1",
+                         "ownerReferences": [{"kind": "RayJob", "name": "j"}],
+                         "creationTimestamp": "2026-12-01T11:59:50Z"},
+            "spec": {"queueName": "fleet-on-demand-w1", "active": True},
+            "status": {"conditions": [{"type": "QuotaReserved", "status": "True"}], "admissionChecks": [check]}}
+        self.rayjob = {"metadata": {"name": "j", "namespace": FLEET_NAMESPACE, "resourceVersion": "1", "uid": "u",
+                                    "labels": {ladder_controller.QUEUE_LABEL: "fleet-on-demand-w1"}},
+                       "spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Suspended"}}
+        self.writes = 0
+        self.events: list[str] = []
+        self.event_names: set[str] = set()
+        self.asked_again: list[int] = []
+        self.moves: set[str] = set()  # the moves written (their JSON, state aside): one per hop
+
+    def decided(self) -> bool:
+        return any(ladder_controller.WORKLOAD_MOVE_ANNOTATION in (o["metadata"].get("annotations") or {})
+                   or ladder_controller.FAILOVER_ANNOTATION in (o["metadata"].get("annotations") or {})
+                   for o in (self.workload, self.rayjob))
+
+    def patch(self, obj: dict, patch: dict) -> dict:
+        if patch["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
+            raise AssertionError("a write on a stale read")  # the API server's 409; never expected here
+        before = obj["spec"].get("queueName")
+        for name in (ladder_controller.WORKLOAD_MOVE_ANNOTATION, ladder_controller.FAILOVER_ANNOTATION):
+            written = Move.from_json((patch["metadata"].get("annotations") or {}).get(name))
+            if written is not None:
+                self.moves.add(written.done().to_json())
+        _merge(obj, {k: v for k, v in patch.items()})
+        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        if obj is self.workload:
+            conditions = obj["status"]["conditions"]
+            if obj["spec"]["active"] is False:
+                conditions[0]["status"] = "False"
+            if obj["spec"]["queueName"] != before:
+                obj["status"]["admissionChecks"] = [{"name": obj["spec"]["queueName"], "state": "Pending"}]
+            if obj["spec"]["active"] and obj["spec"]["queueName"] == "fleet-on-demand-w1" and self.decided():
+                self.asked_again.append(self.writes)
+        self.writes += 1
+        return copy.deepcopy(obj)
+
+
+def _merge(target: dict, patch: dict) -> None:
+    """A JSON merge patch (RFC 7386): null removes a key."""
+    for key, value in patch.items():
+        if value is None:
+            target.pop(key, None)
+        elif isinstance(value, dict) and isinstance(target.get(key), dict):
+            _merge(target[key], value)
+        else:
+            target[key] = copy.deepcopy(value)
+
+
+def _controller(world: _World, kill_after: int | None) -> ladder_controller.LadderController:
+    """The real controller's reconcile and route D over `world`, killed after its `kill_after`-th write."""
+    import threading
+
+    from failover.workqueue import WorkQueue
+
+    controller = object.__new__(ladder_controller.LadderController)
+    controller.ladder, controller.namespace = LADDER, FLEET_NAMESPACE
+    controller.step_wait, controller.max_wait = None, None
+    controller.clock, controller.members, controller.queue = (lambda: NOW), None, WorkQueue()
+    controller._lock, controller._views, controller._dispatched_seen = threading.Lock(), {}, {}
+    controller._workload_of_job, controller._jobs, controller._members, controller.moves_started = {}, {}, {}, 0
+    controller.workloads, controller.rayjobs = "workloads", "rayjobs"
+    written = []
+
+    class Found(dict):
+        def to_dict(self):
+            return copy.deepcopy(dict(self))
+
+    class Api:  # the dynamic client's two calls GuardedWrites makes (its guarded merge patch is the real one)
+        @staticmethod
+        def get(resource, name, namespace):
+            return Found(world.workload if resource == "workloads" else world.rayjob)
+
+        @staticmethod
+        def patch(resource, body, name, namespace, content_type):
+            result = world.patch(world.workload if resource == "workloads" else world.rayjob, body)
+            written.append(resource)
+            if kill_after is not None and len(written) >= kill_after:
+                raise _Killed
+            return Found(result)
+
+    controller.api = Api()
+    class Core:
+        @staticmethod
+        def create_namespaced_event(namespace, event):
+            from kubernetes.client import ApiException
+
+            if event.metadata.name in world.event_names:
+                raise ApiException(status=409, reason="AlreadyExists")
+            world.event_names.add(event.metadata.name)
+            world.events.append(event.reason)
+            written.append("event")
+            if kill_after is not None and len(written) >= kill_after:
+                raise _Killed
+
+    controller.core = Core()
+    controller._workload_changed("ADDED", copy.deepcopy(world.workload))
+    controller._rayjob_changed("ADDED", copy.deepcopy(world.rayjob))
+    return controller
+
+
+def test_route_d_killed_after_any_write_finishes_one_move_and_never_leaves_the_job_active_at_the_old_step():
+    """Issue 27: with the move written on the RayJob first and the deactivation after it, a kill -9 between the two
+    left the Workload active at the step being left, where MultiKueue dispatched it again while the controller
+    restarted. Now the first write is the deactivation itself: killed after any write, the next controller finishes
+    the same move, one move and one Event for the hop, and the job is never active at the old step once the move
+    is decided."""
+    key = (FLEET_NAMESPACE, "wl")
+    complete = _World()
+    assert _controller(complete, None).reconcile_key(key) == 1
+    writes = complete.writes + len(complete.events)  # the Event is a write too
+    assert writes >= 5 and not complete.asked_again and complete.events == [ladder_controller.EVENT_REASON]
+    assert len(complete.moves) == 1
+    for kill_after in range(1, writes + 1):
+        world = _World()
+        with pytest.raises(_Killed):
+            _controller(world, kill_after).reconcile_key(key)
+        # While no controller runs, MultiKueue acts on what the Workload says.
+        spec = world.workload["spec"]
+        assert not (world.decided() and spec["active"] and spec["queueName"] == "fleet-on-demand-w1"), (
+            f"killed after write {kill_after}: the move decided, the job still active at the step it leaves")
+        restarted = _controller(world, None)
+        restarted.reconcile_key(key)
+        assert restarted.moves_started == 0 and len(world.moves) == 1, kill_after  # it finished the one move
+        assert world.asked_again == [], f"active at the old step after write {world.asked_again} (killed after "
+        f"{kill_after})"
+        assert world.workload["spec"] == {"queueName": "fleet-on-demand-w2", "active": True}, kill_after
+        assert ladder_controller.WORKLOAD_MOVE_ANNOTATION not in world.workload["metadata"].get("annotations", {})
+        annotations = world.rayjob["metadata"]["annotations"]
+        assert Move.from_json(annotations[ladder_controller.FAILOVER_ANNOTATION]).state == MOVED
+        assert len(json.loads(annotations["tpu-fallback/moves"])) == 1, kill_after
+        assert world.events == [ladder_controller.EVENT_REASON], kill_after
+        assert world.rayjob["metadata"]["labels"][ladder_controller.QUEUE_LABEL] == "fleet-on-demand-w2"
+
+
 WAIT = datetime.timedelta(seconds=30)
 
 

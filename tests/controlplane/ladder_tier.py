@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
 import time
 
 from failover import decisions
@@ -149,3 +150,68 @@ class LadderFleet(FleetStacks):
         return [e for e in self.manager.list("v1", "Event", namespace=FLEET_NAMESPACE)
                 if e.get("reason") == ladder_controller.EVENT_REASON
                 and (e.get("involvedObject") or {}).get("name") == name]
+
+
+class Ledger:
+    """Every copy and run of one fleet job in every member, per step, from watches (nothing between two polls is
+    missed): which copies a member admitted, and how often a member's RayJob was started (unsuspended). The rule of
+    issue 27 ("a fleet step asked once"): per (step, member), at most one admitted copy and one start."""
+
+    def __init__(self, fleet: FleetStacks, job: str, workload: str):
+        from failover.informer import Informer, RawClient, Watched
+
+        self.job, self.workload = job, workload
+        self._lock = threading.Lock()
+        self.admitted: dict[tuple[str, str], set[str]] = {}  # (step, member) -> uids of copies admitted there
+        self.starts: dict[tuple[str, str], int] = {}  # (step, member) -> how often its RayJob was unsuspended
+        self._suspended: dict[str, bool] = {}  # a RayJob's uid -> suspended when last seen
+        base = f"namespaces/{FLEET_NAMESPACE}"
+        self._informers = []
+        for member, kube in fleet.kubes.items():
+            api = RawClient(kube.api_client)
+            for watched, seen in ((Watched("workloads", f"/apis/kueue.x-k8s.io/v1beta2/{base}/workloads"), self._copy),
+                                  (Watched("rayjobs", f"/apis/ray.io/v1/{base}/rayjobs"), self._run)):
+                informer = Informer(api, watched, lambda items, s=seen, m=member: [s(m, "ADDED", i) for i in items],
+                                    lambda kind, obj, s=seen, m=member: s(m, kind, obj))
+                informer.name = f"ledger-{watched.resource}-{member}"
+                self._informers.append(informer)
+
+    def __enter__(self) -> Ledger:
+        for informer in self._informers:
+            informer.start()
+        wait_for(lambda: all(i.synced.is_set() for i in self._informers), REACTION, "the ledger's watches")
+        return self
+
+    def __exit__(self, *_) -> None:
+        for informer in self._informers:
+            informer.stop()
+
+    def _copy(self, member: str, kind: str, obj: dict) -> None:
+        if kind == "DELETED" or obj["metadata"]["name"] != self.workload:
+            return
+        if condition(obj, "Admitted") == "True" and (obj.get("spec") or {}).get("active") is not False:
+            with self._lock:
+                self.admitted.setdefault((obj["spec"]["queueName"], member), set()).add(obj["metadata"]["uid"])
+
+    def _run(self, member: str, kind: str, obj: dict) -> None:
+        if kind == "DELETED" or obj["metadata"]["name"] != self.job:
+            return
+        uid, suspended = obj["metadata"]["uid"], bool((obj.get("spec") or {}).get("suspend"))
+        step = (obj["metadata"].get("labels") or {}).get(jobs.QUEUE_LABEL, "")
+        with self._lock:
+            if not suspended and self._suspended.get(uid, True):
+                self.starts[(step, member)] = self.starts.get((step, member), 0) + 1
+            self._suspended[uid] = suspended
+
+    def asked_more_than_once(self) -> dict:
+        """(step, member) -> what was there more than once: admitted copies, starts."""
+        with self._lock:
+            return {key: {"admitted": len(self.admitted.get(key, ())), "starts": self.starts.get(key, 0)}
+                    for key in set(self.admitted) | set(self.starts)
+                    if len(self.admitted.get(key, ())) > 1 or self.starts.get(key, 0) > 1}
+
+    def text(self) -> str:
+        with self._lock:
+            return "; ".join(f"{step}@{member}: admitted {len(self.admitted.get((step, member), ()))}, started "
+                             f"{self.starts.get((step, member), 0)}"
+                             for step, member in sorted(set(self.admitted) | set(self.starts)))
