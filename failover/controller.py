@@ -29,7 +29,8 @@ from kubernetes.client import ApiException
 from failover import decisions, slices
 from failover.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL,
                                 SLICE_LOST, Chain, FinishMove, Move, RecordFlavor, StartMove, WorkloadView)
-from failover.slices import SLICE_LOST_ANNOTATION, GiveUpSlice, HostView, LostSlice, NodeView, RecordLoss
+from failover.slices import (LOSS_EVENT_REASON, RECOVERY_EVENT_REASON, SLICE_LOST_ANNOTATION, GiveUpSlice, HostView,
+                             LostSlice, NodeView, RecordLoss)
 from failover.informer import Informer, Watched
 from failover.metrics import Metrics
 from failover.workqueue import WorkQueue
@@ -51,7 +52,6 @@ RAY_CLUSTER_LABEL = "ray.io/cluster"
 WATCHED_PODS = Watched("pods", "/api/v1/pods", label_selector="ray.io/node-type=worker")
 WATCHED_NODES = Watched("nodes", "/api/v1/nodes")
 GONE_NODES_KEPT = datetime.timedelta(hours=1)  # a deleted node is remembered this long (its pods outlive it a while)
-LOSS_EVENT_REASON, RECOVERY_EVENT_REASON = "SliceLost", "SliceRecovered"
 Key = tuple[str, str]  # (namespace, name)
 
 
@@ -385,10 +385,11 @@ class Controller(GuardedWrites):
                 and (decisions.parse_time(recorded.at) or view.pods_ready_since) >= view.pods_ready_since)
 
     def _reconcile_loss(self, cached: CachedWorkload, now: datetime.datetime) -> int | None:
-        """The lost-slice rules (failover/slices.py) for a running job; None when they have nothing to do."""
+        """The lost-slice rules (failover/slices.py) for a running job; None when they have nothing to do. A fleet's
+        copy (MultiKueue's) gets its loss recorded here too, on the member's RayJob, and is never moved: the fleet's
+        ladder on the manager reads the record and moves the job to its next step (failover/ladder.py)."""
         view = cached.view
-        if not (view.admitted and view.pods_ready_since and view.tpu_hosts and view.multikueue_origin is None
-                and not view.finished):
+        if not (view.admitted and view.pods_ready_since and view.tpu_hosts and not view.finished):
             return None
         rung = self.chain.index_of_flavor(view.flavor)
         if rung is None:
@@ -412,6 +413,8 @@ class Controller(GuardedWrites):
             self.queue.add((view.namespace, cached.meta["name"]), delay=0.2)  # the cache lags: decide on its next view
             return 0
         if isinstance(action, GiveUpSlice):
+            if view.multikueue_origin is not None:
+                return None  # the fleet's to move (a change to the copy would have the manager delete and recreate it)
             start = decisions.move_after_loss(self.chain, view, action.lost.flavor, now)
             if start is None:
                 return None

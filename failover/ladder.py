@@ -65,7 +65,8 @@ from kubernetes.client import ApiException
 
 from failover import decisions
 from failover.controller import RAYJOB, WORKLOAD, GuardedWrites, rayjob_event, utcnow
-from failover.decisions import FAILOVER_ANNOTATION, MOVED, MOVING, QUEUE_LABEL, FinishMove, Move, StartMove
+from failover.decisions import FAILOVER_ANNOTATION, MOVED, MOVING, QUEUE_LABEL, FinishMove, Move, StartMove, parse_time
+from failover.slices import LOSS_EVENT_REASON, SLICE_LOST_ANNOTATION, LostSlice, waiting_until
 from failover.informer import Informer, RawClient, Watched
 from failover.workqueue import WorkQueue
 
@@ -76,6 +77,9 @@ GAVE_UP_REASON = "GaveUp"  # the Event when a job is given up
 MEMBER_EVICTED = "MemberEvicted"  # the reason a move records: the step's member evicted the job
 MEMBER_STOCKOUT = "MemberStockout"  # or: the member reported no capacity for its pods for its grace period
 STEP_BUSY = "StepBusy"  # or: the step did not admit it within the step wait (its capacity is in use)
+# or: the running job lost its slice in the step's member, and the member's controller recorded that it did not come
+# back within the member's recovery wait for the rung (failover/slices.py: its annotation on the member's RayJob)
+MEMBER_SLICE_LOST = "MemberSliceLost"
 # On the manager's RayJob: the job's own maximum wait (a duration such as 90s, 2h, 1h30m, 1d; or "none": never give
 # it up), over the fleet's `fleet.maxWait`.
 MAX_WAIT_ANNOTATION = "tpu-fallback/max-wait"
@@ -337,8 +341,8 @@ def max_wait_of(fleet_max_wait: datetime.timedelta | None, job_max_wait: str | N
 def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime.datetime,
            step_wait: datetime.timedelta | None = None, *, max_wait: datetime.timedelta | None = None,
            job_max_wait: str | None = None, gave_up: str | None = None,
-           stockout: datetime.datetime | None = None, dispatched_seen: datetime.datetime | None = None
-           ) -> StartMove | FinishMove | StartGiveUp | FinishGiveUp | None:
+           stockout: datetime.datetime | None = None, dispatched_seen: datetime.datetime | None = None,
+           lost: LostSlice | None = None) -> StartMove | FinishMove | StartGiveUp | FinishGiveUp | None:
     """The one next step for a manager Workload owned by a RayJob; None when there is nothing to do.
 
     A move in progress is finished first, then a give-up in progress; never past the last step (DWS everywhere: the
@@ -347,7 +351,9 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     submission or its last run is given up, at any step. Three causes move a job on: the step's member evicted it;
     the step's member reports a stockout for its pods (`stockout`: since when, this admission) for its grace period;
     or (with `step_wait`) the step has not admitted it for that long since the job was sent there (`waiting_since`):
-    its capacity is in use (a reservation or on-demand slice that is free admits within a second). The move in
+    its capacity is in use (a reservation or on-demand slice that is free admits within a second). And a fourth,
+    once the job runs: its member recorded that it lost its slice (`lost`, on the member's RayJob) and the slice
+    was not back by the end of the member's recovery wait (`lost_slice_over`). The move in
     progress is the one the Workload carries (written with its deactivation), or else the RayJob's (between the
     reactivation and the record; or started by an older controller, which wrote it there first)."""
     for pending in (Move.from_json(view.move), Move.from_json(job_move)):
@@ -371,6 +377,8 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     step, after = ladder.steps[index], ladder.steps[index + 1]
     if evicted_by_member(step, view):
         reason = MEMBER_EVICTED
+    elif lost_slice_over(step, view, lost, now):
+        reason = MEMBER_SLICE_LOST
     elif (stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None
           and now - stockout >= step.stockout_grace):
         reason = MEMBER_STOCKOUT
@@ -383,10 +391,19 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
                           decisions.format_time(now)))
 
 
+def lost_slice_over(step: Step, view: LadderView, lost: LostSlice | None, now: datetime.datetime) -> bool:
+    """The member of a one-member step recorded a loss of this admission's slice, not recovered, and its recovery
+    wait is over."""
+    admitted = admitted_at(step, view)
+    at, until = (parse_time(lost.at), waiting_until(lost)) if lost is not None else (None, None)
+    return (step.member is not None and admitted is not None and at is not None and until is not None
+            and at >= admitted - STAMP_RESOLUTION and now >= until)
+
+
 def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | None,
               now: datetime.datetime, *, max_wait: datetime.timedelta | None = None, job_max_wait: str | None = None,
-              stockout: datetime.datetime | None = None, dispatched_seen: datetime.datetime | None = None
-              ) -> float | None:
+              stockout: datetime.datetime | None = None, dispatched_seen: datetime.datetime | None = None,
+              lost: LostSlice | None = None) -> float | None:
     """Seconds until the next moment a decision may change without Kueue writing anything: the end of the step wait
     of a job waiting at a step before the last, of its maximum wait, or of its member's stockout grace period
     (None: nothing to wait for)."""
@@ -405,6 +422,8 @@ def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | 
             moments.append(waiting + step_wait)
         if stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None:
             moments.append(stockout + step.stockout_grace)
+        if lost is not None and (until := waiting_until(lost)) is not None and admitted_at(step, view) is not None:
+            moments.append(until)
     if not moments:
         return None
     return max((min(moments) - now).total_seconds(), 0.0) + 0.05
@@ -430,6 +449,8 @@ def move_message(move: Move, member: str) -> str:
                              "podsReadyTimeout, it was preempted there, or the member was lost)",
              MEMBER_STOCKOUT: f"member {member} reported no capacity for its pods (GKE's autoscaler: out of "
                               "resources) for the member's stockout grace period",
+             MEMBER_SLICE_LOST: f"member {member} recorded that the job lost its slice there and the slice was not "
+                                "back within the member's recovery wait",
              }.get(move.reason, f"the step did not admit it in time (member {member}'s capacity there is in use)")
     return (f"moved from step {move.from_flavor} to step {move.to_flavor} (LocalQueue {move.from_flavor} -> "
             f"{move.to_local_queue}): {cause}")
@@ -446,8 +467,14 @@ def stockout_in_member(events: Iterable[Mapping], cluster: str | None, admitted:
 
 
 def is_stockout_event(event: Mapping) -> bool:
-    return (event.get("reason") in decisions.SCALE_UP_FAILURE_REASONS
+    return ((event.get("involvedObject") or {}).get("kind") == "Pod"
+            and event.get("reason") in decisions.SCALE_UP_FAILURE_REASONS
             and bool(decisions.STOCKOUT_MESSAGE.search(event.get("message") or "")))
+
+
+def is_slice_lost_event(event: Mapping) -> bool:
+    """The Warning the member's failover controller makes on a RayJob when it records a lost slice."""
+    return (event.get("involvedObject") or {}).get("kind") == "RayJob" and event.get("reason") == LOSS_EVENT_REASON
 
 
 # ---- the I/O ----------------------------------------------------------------------------------------------------
@@ -478,6 +505,7 @@ class _Member:
         self.informer: Informer | None = None
         self.generation = 0
         self.events: dict[str, dict] = {}  # uid -> a stockout Event
+        self.lost_jobs: set[str] = set()  # the RayJobs its failover controller made a SliceLost Event about
 
 
 class LadderController(GuardedWrites):
@@ -582,7 +610,7 @@ class LadderController(GuardedWrites):
             listed, changed = self._member_handlers(member, member.generation)
             member.informer = Informer(RawClient(api), Watched(
                 f"member-events-{name}", f"/api/v1/namespaces/{self.namespace}/events",
-                field_selector="involvedObject.kind=Pod,type=Warning"), listed, changed)
+                field_selector="type=Warning"), listed, changed)
             member.informer.start()
 
     def members_synced(self) -> bool:
@@ -595,9 +623,16 @@ class LadderController(GuardedWrites):
                 if member.generation != generation:
                     return
                 member.events = {e["metadata"]["uid"]: e for e in items if is_stockout_event(e)}
+                member.lost_jobs = {e["involvedObject"].get("name") for e in items if is_slice_lost_event(e)}
             self._queue_admitted_in(member.name)
 
         def changed(event_type: str, obj: dict) -> None:
+            if is_slice_lost_event(obj):  # the member's controller recorded a loss: read it (on the member's RayJob)
+                with self._lock:  # and look again when its wait ends
+                    if member.generation == generation and event_type != "DELETED":
+                        member.lost_jobs.add(obj["involvedObject"].get("name"))
+                self._queue_admitted_in(member.name)
+                return
             if not is_stockout_event(obj):
                 return
             with self._lock:
@@ -624,31 +659,37 @@ class LadderController(GuardedWrites):
         for key in keys:
             self.queue.add(key)
 
-    def _stockout(self, view: LadderView) -> datetime.datetime | None:
-        """Since when the member of the job's one-member step reports no capacity for its pods (this admission)."""
+    def _member_signals(self, view: LadderView) -> tuple[datetime.datetime | None, LostSlice | None]:
+        """What the member of the job's one-member step says about this admission, read in the member: since when
+        it reports no capacity for the job's pods (the autoscaler's Events about its RayCluster's pods), and the lost
+        slice its failover controller recorded on the member's RayJob (SLICE_LOST_ANNOTATION)."""
         step = self.ladder.step_of(view.queue_name)
-        if step is None or step.member is None or step.stockout_grace is None or view.rayjob is None:
-            return None
+        if step is None or step.member is None or view.rayjob is None:
+            return None, None
         since_admission = admitted_at(step, view)
         with self._lock:
             member = self._members.get(step.member)
             events = list(member.events.values()) if member is not None else []
             api = member.api if member is not None else None
-        if since_admission is None or not events or api is None:
-            return None
-        try:  # the member's RayJob names the RayCluster whose pods the Events are about
+            said_lost = member is not None and view.rayjob in member.lost_jobs
+        if since_admission is None or api is None or not ((events and step.stockout_grace is not None) or said_lost):
+            return None, None  # nothing said: no need to ask
+        try:  # the member's RayJob names the RayCluster whose pods the Events are about, and carries the loss
             job = client.CustomObjectsApi(api).get_namespaced_custom_object(
                 "ray.io", "v1", view.namespace, "rayjobs", view.rayjob, _request_timeout=5)
         except ApiException as error:
             if error.status == 404:
-                return None
+                return None, None
             raise
         except Exception as error:  # noqa: BLE001 - cut off (a partition): it reports nothing, and the job is decided
             # on as it is (Kueue evicts it once it loses the member, and the ladder moves it on), not retried
-            log.info("%s/%s: member %s does not answer (%s): no stockout read there", view.namespace, view.rayjob,
+            log.info("%s/%s: member %s does not answer (%s): nothing read there", view.namespace, view.rayjob,
                      step.member, type(error).__name__)
-            return None
-        return stockout_in_member(events, (job.get("status") or {}).get("rayClusterName"), since_admission)
+            return None, None
+        stockout = (stockout_in_member(events, (job.get("status") or {}).get("rayClusterName"), since_admission)
+                    if events and step.stockout_grace is not None else None)
+        lost = LostSlice.from_json((job["metadata"].get("annotations") or {}).get(SLICE_LOST_ANNOTATION))
+        return stockout, lost
 
     # ---- the work loop -----------------------------------------------------------------------------------------
     def resync(self) -> None:
@@ -675,10 +716,10 @@ class LadderController(GuardedWrites):
                 self.queue.done(key)
 
     def _decide(self, view: LadderView, meta: JobMeta, stockout: datetime.datetime | None, now: datetime.datetime,
-                dispatched_seen: datetime.datetime | None):
+                dispatched_seen: datetime.datetime | None, lost: LostSlice | None = None):
         return decide(self.ladder, view, meta.move, now, self.step_wait, max_wait=self.max_wait,
                       job_max_wait=meta.max_wait, gave_up=meta.gave_up, stockout=stockout,
-                      dispatched_seen=dispatched_seen)
+                      dispatched_seen=dispatched_seen, lost=lost)
 
     def reconcile_key(self, key: Key) -> int:
         """Decide on the cached view; before acting, decide again on the objects as they are now (a cache may lag
@@ -690,10 +731,11 @@ class LadderController(GuardedWrites):
         if view is None or view.rayjob is None:
             return 0
         now = self.clock()
-        stockout = self._stockout(view)
-        if self._decide(view, meta, stockout, now, dispatched_seen) is None:
+        stockout, lost = self._member_signals(view)
+        if self._decide(view, meta, stockout, now, dispatched_seen, lost) is None:
             wait = next_look(self.ladder, view, self.step_wait, now, max_wait=self.max_wait,
-                             job_max_wait=meta.max_wait, stockout=stockout, dispatched_seen=dispatched_seen)
+                             job_max_wait=meta.max_wait, stockout=stockout, dispatched_seen=dispatched_seen,
+                             lost=lost)
             if wait is not None:  # a wait ends at a known time: look again then
                 self.queue.add(key, delay=wait)
             return 0
@@ -701,7 +743,7 @@ class LadderController(GuardedWrites):
         if workload is None or job is None:
             return 0
         view, meta = LadderView.from_object(workload), JobMeta.of(job)
-        action = self._decide(view, meta, stockout, self.clock(), dispatched_seen)
+        action = self._decide(view, meta, stockout, self.clock(), dispatched_seen, lost)
         if isinstance(action, StartMove):
             index = self.ladder.index(view.queue_name)
             member = evicting_member(self.ladder.steps[index] if index is not None else None, view)

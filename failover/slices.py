@@ -26,6 +26,8 @@ from failover.decisions import format_time, parse_time
 
 # On the RayJob: the slice it lost this admission (JSON, see LostSlice).
 SLICE_LOST_ANNOTATION = "tpu-fallback/slice-lost"
+# The Events on the RayJob (a fleet ladder on the manager reads the loss Event in the member: failover/ladder.py)
+LOSS_EVENT_REASON, RECOVERY_EVENT_REASON = "SliceLost", "SliceRecovered"
 LOST, RECOVERED = "lost", "recovered"
 
 # Node taints that say a host is going, with why. GKE adds the first during a Spot VM's (or preemptible VM's)

@@ -6,6 +6,7 @@ derives (infra/fleet.py ladder_steps), their objects on both sides, the rules, a
 from __future__ import annotations
 
 import copy
+import dataclasses
 import datetime
 import functools
 import json
@@ -690,6 +691,39 @@ def test_status_says_a_job_was_given_up_and_why_the_ladder_moved_it():
     assert "reported no TPU capacity for its pods" in status_jobs.job_state(rayjob, workload, None, moving).detail
 
 
+def test_a_slice_the_member_recorded_lost_moves_the_job_on_at_the_end_of_the_members_recovery_wait():
+    """Issue 26, in a fleet: the member's failover controller records the loss on the member's RayJob (it never
+    moves a fleet copy); the manager's ladder moves the job to the next step once the member's wait is over and the
+    slice did not come back, and looks again exactly then. A recovery, or a loss of an earlier admission, is none."""
+    from failover.slices import LostSlice, RECOVERED
+
+    view = _waiting("fleet-on-demand-w1", READY_W1, admitted=True)  # admitted at 11:59:50
+    lost = LostSlice("on-demand", "2026-12-01T11:59:55Z", "host gke-tpu-0 is unreachable", "2026-12-01T12:00:25Z")
+    assert ladder_controller.decide(GRACE_LADDER, view, None, NOW, lost=lost) is None
+    assert ladder_controller.next_look(GRACE_LADDER, view, None, NOW, lost=lost) == pytest.approx(25.05)
+    at_the_end = NOW + datetime.timedelta(seconds=25)
+    action = ladder_controller.decide(GRACE_LADDER, view, None, at_the_end, lost=lost)
+    assert (action.move.from_flavor, action.move.to_flavor, action.move.reason) == (
+        "fleet-on-demand-w1", "fleet-queue", ladder_controller.MEMBER_SLICE_LOST)
+    assert "member w1 recorded that the job lost its slice" in ladder_controller.move_message(action.move, "w1")
+    back = dataclasses.replace(lost, state=RECOVERED, recovered_at="2026-12-01T12:00:10Z")
+    assert ladder_controller.decide(GRACE_LADDER, view, None, at_the_end, lost=back) is None
+    earlier = dataclasses.replace(lost, at="2026-12-01T11:40:00Z", until="2026-12-01T11:45:00Z")
+    assert ladder_controller.decide(GRACE_LADDER, view, None, at_the_end, lost=earlier) is None
+    # Only where a member admits it at a one-member step: the last step (DWS in every member) is not moved.
+    dws = _waiting("fleet-queue", {"name": "fleet-multikueue", "state": "Ready",
+                                   "lastTransitionTime": "2026-12-01T11:59:50Z"}, admitted=True)
+    assert ladder_controller.decide(GRACE_LADDER, dws, None, at_the_end, lost=lost) is None
+
+
+def test_the_ladder_reads_a_members_loss_event_on_a_rayjob_and_its_stockouts_on_pods_only():
+    loss = {"involvedObject": {"kind": "RayJob", "name": "j"}, "reason": "SliceLost", "message": "lost its slice"}
+    assert ladder_controller.is_slice_lost_event(loss) and not ladder_controller.is_stockout_event(loss)
+    on_a_rayjob = {**_event("p", "2026-12-01T11:59:55Z"), "involvedObject": {"kind": "RayJob", "name": "j"}}
+    assert not ladder_controller.is_stockout_event(on_a_rayjob)
+    assert ladder_controller.is_stockout_event(_event("p", "2026-12-01T11:59:55Z"))
+
+
 def test_a_member_that_does_not_answer_reports_no_stockout_and_the_job_is_decided_on_as_it_is():
     """A partition of the step's member: reading its RayJob fails (no answer), which is no stockout and no error that
     would queue the job again after a delay: Kueue evicts it once it loses the member, and the ladder moves it on."""
@@ -708,4 +742,4 @@ def test_a_member_that_does_not_answer_reports_no_stockout_and_the_job_is_decide
     member.events = {"e": _event("j-cluster-tpu-worker-0", "2026-12-01T11:59:55Z")}
     controller = object.__new__(ladder_controller.LadderController)  # no manager needed for the early path's read
     controller.ladder, controller._lock, controller._members = GRACE_LADDER, threading.Lock(), {"w1": member}
-    assert controller._stockout(_waiting("fleet-on-demand-w1", READY_W1, admitted=True)) is None
+    assert controller._member_signals(_waiting("fleet-on-demand-w1", READY_W1, admitted=True)) == (None, None)

@@ -40,8 +40,8 @@ from tests.controlplane.fleet_tier import (PODS_READY_TIMEOUT_SECONDS, REACTION,
                                            applied_fleet)
 from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.ladder_tier import (GRACE_SECONDS, LADDER_MEMBERS, OFFERED, ON_DEMAND_W1, ON_DEMAND_W2,
-                                            RESERVED_W2, SPOT_W2, STEP_WAIT_SECONDS, W3, LadderFleet, Ledger,
-                                            ladder_fleet_plan, ladder_member_plan)
+                                            RECOVERY_SECONDS, RESERVED_W2, SPOT_W2, STEP_WAIT_SECONDS, W3, LadderFleet,
+                                            Ledger, ladder_fleet_plan, ladder_member_plan)
 
 pytestmark = pytest.mark.controlplane
 # What a failed on-demand step may cost here: one podsReadyTimeout of the member, never a second one (a re-dispatch to
@@ -316,6 +316,66 @@ def test_a_members_stockout_report_moves_the_job_within_its_grace_period_and_its
     print(f"\nearly path: the stockout Event in member 1 -> admitted at the next step in {took:.2f} s "
           f"(grace period {GRACE_SECONDS} s)")
     assert took <= EARLY_BUDGET, f"{took:.2f} s: not the early path (grace {GRACE_SECONDS} s)"
+    fleet.finish(name)
+
+
+# The node lifecycle controller's taint on a host that stopped reporting: a failed host, as GKE shows it.
+# Ref: https://kubernetes.io/docs/reference/labels-annotations-taints/#node-kubernetes-io-unreachable
+UNREACHABLE = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+MOVE_SLACK_SECONDS = 2  # issue 26: a move within the recovery wait + 2 s
+
+
+def test_a_slice_lost_in_a_member_moves_the_job_to_the_next_steps_member_at_the_members_recovery_wait(fleet):
+    """Issue 26 in a fleet: the job runs at member 1's on-demand step and loses its slice (a failed host: unreachable,
+    then gone), and member 1 has no capacity to make it again. Member 1's failover controller records the loss on its
+    RayJob and never moves the fleet's copy; the manager's ladder reads the record there and, once member 1's recovery
+    wait is over, moves the job to the next step, member 2's on-demand, where it runs: one move, one Event naming the
+    loss, and never two runs at once."""
+    from failover import slices
+
+    name = "ladder-lost"
+    workload = fleet.submit_to(name, ON_DEMAND_W1)
+    wait_for(lambda: fleet.admitted_copy(W1, workload, ON_DEMAND_W1), REACTION, "admitted in member 1")
+    kube = fleet.kubes[W1]
+    jobs.wait_pods_ready(kube, FLEET_NAMESPACE, name, REACTION)
+    fleet.stockout(W1, "on-demand")  # GKE cannot make the slice again
+    gke = fleet.tier.members[W1].after.gke
+    (worker, *_) = jobs.pods_of(kube, FLEET_NAMESPACE, name)["worker"]
+    signal = gke.lose_slice(gke.slice_of(worker["spec"]["nodeName"]), grace_seconds=0, going_taint=UNREACHABLE)
+
+    def recorded() -> slices.LostSlice | None:
+        run = fleet.rayjob_in(W1, name)
+        return slices.LostSlice.from_json(((run or {}).get("metadata", {}).get("annotations") or {}).get(
+            slices.SLICE_LOST_ANNOTATION))
+
+    lost = wait_for(recorded, REACTION, "the loss recorded on member 1's RayJob", interval=0.1)
+    seen = time.monotonic() - signal
+    assert lost.flavor == "on-demand" and "is unreachable" in lost.cause, lost
+    running_at_once: list[list[str]] = []
+
+    def runs_in_member_2() -> bool:
+        running = [m for m in fleet.members if (r := fleet.rayjob_in(m, name)) and not r["spec"].get("suspend")
+                   and jobs.pods_of(fleet.kubes[m], FLEET_NAMESPACE, name).get("worker")]
+        running_at_once.append(running)
+        return running == [W2]
+
+    wait_for(runs_in_member_2, RECOVERY_SECONDS + REACTION, "the job running in member 2", interval=0.2)
+    (move,) = wait_for(lambda: fleet.moves(name), REACTION, "the move recorded")
+    assert (move.from_flavor, move.to_flavor, move.reason) == (ON_DEMAND_W1, ON_DEMAND_W2,
+                                                               ladder_controller.MEMBER_SLICE_LOST)
+    took = (decisions.parse_time(move.at) - decisions.parse_time(lost.at)).total_seconds()
+    assert RECOVERY_SECONDS <= took <= RECOVERY_SECONDS + MOVE_SLACK_SECONDS, (took, move, lost)
+    assert max(len(r) for r in running_at_once) == 1, running_at_once  # never two runs at once
+    jobs.wait_pods_ready(fleet.kubes[W2], FLEET_NAMESPACE, name, REACTION)
+    (event,) = wait_for(lambda: fleet.move_events(name), REACTION, "the move's Event")
+    assert f"member {W1} recorded that the job lost its slice" in event["message"]
+    # The loss's Warning is member 1's, on its RayJob (its own `ops status` says it); the manager's says the move.
+    (warning,) = [e for e in kube.list("v1", "Event", namespace=FLEET_NAMESPACE)
+                  if e.get("reason") == slices.LOSS_EVENT_REASON and e["involvedObject"].get("name") == name]
+    assert warning["message"] == slices.loss_message(lost)
+    assert fleet.member_failover.alive()
+    print(f"\nfleet, lost slice: the loss recorded in member 1 {seen:.2f} s after GKE's signal; the job moved to member "
+          f"2 {took:.0f} s after the loss (member 1's wait {RECOVERY_SECONDS} s)")
     fleet.finish(name)
 
 

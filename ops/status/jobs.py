@@ -57,6 +57,8 @@ MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscale
               ladder.MEMBER_EVICTED: "the step's member evicted it (pods not ready in time there, or preempted)",
               ladder.MEMBER_STOCKOUT: "the step's member reported no TPU capacity for its pods",
               ladder.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)",
+              ladder.MEMBER_SLICE_LOST: "it lost its slice in the step's member, which was not back within the "
+                                        "member's sliceRecoveryWait",
               decisions.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
