@@ -379,6 +379,9 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
         reason = MEMBER_EVICTED
     elif lost_slice_over(step, view, lost, now):
         reason = MEMBER_SLICE_LOST
+    elif lost_slice_waiting(step, view, lost, now):
+        return None  # the member's stockout reports are about the lost slice's replacement: its wait rules, as in
+        # the regional controller (a slice may come back within it)
     elif (stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None
           and now - stockout >= step.stockout_grace):
         reason = MEMBER_STOCKOUT
@@ -391,13 +394,26 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
                           decisions.format_time(now)))
 
 
-def lost_slice_over(step: Step, view: LadderView, lost: LostSlice | None, now: datetime.datetime) -> bool:
-    """The member of a one-member step recorded a loss of this admission's slice, not recovered, and its recovery
-    wait is over."""
+def _loss_until(step: Step, view: LadderView, lost: LostSlice | None) -> datetime.datetime | None:
+    """The end of the recovery wait of a loss the member of a one-member step recorded for this admission and that
+    is not recovered; None when there is none."""
     admitted = admitted_at(step, view)
     at, until = (parse_time(lost.at), waiting_until(lost)) if lost is not None else (None, None)
-    return (step.member is not None and admitted is not None and at is not None and until is not None
-            and at >= admitted - STAMP_RESOLUTION and now >= until)
+    if step.member is None or admitted is None or at is None or until is None or at < admitted - STAMP_RESOLUTION:
+        return None
+    return until
+
+
+def lost_slice_over(step: Step, view: LadderView, lost: LostSlice | None, now: datetime.datetime) -> bool:
+    """The member recorded a loss of this admission's slice, not recovered, and its recovery wait is over."""
+    until = _loss_until(step, view, lost)
+    return until is not None and now >= until
+
+
+def lost_slice_waiting(step: Step, view: LadderView, lost: LostSlice | None, now: datetime.datetime) -> bool:
+    """The member recorded a loss of this admission's slice and waits for it to come back."""
+    until = _loss_until(step, view, lost)
+    return until is not None and now < until
 
 
 def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | None,
@@ -422,7 +438,7 @@ def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | 
             moments.append(waiting + step_wait)
         if stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None:
             moments.append(stockout + step.stockout_grace)
-        if lost is not None and (until := waiting_until(lost)) is not None and admitted_at(step, view) is not None:
+        if (until := _loss_until(step, view, lost)) is not None:
             moments.append(until)
     if not moments:
         return None

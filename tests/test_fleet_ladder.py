@@ -706,6 +706,12 @@ def test_a_slice_the_member_recorded_lost_moves_the_job_on_at_the_end_of_the_mem
     assert (action.move.from_flavor, action.move.to_flavor, action.move.reason) == (
         "fleet-on-demand-w1", "fleet-queue", ladder_controller.MEMBER_SLICE_LOST)
     assert "member w1 recorded that the job lost its slice" in ladder_controller.move_message(action.move, "w1")
+    # The member's stockout reports meanwhile are about the lost slice's replacement: the loss's wait rules (as in
+    # the regional controller), not the early path's grace.
+    reported = datetime.datetime(2026, 12, 1, 11, 59, 56, tzinfo=datetime.timezone.utc)
+    assert ladder_controller.decide(GRACE_LADDER, view, None, NOW, lost=lost, stockout=reported) is None
+    action = ladder_controller.decide(GRACE_LADDER, view, None, at_the_end, lost=lost, stockout=reported)
+    assert action.move.reason == ladder_controller.MEMBER_SLICE_LOST
     back = dataclasses.replace(lost, state=RECOVERED, recovered_at="2026-12-01T12:00:10Z")
     assert ladder_controller.decide(GRACE_LADDER, view, None, at_the_end, lost=back) is None
     earlier = dataclasses.replace(lost, at="2026-12-01T11:40:00Z", until="2026-12-01T11:45:00Z")

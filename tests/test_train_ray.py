@@ -26,8 +26,15 @@ LOG_V = math.log(VOCAB)
 
 
 @pytest.fixture(scope="module")
-def ray_cpu(monkeypatch_module):
+def ray_cpu(monkeypatch_module, tmp_path_factory):
     import ray
+    # Every worker group compiles the same train step (each fit, each restart after a fault: 7 groups of 2 here).
+    # JAX's persistent compilation cache (supported on the CPU backend) lets all but the first load it from disk; the
+    # workers inherit the variables from this process through ray.init. Ref:
+    # https://docs.jax.dev/en/latest/persistent_compilation_cache.html
+    monkeypatch_module.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax-cache")))
+    monkeypatch_module.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+    monkeypatch_module.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
     # Ray starts the workers of a driver's tasks at nice 15, but those of a submitted job (`ray job submit`, how
     # KubeRay runs the job on the cluster) at 0 (ray/dashboard/modules/job/job_manager.py: RAY_worker_niceness).
     # At 15, beside the suite's control planes, the training got a sliver of the CPU: the file took 933 s in a

@@ -28,7 +28,7 @@ from infra.offline import Plan
 from tests import upstream
 from tests.controlplane import build, chart, pki
 from tests.controlplane.kube import Kube, wait_for
-from tests.controlplane.processes import Process, Supervisor, free_port, http_ok
+from tests.controlplane.processes import Process, StartError, Supervisor, free_port, http_ok
 from tests.controlplane.runtime import AfterAdmission
 
 # Kueue opens this pair whenever its internal cert management is off, metrics or not (cmd/kueue/main.go).
@@ -275,10 +275,22 @@ class ControlPlane:
                 shutil.copy(metrics.key, KUEUE_METRICS_CERTS / "tls.key")
                 shutil.copy(metrics.cert, KUEUE_METRICS_CERTS / "tls.crt")  # last: its presence means done
 
-    def _run_kueue(self) -> None:
-        process = self.supervisor.start("kueue", self._kueue_argv)
+    def _run_kueue(self, attempts: int = 3) -> None:
+        """Start Kueue and wait until its webhook answers. Kueue exits when its informers do not sync within
+        controller-runtime's timeout ("failed waiting for *v1.RayJob Informer to sync": seen with four planes of a
+        fleet starting beside two busy loops); in a cluster its Deployment's pod is restarted, so the tier starts it
+        again, as the kubelet would."""
         health = self._kueue_health
-        self.supervisor.wait_until(process, lambda: http_ok(f"http://127.0.0.1:{health}/readyz"), 90, "/readyz")
+        for attempt in range(attempts):
+            process = self.supervisor.start("kueue", self._kueue_argv)
+            try:
+                self.supervisor.wait_until(process, lambda: http_ok(f"http://127.0.0.1:{health}/readyz"), 90,
+                                           "/readyz")
+                break
+            except StartError as error:
+                if "Informer to sync" not in str(error) or attempt == attempts - 1:
+                    raise
+                self.supervisor.stop(process)
         # Ready means the webhook answers through the API server, not only that the process listens.
         probe = {"apiVersion": stack_kueue.KUEUE_API_VERSION, "kind": "ResourceFlavor",
                  "metadata": {"name": "tier-readiness-probe"}, "spec": {}}
