@@ -353,9 +353,10 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     or (with `step_wait`) the step has not admitted it for that long since the job was sent there (`waiting_since`):
     its capacity is in use (a reservation or on-demand slice that is free admits within a second). And a fourth,
     once the job runs: its member recorded that it lost its slice (`lost`, on the member's RayJob) and the slice
-    was not back by the end of the member's recovery wait (`lost_slice_over`). The move in
-    progress is the one the Workload carries (written with its deactivation), or else the RayJob's (between the
-    reactivation and the record; or started by an older controller, which wrote it there first)."""
+    was not back by the end of the member's recovery wait (`lost_slice_over`); until then the member's stockout
+    reports do not count. The move in progress is the one the Workload carries (written with its deactivation), or
+    else the RayJob's (between the reactivation and the record; or started by an older controller, which wrote it
+    there first)."""
     for pending in (Move.from_json(view.move), Move.from_json(job_move)):
         if pending is not None and pending.state == MOVING:
             return FinishMove(pending)
