@@ -26,7 +26,8 @@ Giving up (Kueue has none: kubernetes-sigs/kueue#8602): a job not admitted by an
 (or its RayJob's `tpu-fallback/max-wait`: a duration, or `none`) after its submission, or after it last ran, is
 deactivated (`spec.active=false` on the manager's Workload: MultiKueue deletes its copies and their
 ProvisioningRequests), with the annotation `tpu-fallback/gave-up` on the RayJob (why, when, at which step) and a
-Warning Event `GaveUp`. Written first and finished by any pass, as a move is.
+Warning Event `GaveUp`. Written with the deactivation on the Workload (`tpu-fallback/ladder-give-up`, taken off once
+the RayJob records it) and finished by any pass, as a move is.
 
 The move is written on the manager's Workload in the same write as its deactivation (WORKLOAD_MOVE_ANNOTATION:
 no moment when a move is decided and the job is still active at the step it leaves), then on the RayJob (the
@@ -83,8 +84,8 @@ MEMBER_SLICE_LOST = "MemberSliceLost"
 # On the manager's RayJob: the job's own maximum wait (a duration such as 90s, 2h, 1h30m, 1d; or "none": never give
 # it up), over the fleet's `fleet.maxWait`.
 MAX_WAIT_ANNOTATION = "tpu-fallback/max-wait"
-# On the manager's RayJob: that the ladder gave the job up, why and when (JSON, see GiveUp); written before the
-# Workload is deactivated, so a restart finishes it.
+# On the manager's RayJob: that the ladder gave the job up, why and when (JSON, see GiveUp); written once the Workload
+# is deactivated (with WORKLOAD_GIVE_UP_ANNOTATION, so a restart finishes it), `done` once the Event is out.
 GAVE_UP_ANNOTATION = "tpu-fallback/gave-up"
 # On the manager's Workload: the move in progress (a Move's JSON), written in the same write as `spec.active=false`
 # and removed in the same write as `spec.active=true`. One write, not two: with the move written on the RayJob first
@@ -92,6 +93,9 @@ GAVE_UP_ANNOTATION = "tpu-fallback/gave-up"
 # and MultiKueue dispatched it there again while the controller restarted (issue 27; on GKE a restart is a container
 # start, tens of seconds). The RayJob's annotation (FAILOVER_ANNOTATION: the move, its history, ops status) follows.
 WORKLOAD_MOVE_ANNOTATION = "tpu-fallback/ladder-move"
+# On the manager's Workload: the give-up in progress (a GiveUp's JSON), for the same reason, written with
+# `spec.active=false` and removed once the RayJob records it done (GAVE_UP_ANNOTATION).
+WORKLOAD_GIVE_UP_ANNOTATION = "tpu-fallback/ladder-give-up"
 NEVER = "none"
 GIVING_UP, GAVE_UP = "deactivating", "done"
 MOVE_WAIT_SECONDS = 15.0  # how long one pass waits for Kueue within a move; the next pass resumes it
@@ -199,6 +203,7 @@ class LadderView:
     pods_not_ready_since: datetime.datetime | None = None
     nominated: tuple[str, ...] = ()  # the members MultiKueue sent it to and that have not admitted it (yet)
     move: str | None = None  # WORKLOAD_MOVE_ANNOTATION: the move this deactivation is part of
+    give_up: str | None = None  # WORKLOAD_GIVE_UP_ANNOTATION: the give-up this deactivation is
 
     @classmethod
     def from_object(cls, obj: Mapping) -> LadderView:
@@ -222,7 +227,8 @@ class LadderView:
             pods_not_ready_since=decisions.parse_time(pods_ready.get("lastTransitionTime"))
             if pods_ready.get("status") == "False" else None,
             nominated=tuple(status.get("nominatedClusterNames") or ()),
-            move=(meta.get("annotations") or {}).get(WORKLOAD_MOVE_ANNOTATION))
+            move=(meta.get("annotations") or {}).get(WORKLOAD_MOVE_ANNOTATION),
+            give_up=(meta.get("annotations") or {}).get(WORKLOAD_GIVE_UP_ANNOTATION))
 
     def check(self, name: str) -> CheckState | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -360,9 +366,10 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     for pending in (Move.from_json(view.move), Move.from_json(job_move)):
         if pending is not None and pending.state == MOVING:
             return FinishMove(pending)
+    for pending_give_up in (GiveUp.from_json(view.give_up), GiveUp.from_json(gave_up)):
+        if pending_give_up is not None and pending_give_up.state == GIVING_UP:
+            return FinishGiveUp(pending_give_up)
     giving = GiveUp.from_json(gave_up)
-    if giving is not None and giving.state == GIVING_UP:
-        return FinishGiveUp(giving)
     if view.rayjob is None or not view.active or view.finished:
         return None
     index = ladder.index(view.queue_name)
@@ -449,6 +456,11 @@ def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | 
 def deactivation(move: Move) -> dict:
     """Route D's first write on the manager's Workload: inactive, and why (WORKLOAD_MOVE_ANNOTATION)."""
     return {"metadata": {"annotations": {WORKLOAD_MOVE_ANNOTATION: move.to_json()}}, "spec": {"active": False}}
+
+
+def give_up_deactivation(give_up: GiveUp) -> dict:
+    """A give-up's first write on the manager's Workload: inactive, and why (WORKLOAD_GIVE_UP_ANNOTATION)."""
+    return {"metadata": {"annotations": {WORKLOAD_GIVE_UP_ANNOTATION: give_up.to_json()}}, "spec": {"active": False}}
 
 
 def evicting_member(step: Step | None, view: LadderView) -> str:
@@ -778,8 +790,7 @@ class LadderController(GuardedWrites):
         if isinstance(action, StartGiveUp):
             log.info("%s/%s: giving up at step %s after %s (maximum %s, %s)", key[0], view.rayjob,
                      action.give_up.step, action.give_up.waited, action.give_up.max_wait, action.give_up.source)
-            self._patch(self.rayjobs, job, {"metadata": {"annotations": {
-                GAVE_UP_ANNOTATION: action.give_up.to_json()}}})
+            self._patch(self.workloads, workload, give_up_deactivation(action.give_up))  # one write, as a move's
             self._give_up(action.give_up, key[1], key[0])
             return 1
         if isinstance(action, FinishGiveUp):
@@ -798,8 +809,8 @@ class LadderController(GuardedWrites):
             if read is None:
                 return False
             workload, view, job = read
-            if view.active:
-                self._patch(self.workloads, workload, {"spec": {"active": False}})
+            if view.active:  # (a give-up an older controller wrote on the RayJob only)
+                self._patch(self.workloads, workload, give_up_deactivation(give_up))
                 continue
             released = self._release_quota(view, job, deadline)
             if released is None:
@@ -808,13 +819,18 @@ class LadderController(GuardedWrites):
                 continue
             current = GiveUp.from_json((job["metadata"].get("annotations") or {}).get(GAVE_UP_ANNOTATION))
             if current is not None and current.state == GAVE_UP:
+                if view.give_up is not None:  # recorded: taken off the Workload, which stays inactive
+                    self._patch(self.workloads, workload, {"metadata": {"annotations": {
+                        WORKLOAD_GIVE_UP_ANNOTATION: None}}})
                 return True
+            if current is None or current.at != give_up.at:  # on the RayJob too (ops status reads it there)
+                self._patch(self.rayjobs, job, {"metadata": {"annotations": {GAVE_UP_ANNOTATION: give_up.to_json()}}})
+                continue
+            rayjob_event(self.core, job["metadata"], COMPONENT, GAVE_UP_REASON, give_up.message(), "Warning",
+                         self.clock(), once=give_up.to_json())  # before the record, as a move's
             self._patch(self.rayjobs, job, {"metadata": {"annotations": {
                 GAVE_UP_ANNOTATION: give_up.done().to_json()}}})
             log.info("%s/%s: %s", namespace, job["metadata"]["name"], give_up.message())
-            rayjob_event(self.core, job["metadata"], COMPONENT, GAVE_UP_REASON, give_up.message(), "Warning",
-                         self.clock())
-            return True
 
     # ---- the move (route D on the manager) ---------------------------------------------------------------------
     def _finish(self, move: Move, workload_name: str, namespace: str, member: str) -> bool:

@@ -303,9 +303,10 @@ class _World:
         self.moves: set[str] = set()  # the moves written (their JSON, state aside): one per hop
 
     def decided(self) -> bool:
-        return any(ladder_controller.WORKLOAD_MOVE_ANNOTATION in (o["metadata"].get("annotations") or {})
-                   or ladder_controller.FAILOVER_ANNOTATION in (o["metadata"].get("annotations") or {})
-                   for o in (self.workload, self.rayjob))
+        """A move or a give-up was written (on either object)."""
+        return any(name in (o["metadata"].get("annotations") or {}) for o in (self.workload, self.rayjob)
+                   for name in (ladder_controller.WORKLOAD_MOVE_ANNOTATION, ladder_controller.FAILOVER_ANNOTATION,
+                                ladder_controller.WORKLOAD_GIVE_UP_ANNOTATION, ladder_controller.GAVE_UP_ANNOTATION))
 
     def patch(self, obj: dict, patch: dict) -> dict:
         if patch["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
@@ -340,7 +341,8 @@ def _merge(target: dict, patch: dict) -> None:
             target[key] = copy.deepcopy(value)
 
 
-def _controller(world: _World, kill_after: int | None) -> ladder_controller.LadderController:
+def _controller(world: _World, kill_after: int | None,
+                max_wait: datetime.timedelta | None = None) -> ladder_controller.LadderController:
     """The real controller's reconcile and route D over `world`, killed after its `kill_after`-th write."""
     import threading
 
@@ -348,7 +350,7 @@ def _controller(world: _World, kill_after: int | None) -> ladder_controller.Ladd
 
     controller = object.__new__(ladder_controller.LadderController)
     controller.ladder, controller.namespace = LADDER, FLEET_NAMESPACE
-    controller.step_wait, controller.max_wait = None, None
+    controller.step_wait, controller.max_wait = None, max_wait
     controller.clock, controller.members, controller.queue = (lambda: NOW), None, WorkQueue()
     controller._lock, controller._views, controller._dispatched_seen = threading.Lock(), {}, {}
     controller._workload_of_job, controller._jobs, controller._members, controller.moves_started = {}, {}, {}, 0
@@ -424,6 +426,29 @@ def test_route_d_killed_after_any_write_finishes_one_move_and_never_leaves_the_j
         assert len(json.loads(annotations["tpu-fallback/moves"])) == 1, kill_after
         assert world.events == [ladder_controller.EVENT_REASON], kill_after
         assert world.rayjob["metadata"]["labels"][ladder_controller.QUEUE_LABEL] == "fleet-on-demand-w2"
+
+
+def test_a_give_up_killed_after_any_write_is_finished_once_and_the_job_never_active_again():
+    """The same for giving up (the job waited past its maximum wait): the give-up rides on the Workload's
+    deactivation; killed after any write, the next controller finishes it: one record, one Event, and the Workload
+    inactive, with nothing of the give-up left on it."""
+    key, limit = (FLEET_NAMESPACE, "wl"), datetime.timedelta(seconds=5)  # created 10 s before NOW
+    complete = _World()
+    assert _controller(complete, None, limit).reconcile_key(key) == 1
+    assert complete.events == [ladder_controller.GAVE_UP_REASON]
+    writes = complete.writes + len(complete.events)
+    for kill_after in range(1, writes + 1):
+        world = _World()
+        with pytest.raises(_Killed):
+            _controller(world, kill_after, limit).reconcile_key(key)
+        assert not (world.decided() and world.workload["spec"]["active"]), kill_after
+        _controller(world, None, limit).reconcile_key(key)
+        assert world.workload["spec"]["active"] is False, kill_after
+        assert ladder_controller.WORKLOAD_GIVE_UP_ANNOTATION not in world.workload["metadata"].get("annotations", {})
+        recorded = ladder_controller.GiveUp.from_json(
+            world.rayjob["metadata"]["annotations"][ladder_controller.GAVE_UP_ANNOTATION])
+        assert recorded.state == ladder_controller.GAVE_UP, kill_after
+        assert world.events == [ladder_controller.GAVE_UP_REASON], kill_after
 
 
 WAIT = datetime.timedelta(seconds=30)
