@@ -316,7 +316,7 @@ class _World:
             written = Move.from_json((patch["metadata"].get("annotations") or {}).get(name))
             if written is not None:
                 self.moves.add(written.done().to_json())
-        _merge(obj, {k: v for k, v in patch.items()})
+        _merge(obj, patch)
         obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
         if obj is self.workload:
             conditions = obj["status"]["conditions"]
@@ -417,8 +417,8 @@ def test_route_d_killed_after_any_write_finishes_one_move_and_never_leaves_the_j
         restarted = _controller(world, None)
         restarted.reconcile_key(key)
         assert restarted.moves_started == 0 and len(world.moves) == 1, kill_after  # it finished the one move
-        assert world.asked_again == [], f"active at the old step after write {world.asked_again} (killed after "
-        f"{kill_after})"
+        assert world.asked_again == [], (f"active at the old step after write {world.asked_again} (killed after "
+                                         f"{kill_after})")
         assert world.workload["spec"] == {"queueName": "fleet-on-demand-w2", "active": True}, kill_after
         assert ladder_controller.WORKLOAD_MOVE_ANNOTATION not in world.workload["metadata"].get("annotations", {})
         annotations = world.rayjob["metadata"]["annotations"]
