@@ -38,6 +38,7 @@ from ops.status.snapshot import ClusterReader
 from tests.controlplane import jobs
 from tests.controlplane.fleet_tier import (PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS, Timeline,
                                            applied_fleet)
+from tests.controlplane.gke import UNREACHABLE_TAINT
 from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.ladder_tier import (GRACE_SECONDS, LADDER_MEMBERS, OFFERED, ON_DEMAND_W1, ON_DEMAND_W2,
                                             RECOVERY_SECONDS, RESERVED_W2, SPOT_W2, STEP_WAIT_SECONDS, W3, LadderFleet,
@@ -137,7 +138,7 @@ def test_an_idle_reservation_runs_the_job_there_and_a_busy_step_is_left_after_th
     fleet.finish("ladder-idle")
 
 
-def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_ends_at_dws_everywhere(fleet):
+def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_ends_at_dws_everywhere(fleet, request):
     """Member 2's reservation is held by a running fleet job, so the walk's job leaves it after the step wait; then
     no step has capacity: on-demand in member 1 never gets its pods ready and nothing says why (the member's
     podsReadyTimeout evicts), on-demand and then Spot in member 2 report "GCE out of resources" for the same pod name
@@ -193,6 +194,7 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
     admitted = {RESERVED_W2: time.monotonic()}  # submitted to the first step: busy
     workload = fleet.submit(name)
     ledger = Ledger(fleet, name, workload).__enter__()  # lists first: what came before is in it
+    request.addfinalizer(ledger.__exit__)  # its watches end with the test, whatever happens (stopping twice is fine)
     try:
         wait_for(lambda: fleet.admitted_copy(W1, workload, ON_DEMAND_W1), STEP_WAIT_SECONDS + REACTION,
                  "on-demand in member 1", interval=0.05)
@@ -319,9 +321,6 @@ def test_a_members_stockout_report_moves_the_job_within_its_grace_period_and_its
     fleet.finish(name)
 
 
-# The node lifecycle controller's taint on a host that stopped reporting: a failed host, as GKE shows it.
-# Ref: https://kubernetes.io/docs/reference/labels-annotations-taints/#node-kubernetes-io-unreachable
-UNREACHABLE = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
 MOVE_SLACK_SECONDS = 2  # issue 26: a move within the recovery wait + 2 s
 
 
@@ -341,7 +340,7 @@ def test_a_slice_lost_in_a_member_moves_the_job_to_the_next_steps_member_at_the_
     fleet.stockout(W1, "on-demand")  # GKE cannot make the slice again
     gke = fleet.tier.members[W1].after.gke
     (worker, *_) = jobs.pods_of(kube, FLEET_NAMESPACE, name)["worker"]
-    signal = gke.lose_slice(gke.slice_of(worker["spec"]["nodeName"]), grace_seconds=0, going_taint=UNREACHABLE)
+    signal = gke.lose_slice(gke.slice_of(worker["spec"]["nodeName"]), grace_seconds=0, going_taint=UNREACHABLE_TAINT)
 
     def recorded() -> slices.LostSlice | None:
         run = fleet.rayjob_in(W1, name)
@@ -374,8 +373,8 @@ def test_a_slice_lost_in_a_member_moves_the_job_to_the_next_steps_member_at_the_
                   if e.get("reason") == slices.LOSS_EVENT_REASON and e["involvedObject"].get("name") == name]
     assert warning["message"] == slices.loss_message(lost)
     assert fleet.member_failover.alive()
-    print(f"\nfleet, lost slice: the loss recorded in member 1 {seen:.2f} s after GKE's signal; the job moved to member "
-          f"2 {took:.0f} s after the loss (member 1's wait {RECOVERY_SECONDS} s)")
+    print(f"\nfleet, lost slice: the loss recorded in member 1 {seen:.2f} s after GKE's signal; the job moved to "
+          f"member 2 {took:.0f} s after the loss (member 1's wait {RECOVERY_SECONDS} s)")
     fleet.finish(name)
 
 

@@ -21,6 +21,7 @@ from failover import decisions, slices
 from failover.controller import LOSS_EVENT_REASON, RECOVERY_EVENT_REASON
 from tests.controlplane import jobs
 from tests.controlplane.failover_tier import NAMESPACE, controller_running, start_failover_tier
+from tests.controlplane.gke import UNREACHABLE_TAINT
 from tests.controlplane.kube import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -28,9 +29,6 @@ pytestmark = pytest.mark.controlplane
 RECOVERY = {"onDemand": "30s", "spot": "2m", "flexStart": "30s"}
 ON_DEMAND_WAIT_SECONDS = DWS_WAIT_SECONDS = 30
 SPOT_GRACE_SECONDS = 15  # GKE gives a Spot VM's non-system pods 15 s of its 30 s notice (spot-vms page)
-# The node lifecycle controller's taint on a host whose kubelet stopped reporting (a failed host).
-# Ref: https://kubernetes.io/docs/reference/labels-annotations-taints/#node-kubernetes-io-unreachable
-UNREACHABLE = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
 REACTION = 90  # generous: nothing timed here but what the issue bounds, from the controller's own records
 # The move after a loss comes at the rung's recovery wait, plus this (the issue's bound); measured on the
 # controller's records (the loss's first signal, the move's start), whole seconds each.
@@ -113,7 +111,7 @@ def test_a_failed_host_without_capacity_back_moves_the_job_once_at_the_rungs_wai
     jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
 
     tier.stockout("on-demand")  # the capacity does not come back: GKE cannot recreate the slice
-    signal, wall = tier.lose_slice_of(job, grace_seconds=0, going_taint=UNREACHABLE)
+    signal, wall = tier.lose_slice_of(job, grace_seconds=0, going_taint=UNREACHABLE_TAINT)
     lost = runs.wait(lambda: tier.lost_of(job), "the loss recorded on the RayJob")
     seen = time.monotonic() - signal
     assert lost.flavor == "on-demand" and "is unreachable" in lost.cause, lost

@@ -58,6 +58,9 @@ FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
 QUEUED_TAINT = "cloud.google.com/gke-queued"
 PROVISIONING_REQUEST_LABEL = "autoscaling.gke.io/provisioning-request"
 TPU_TAINT = {"key": catalogue.TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
+# The node lifecycle controller's taint on a host whose kubelet stopped reporting (a failed host: lose_slice's
+# going_taint). Ref: https://kubernetes.io/docs/reference/labels-annotations-taints/#node-kubernetes-io-unreachable
+UNREACHABLE_TAINT = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
 # KWOK manages exactly the nodes carrying this annotation (runtime.py starts it with that selector).
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 # The tier's own bookkeeping on a node: which slice it belongs to (a multi-host slice comes and goes whole).
