@@ -85,7 +85,10 @@ def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothi
     # The loss counts from GKE's signal (the kubelets' termination of the pods), not from when the pods are gone.
     assert lost.flavor == "spot" and lost.state == slices.LOST
     assert -1 <= seconds_between(lost.at, wall) <= 1, (lost, wall)
-    assert seconds_between(lost.until, lost.at) == 120  # the Spot rung's wait, from stack config
+    # The Spot rung's wait, from stack config. `at` is the signal's time in whole seconds (truncated), `until` the
+    # signal's exact time plus the wait rounded up (never short: failover/slices.py): 120 when the signal came with a
+    # whole-second stamp (a condition's time), 121 when the controller timed it itself (seen beside two busy loops).
+    assert 120 <= seconds_between(lost.until, lost.at) <= 121
     (event,) = events_of(tier, job, LOSS_EVENT_REASON)
     assert event["type"] == "Warning" and event["message"] == slices.loss_message(lost)
 
