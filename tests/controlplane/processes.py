@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+import os
 import signal
 import socket
 import ssl
@@ -9,7 +11,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +20,47 @@ class StartError(RuntimeError):
     """A process of the tier did not start; the message ends with the tail of its log."""
 
 
+def _ephemeral_range_start() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+# Listening ports come from just below the kernel's ephemeral range. A port picked by bind(0) lies inside it, so it
+# is free only until the next outgoing connection takes it as its local port: seen in CI (2026-12-03), Kueue's
+# health port taken between the pick and Kueue's bind ("bind: address already in use"). Each xdist worker draws from
+# a block of its own, so two workers never pick the same port; Ray's worker ports (10002-19999) lie below them all.
+PORT_BLOCK = 1500
+PORT_BLOCKS = 8
+_FIRST_PORT = _ephemeral_range_start() - PORT_BLOCK * PORT_BLOCKS
+_next_ports: Iterator[int] | None = None
+
+
+def _worker_block() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    return int(worker[2:]) % PORT_BLOCKS if worker[2:].isdigit() else 0
+
+
+def _port_candidates() -> Iterator[int]:
+    first = _FIRST_PORT + _worker_block() * PORT_BLOCK
+    return itertools.cycle(range(first, first + PORT_BLOCK))
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A port nobody listens on now, outside the ephemeral range and this worker's alone (see above)."""
+    global _next_ports
+    if _next_ports is None:
+        _next_ports = _port_candidates()
+    for _ in range(PORT_BLOCK):
+        port = next(_next_ports)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use (by a process of ours still running, or anyone else's)
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_FIRST_PORT}+{_worker_block()}*{PORT_BLOCK}")
 
 
 @dataclass
