@@ -492,17 +492,20 @@ class Controller(GuardedWrites):
             self._patch(self.workloads, workload, {"spec": {"active": True}})  # always end active
 
     def _record_done(self, job: dict, move: Move, from_queue: str) -> None:
+        """The done record and its Event. The Event first, named after the move: a restart between the two writes it
+        again under the same name (nothing new) and then records; the other order lost the Event for good (the
+        record, seen on restart, says there is nothing left to do). As the fleet's ladder does."""
         meta = job["metadata"]
         current = Move.from_json((meta.get("annotations") or {}).get(FAILOVER_ANNOTATION))
         if current is not None and current.state == decisions.MOVED:
             return
+        message = decisions.move_message(move, from_queue or "?")
+        rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock(), once=move.to_json())
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {
             FAILOVER_ANNOTATION: move.done().to_json(),
             decisions.MOVES_ANNOTATION: decisions.with_move_recorded(meta.get("annotations"), move)}}})
         self.metrics.moves.labels(move.from_flavor, move.to_flavor, move.reason).inc()
-        message = decisions.move_message(move, from_queue or "?")
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
-        rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock())
 
     def _events(self, namespace: str) -> list[dict]:
         """The autoscaler's stockout events in a namespace, as the event informer last saw them."""

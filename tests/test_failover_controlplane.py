@@ -100,8 +100,7 @@ def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
     move = wait_for(lambda: (m := tier.move_of("stockout-timeout")) and m.state == decisions.MOVED and m, 10,
                     "the move recorded")
     assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", "PodsReadyTimeout")
-    # The Event comes after the done mark (failover/controller.py _record_done): wait for it (seen missing once
-    # under a loaded suite).
+    # The Event comes before the done mark (failover/controller.py _record_done); waited for all the same.
     events = wait_for(lambda: tier.moves_recorded("stockout-timeout"), 10, "the move's Event")
     assert [e["message"] for e in events] == [decisions.move_message(move, "user-queue")]
     assert "default/stockout-timeout: moved from on-demand to dws" in tier.controller.tail(50)
