@@ -60,7 +60,9 @@ def free_port() -> int:
             except OSError:  # in use (by a process of ours still running, or anyone else's)
                 continue
             return port
-    raise RuntimeError(f"no free port in {_FIRST_PORT}+{_worker_block()}*{PORT_BLOCK}")
+    first = _FIRST_PORT + _worker_block() * PORT_BLOCK
+    raise RuntimeError(f"no free port in {first}-{first + PORT_BLOCK - 1} (below the kernel's ephemeral range, "
+                       "net.ipv4.ip_local_port_range)")
 
 
 @dataclass
