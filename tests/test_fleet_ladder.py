@@ -21,6 +21,7 @@ from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAM
 from infra.offline import OfflineEngine, Plan, StackOutputs
 from infra.settings import SettingsError
 from tests.conftest import config_with, plan_for
+from tests.killed_controller import Events, Killed, KilledAfter, merge_patch
 
 FLEET = "fleet"
 W1, W2 = MEMBERS = ("member-us-east5-a", "member-asia-northeast1-b")
@@ -274,10 +275,6 @@ def test_a_move_written_on_the_workload_with_its_deactivation_is_finished_whatev
         "spec": {"active": False}}
 
 
-class _Killed(Exception):
-    """The controller process ends here (kill -9): the write before it was applied, nothing after it."""
-
-
 class _World:
     """The manager's Workload and RayJob as Kueue keeps them, with what route D needs of Kueue: a deactivated
     Workload releases its quota (its RayJob's status is inactive), a new `spec.queueName` gets the step's check in
@@ -297,8 +294,7 @@ class _World:
                                     "labels": {ladder_controller.QUEUE_LABEL: "fleet-on-demand-w1"}},
                        "spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Suspended"}}
         self.writes = 0
-        self.events: list[str] = []
-        self.event_names: set[str] = set()
+        self.events = Events()
         self.asked_again: list[int] = []
         self.moves: set[str] = set()  # the moves written (their JSON, state aside): one per hop
 
@@ -316,7 +312,7 @@ class _World:
             written = Move.from_json((patch["metadata"].get("annotations") or {}).get(name))
             if written is not None:
                 self.moves.add(written.done().to_json())
-        _merge(obj, patch)
+        merge_patch(obj, patch)
         obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
         if obj is self.workload:
             conditions = obj["status"]["conditions"]
@@ -328,17 +324,6 @@ class _World:
                 self.asked_again.append(self.writes)
         self.writes += 1
         return copy.deepcopy(obj)
-
-
-def _merge(target: dict, patch: dict) -> None:
-    """A JSON merge patch (RFC 7386): null removes a key."""
-    for key, value in patch.items():
-        if value is None:
-            target.pop(key, None)
-        elif isinstance(value, dict) and isinstance(target.get(key), dict):
-            _merge(target[key], value)
-        else:
-            target[key] = copy.deepcopy(value)
 
 
 def _controller(world: _World, kill_after: int | None,
@@ -355,40 +340,9 @@ def _controller(world: _World, kill_after: int | None,
     controller._lock, controller._views, controller._dispatched_seen = threading.Lock(), {}, {}
     controller._workload_of_job, controller._jobs, controller._members, controller.moves_started = {}, {}, {}, 0
     controller.workloads, controller.rayjobs = "workloads", "rayjobs"
-    written = []
-
-    class Found(dict):
-        def to_dict(self):
-            return copy.deepcopy(dict(self))
-
-    class Api:  # the dynamic client's two calls GuardedWrites makes (its guarded merge patch is the real one)
-        @staticmethod
-        def get(resource, name, namespace):
-            return Found(world.workload if resource == "workloads" else world.rayjob)
-
-        @staticmethod
-        def patch(resource, body, name, namespace, content_type):
-            result = world.patch(world.workload if resource == "workloads" else world.rayjob, body)
-            written.append(resource)
-            if kill_after is not None and len(written) >= kill_after:
-                raise _Killed
-            return Found(result)
-
-    controller.api = Api()
-    class Core:
-        @staticmethod
-        def create_namespaced_event(namespace, event):
-            from kubernetes.client import ApiException
-
-            if event.metadata.name in world.event_names:
-                raise ApiException(status=409, reason="AlreadyExists")
-            world.event_names.add(event.metadata.name)
-            world.events.append(event.reason)
-            written.append("event")
-            if kill_after is not None and len(written) >= kill_after:
-                raise _Killed
-
-    controller.core = Core()
+    controller.api = controller.core = KilledAfter(
+        lambda resource: world.workload if resource == "workloads" else world.rayjob, world.patch, world.events,
+        kill_after)
     controller._workload_changed("ADDED", copy.deepcopy(world.workload))
     controller._rayjob_changed("ADDED", copy.deepcopy(world.rayjob))
     return controller
@@ -408,7 +362,7 @@ def test_route_d_killed_after_any_write_finishes_one_move_and_never_leaves_the_j
     assert len(complete.moves) == 1
     for kill_after in range(1, writes + 1):
         world = _World()
-        with pytest.raises(_Killed):
+        with pytest.raises(Killed):
             _controller(world, kill_after).reconcile_key(key)
         # While no controller runs, MultiKueue acts on what the Workload says.
         spec = world.workload["spec"]
@@ -439,7 +393,7 @@ def test_a_give_up_killed_after_any_write_is_finished_once_and_the_job_never_act
     writes = complete.writes + len(complete.events)
     for kill_after in range(1, writes + 1):
         world = _World()
-        with pytest.raises(_Killed):
+        with pytest.raises(Killed):
             _controller(world, kill_after, limit).reconcile_key(key)
         assert not (world.decided() and world.workload["spec"]["active"]), kill_after
         _controller(world, None, limit).reconcile_key(key)
