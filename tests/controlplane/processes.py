@@ -11,7 +11,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,36 +33,28 @@ def _ephemeral_range_start() -> int:
 # a block of its own, so two workers never pick the same port; Ray's worker ports (10002-19999) lie below them all.
 PORT_BLOCK = 1500
 PORT_BLOCKS = 8
-_FIRST_PORT = _ephemeral_range_start() - PORT_BLOCK * PORT_BLOCKS
-_next_ports: Iterator[int] | None = None
 
 
 def _worker_block() -> int:
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # set before xdist's worker imports any test module
     return int(worker[2:]) % PORT_BLOCKS if worker[2:].isdigit() else 0
 
 
-def _port_candidates() -> Iterator[int]:
-    first = _FIRST_PORT + _worker_block() * PORT_BLOCK
-    return itertools.cycle(range(first, first + PORT_BLOCK))
+_BLOCK_START = _ephemeral_range_start() - PORT_BLOCK * (PORT_BLOCKS - _worker_block())
+_next_ports = itertools.cycle(range(_BLOCK_START, _BLOCK_START + PORT_BLOCK))
 
 
 def free_port() -> int:
     """A port nobody listens on now, outside the ephemeral range and this worker's alone (see above)."""
-    global _next_ports
-    if _next_ports is None:
-        _next_ports = _port_candidates()
-    for _ in range(PORT_BLOCK):
-        port = next(_next_ports)
+    for port in itertools.islice(_next_ports, PORT_BLOCK):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:  # in use (by a process of ours still running, or anyone else's)
                 continue
             return port
-    first = _FIRST_PORT + _worker_block() * PORT_BLOCK
-    raise RuntimeError(f"no free port in {first}-{first + PORT_BLOCK - 1} (below the kernel's ephemeral range, "
-                       "net.ipv4.ip_local_port_range)")
+    raise RuntimeError(f"no free port in {_BLOCK_START}-{_BLOCK_START + PORT_BLOCK - 1} (below the kernel's "
+                       "ephemeral range, net.ipv4.ip_local_port_range)")
 
 
 @dataclass
