@@ -32,14 +32,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from failover import decisions  # noqa: E402
-from failover.controller import WATCHED_RAYJOBS, WATCHED_WORKLOADS  # noqa: E402
-from failover.informer import Informer  # noqa: E402
+from failover.regional import decisions  # noqa: E402
+from failover.regional.controller import WATCHED_RAYJOBS, WATCHED_WORKLOADS  # noqa: E402
+from failover.runtime.informer import Informer  # noqa: E402
 from infra import failover as stack_failover  # noqa: E402
 from infra import kueue as stack_kueue  # noqa: E402
 from tests.controlplane import jobs  # noqa: E402
 from tests.controlplane.failover_tier import NAMESPACE, start_failover_tier  # noqa: E402
-from tests.controlplane.kube import wait_for  # noqa: E402
+from tests.controlplane.kube import poll_every, wait_for  # noqa: E402
 
 PARKED_QUEUE = "parked"
 
@@ -154,6 +154,7 @@ def main() -> None:
     parser.add_argument("--grace", type=int, default=4, help="fallback.stockoutGracePeriod, seconds")
     parser.add_argument("--idle", type=float, default=60, help="seconds of steady state measured")
     args = parser.parse_args()
+    poll_every(0.1)  # as the README's numbers were measured
     slices = {"maxSlices": args.slices}
     tier = start_failover_tier(pods_ready_timeout=args.timeout, grace=args.grace,
                                overrides={"onDemand": slices, "flexStart": slices})

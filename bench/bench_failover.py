@@ -28,8 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from tests.controlplane import jobs  # noqa: E402
 from tests.controlplane.failover_tier import NAMESPACE, RESYNC_SECONDS, start_failover_tier  # noqa: E402
-from failover.decisions import parse_time  # noqa: E402
-from tests.controlplane.kube import condition, wait_for  # noqa: E402
+from failover.regional.decisions import parse_time  # noqa: E402
+from tests.controlplane.kube import condition, poll_every, wait_for  # noqa: E402
 
 WAIT = 180
 
@@ -65,6 +65,7 @@ def main() -> None:
     parser.add_argument("--grace", type=int, default=4, help="fallback.stockoutGracePeriod, seconds")
     parser.add_argument("--scale-up", type=float, default=0.5, help="seconds a new slice takes to appear")
     args = parser.parse_args()
+    poll_every(0.1)  # as the README's numbers were measured
     tier = start_failover_tier(pods_ready_timeout=args.timeout, grace=args.grace)
     tier.gke.scale_up_seconds = args.scale_up
     results: dict[str, list[float]] = {}

@@ -206,7 +206,7 @@ def _split(value: str) -> tuple[str, str]:
 
 
 def main() -> int:
-    from failover.cluster_client import api_client
+    from failover.runtime.cluster_client import api_client
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
     core = client.CoreV1Api(api_client())

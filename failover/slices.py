@@ -22,11 +22,11 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from failover.decisions import format_time, parse_time
+from failover.regional.decisions import format_time, parse_time
 
 # On the RayJob: the slice it lost this admission (JSON, see LostSlice).
 SLICE_LOST_ANNOTATION = "tpu-fallback/slice-lost"
-# The Events on the RayJob (a fleet ladder on the manager reads the loss Event in the member: failover/ladder.py)
+# The Events on the RayJob (a fleet ladder on the manager reads the loss Event in the member: failover/ladder/)
 LOSS_EVENT_REASON, RECOVERY_EVENT_REASON = "SliceLost", "SliceRecovered"
 LOST, RECOVERED = "lost", "recovered"
 

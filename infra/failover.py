@@ -18,10 +18,12 @@ from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
 from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
-PACKAGE_FILES = ("__init__.py", "__main__.py", "cluster_client.py", "controller.py", "credentials.py", "decisions.py",
-                 "fleet.py", "informer.py", "ladder.py", "metrics.py", "slices.py", "workqueue.py", "requirements.txt")
 # What the token renewer alone needs (a scrape token's, infra/monitoring.py): shipped where the package is not.
-RENEWER_FILES = ("__init__.py", "cluster_client.py", "credentials.py", "requirements.txt")
+RENEWER_FILES = ("__init__.py", "credentials.py", "runtime/__init__.py", "runtime/cluster_client.py",
+                 "requirements.txt")
+# The programs of the package (`python -m <module>`, failover/__init__.py): each Deployment runs one of them.
+REGIONAL_MODULE, WATCH_MODULE, LADDER_MODULE, RENEWER_MODULE = (
+    "failover.regional", "failover.watch", "failover.ladder", "failover.credentials")
 # The image's Python is the one the tests run the controller with (3.11); a patch release, pinned.
 PYTHON_IMAGE = "python:3.11.14-slim"
 NAMESPACE = "tpu-fallback-system"
@@ -43,8 +45,28 @@ RBAC_RULES = (
 )
 
 
-def package_sources(files: tuple[str, ...] = PACKAGE_FILES) -> dict[str, str]:
-    return {name: (PACKAGE_DIR / name).read_text() for name in files}
+def package_files() -> tuple[str, ...]:
+    """Every module of the failover package (its subpackages included) and its pins, as paths inside it."""
+    modules = sorted(str(path.relative_to(PACKAGE_DIR)) for path in PACKAGE_DIR.rglob("*.py")
+                     if "__pycache__" not in path.parts)
+    return (*modules, "requirements.txt")
+
+
+def configmap_key(path: str) -> str:
+    """A ConfigMap's keys hold no '/' (`[-._a-zA-Z0-9]+`): a module's path with '.' for it (ladder/decisions.py ->
+    ladder.decisions.py); the volume's items put each key back at its path."""
+    return path.replace("/", ".")
+
+
+def package_sources(files: tuple[str, ...] | None = None) -> dict[str, str]:
+    """The ConfigMap's data: each file's text under its key."""
+    return {configmap_key(name): (PACKAGE_DIR / name).read_text() for name in files or package_files()}
+
+
+def code_volume(configmap: str, files: tuple[str, ...] | None = None) -> dict:
+    """The code ConfigMap as a volume, each key at its path in the package (subpackages are folders)."""
+    return {"name": "code", "configMap": {"name": configmap, "items": [
+        {"key": configmap_key(name), "path": name} for name in files or package_files()]}}
 
 
 def code_configmap_name(sources: dict[str, str], prefix: str = NAME) -> str:
@@ -62,7 +84,7 @@ def chain_config(kueue: Kueue, settings: PlatformSettings) -> str:
                        for rung in kueue.queue_chain])
 
 
-def start_command(settings: PlatformSettings, module: str = "failover") -> tuple[str, list[dict]]:
+def start_command(settings: PlatformSettings, module: str = REGIONAL_MODULE) -> tuple[str, list[dict]]:
     """The container's shell command and the environment it needs: install the pins first (PyPI or the
     configured index), or nothing with a prebuilt image."""
     runtime = settings.failover_controller
@@ -77,7 +99,7 @@ def start_command(settings: PlatformSettings, module: str = "failover") -> tuple
 
 
 def deployment(settings: PlatformSettings, chain: str, configmap: str) -> dict:
-    return controller_deployment(settings, NAME, "failover", configmap, env=[
+    return controller_deployment(settings, NAME, REGIONAL_MODULE, configmap, env=[
         {"name": "FAILOVER_CHAIN", "value": chain},
         {"name": "FAILOVER_GRACE_SECONDS", "value": str(settings.fallback.stockout_grace_period_seconds)},
         {"name": "FAILOVER_RESYNC_SECONDS", "value": str(RESYNC_SECONDS)},
@@ -90,7 +112,7 @@ def deployment(settings: PlatformSettings, chain: str, configmap: str) -> dict:
 
 def controller_deployment(settings: PlatformSettings, name: str, module: str, configmap: str, env: list[dict],
                           ports: list[dict] | None = None, probe: dict | None = None,
-                          namespace: str = NAMESPACE) -> dict:
+                          namespace: str = NAMESPACE, files: tuple[str, ...] | None = None) -> dict:
     """A Deployment running `python -m <module>` from the code ConfigMap, as the ServiceAccount `name`: the
     failover controller, a fleet's watch and renewer (infra/fleet.py), a scrape token's renewer
     (infra/monitoring.py)."""
@@ -126,7 +148,7 @@ def controller_deployment(settings: PlatformSettings, name: str, module: str, co
                     "nodeSelector": {NODEPOOL_LABEL_KEY: settings.system_pool.name},
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
                     "containers": [container],
-                    "volumes": [{"name": "code", "configMap": {"name": configmap}}],
+                    "volumes": [code_volume(configmap, files)],
                 },
             },
         },

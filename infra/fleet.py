@@ -59,19 +59,19 @@ MIN_MEMBERS, MAX_MEMBERS = 2, 20
 # after a short partition (README "Plan C"); the tests use seconds.
 MIN_WORKER_LOST_SECONDS, MAX_WORKER_LOST_SECONDS = 10, 24 * 3600
 MANAGER_PODS_READY_SECONDS = MAX_PODS_READY_TIMEOUT_SECONDS  # the longest a member may have
-# The fleet watch (failover/fleet.py): says on each job where it really runs; runs from the failover package.
+# The fleet watch (failover/watch/): says on each job where it really runs; runs from the failover package.
 WATCH_NAME = "fleet-watch"
 WATCH_SECONDS = 10
 WATCH_RULES = (
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "multikueueclusters"], "verbs": ["list", "watch"]},
-    # Only to repair Kueue's record after a member's return (failover/fleet.py record_to_repair).
+    # Only to repair Kueue's record after a member's return (failover/watch/ record_to_repair).
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads/status"], "verbs": ["patch"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
-    # Only to finish an eviction Kueue cannot finish on a manager (failover/fleet.py may_unblock).
+    # Only to finish an eviction Kueue cannot finish on a manager (failover/watch/ may_unblock).
     {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
-# The ladder controller (failover/ladder.py): moves a fleet job down the ladder's steps (route D on the manager).
+# The ladder controller (failover/ladder/): moves a fleet job down the ladder's steps (route D on the manager).
 # Only in the fleet's namespace: its Workloads (deactivate, repoint), its RayJobs (relabel, the move's record, the
 # Suspended mark that lets Kueue finish an eviction) and Events there.
 LADDER_NAME = "fleet-ladder"
@@ -334,7 +334,7 @@ def credentials_secret_rule(clusters: Sequence[str]) -> dict:
 
 
 def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str) -> dict:
-    return failover.controller_deployment(settings, WATCH_NAME, "failover.fleet", configmap, env=[
+    return failover.controller_deployment(settings, WATCH_NAME, failover.WATCH_MODULE, configmap, env=[
         {"name": "FLEET_MEMBERS", "value": json.dumps({c: kubeconfig_secret_name(c) for c in fleet.cluster_names})},
         {"name": "FLEET_ORIGIN", "value": fleet.origin},
         {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
@@ -345,7 +345,7 @@ def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap
 
 def ladder_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str,
                       steps: Sequence[FleetStep]) -> dict:
-    return failover.controller_deployment(settings, LADDER_NAME, "failover.ladder", configmap, env=[
+    return failover.controller_deployment(settings, LADDER_NAME, failover.LADDER_MODULE, configmap, env=[
         {"name": "FLEET_LADDER", "value": ladder_json(steps)},
         {"name": "FLEET_NAMESPACE", "value": FLEET_NAMESPACE},
         {"name": "FLEET_STEP_WAIT_SECONDS", "value": str(fleet.step_wait_seconds)},
@@ -381,7 +381,7 @@ def member_access(members: Sequence[MemberHandle]) -> str:
 
 
 def credentials_deployment(settings: PlatformSettings, configmap: str, members: Sequence[MemberHandle]) -> dict:
-    return failover.controller_deployment(settings, CREDENTIALS_NAME, "failover.credentials", configmap, env=[
+    return failover.controller_deployment(settings, CREDENTIALS_NAME, failover.RENEWER_MODULE, configmap, env=[
         {"name": "FLEET_ACCESS", "value": member_access(members)},
         {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
     ])

@@ -32,7 +32,7 @@ FLEET_LOCAL_QUEUE = "fleet-queue"
 MANAGER_CLUSTER_ROLE = "tpu-fallback-multikueue-manager"
 # In a member that offers steps to the fleet's ladder: the manager's identity may read the Events in the fleet's
 # namespace here, where GKE's autoscaler says it has no capacity for a fleet job's pods (the ladder's early path,
-# failover/ladder.py). Nothing else: the pods are known by their RayCluster's name, on the RayJob it may read.
+# failover/ladder/). Nothing else: the pods are known by their RayCluster's name, on the RayJob it may read.
 STOCKOUT_READER_ROLE = "tpu-fallback-fleet-stockout-reader"
 FLEET_MEMBER_OUTPUT = "fleetMember"
 

@@ -65,7 +65,7 @@ CONSOLE = "https://console.cloud.google.com/monitoring/dashboards/builder"
 MONITORING_API = "monitoring.googleapis.com"
 
 # The series the dashboard reads. Kueue's names and labels are those of its source at 0.19.2
-# (pkg/metrics/metrics.go: Subsystem "kueue"); the controller's are fixed by failover/metrics.py.
+# (pkg/metrics/metrics.go: Subsystem "kueue"); the controller's are fixed by failover/runtime/metrics.py.
 KUEUE_PENDING = "kueue_pending_workloads"  # gauge {cluster_queue, status: active|inadmissible, replica_role}
 MOVES = "tpu_fallback_moves_total"  # {from_flavor, to_flavor, reason}
 MOVE_DELAY = "tpu_fallback_move_delay_seconds"  # histogram {reason}
@@ -80,7 +80,7 @@ WATCHED = "tpu_fallback_workloads_watched"  # gauge
 KUEUE_RESERVING = "kueue_reserving_active_workloads"
 KUEUE_ADMITTED_ACTIVE = "kueue_admitted_active_workloads"
 KUEUE_ADMITTED = "kueue_admitted_workloads_total"
-# The fleet watch's (failover/metrics.py FleetMetrics).
+# The fleet watch's (failover/runtime/metrics.py FleetMetrics).
 FLEET_FINDINGS = "tpu_fallback_fleet_findings"  # gauge {state}
 FLEET_REACHABLE = "tpu_fallback_fleet_member_reachable"  # gauge {member}: 1 or 0
 FLEET_PASS = "tpu_fallback_fleet_pass_duration_seconds"  # histogram
@@ -160,11 +160,11 @@ def scrape_renewer_sources() -> dict[str, str]:
 
 def scrape_renewer_deployment(settings: PlatformSettings) -> dict:
     configmap = failover_code.code_configmap_name(scrape_renewer_sources(), SCRAPE_RENEWER)
-    return failover_code.controller_deployment(settings, SCRAPE_RENEWER, "failover.credentials", configmap, env=[
+    return failover_code.controller_deployment(settings, SCRAPE_RENEWER, failover_code.RENEWER_MODULE, configmap, env=[
         {"name": "SCRAPE_SERVICE_ACCOUNT", "value": f"{KUEUE_NAMESPACE}/{KUEUE_READER}"},
         {"name": "SCRAPE_SECRET", "value": f"{KUEUE_NAMESPACE}/{TOKEN_SECRET}"},
         {"name": "SCRAPE_TOKEN_SECONDS", "value": str(credentials.SCRAPE_TOKEN_SECONDS)},
-    ], namespace=KUEUE_NAMESPACE)
+    ], namespace=KUEUE_NAMESPACE, files=failover_code.RENEWER_FILES)
 
 
 def metrics_reader_role() -> dict:
@@ -413,7 +413,7 @@ def waiting_alert(key: str, what: str, pending_queues: Sequence[str], check_queu
 def moves_query(settings: PlatformSettings) -> str:
     """Moves from each rung in the last hour, counted exactly: the counter now less an hour ago (no extrapolation:
     `increase()` reads 2 moves as 2.0168), or its whole value for a series younger than that (the controller
-    declares every series at 0 when it starts: failover/metrics.py declare_moves). A counter reset inside the window
+    declares every series at 0 when it starts: failover/runtime/metrics.py declare_moves). A counter reset inside the window
     (a container restart in the same pod) counts the moves since the restart only."""
     moves = series(MOVES, settings)
     return f"sum by (from_flavor) ((({moves} - {moves} offset 1h) >= 0) or {moves})"

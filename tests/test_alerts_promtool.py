@@ -240,7 +240,7 @@ def test_the_controller_down_fires_five_minutes_after_its_last_good_scrape(promt
 # ---- a fleet member that does not answer ----------------------------------------------------------------------
 
 def test_a_member_that_stops_answering_fires_after_five_minutes_of_zeros(promtool, tmp_path):
-    """The fleet watch writes every member's gauge every period, jobs or none (failover/fleet.py tick); a member
+    """The fleet watch writes every member's gauge every period, jobs or none (failover/watch/ tick); a member
     answering no more from 10m30s: firing at 15m30s, not at 15m; three minutes without an answer: never."""
     from tests.test_monitoring import _plan
 

@@ -53,19 +53,26 @@ def test_rbac_is_exactly_what_a_move_needs():
 def test_the_controller_runs_the_repositorys_failover_package_at_the_pinned_versions():
     plan = plan_for()
     code = plan.named("failover-code").inputs
-    assert code["data"] == {name: (failover.PACKAGE_DIR / name).read_text() for name in failover.PACKAGE_FILES}
-    volumes = plan.named(CONTROLLER).inputs["spec"]["template"]["spec"]["volumes"]
-    assert volumes == [{"name": "code", "configMap": {"name": code["metadata"]["name"]}}]
+    shipped = failover.package_files()
+    on_disk = {str(p.relative_to(failover.PACKAGE_DIR)) for p in failover.PACKAGE_DIR.rglob("*.py")
+               if "__pycache__" not in p.parts}
+    assert set(shipped) == on_disk | {"requirements.txt"}  # every module, subpackages included
+    assert {"regional/__main__.py", "ladder/__main__.py", "watch/__main__.py", "runtime/writes.py"} <= set(shipped)
+    assert code["data"] == {name.replace("/", "."): (failover.PACKAGE_DIR / name).read_text() for name in shipped}
+    (volume,) = plan.named(CONTROLLER).inputs["spec"]["template"]["spec"]["volumes"]
+    # Each key back at its path: the package's folders exist in the Pod as in the repository.
+    assert volume == {"name": "code", "configMap": {"name": code["metadata"]["name"], "items": [
+        {"key": name.replace("/", "."), "path": name} for name in shipped]}}
     container = _container(plan)
     assert container["image"] == failover.PYTHON_IMAGE and ":" in container["image"]
     assert "latest" not in container["image"]
     assert "-r /opt/failover/requirements.txt" in container["command"][-1]
-    assert container["command"][-1].endswith("exec python -m failover")
+    assert container["command"][-1].endswith("exec python -m failover.regional")
 
 
 def test_a_changed_controller_gets_a_new_configmap_so_the_deployment_rolls():
     sources = failover.package_sources()
-    changed = {**sources, "decisions.py": sources["decisions.py"] + "\n# changed\n"}
+    changed = {**sources, "regional.decisions.py": sources["regional.decisions.py"] + "\n# changed\n"}
     assert failover.code_configmap_name(sources) != failover.code_configmap_name(changed)
 
 
@@ -130,11 +137,11 @@ def test_a_prebuilt_image_installs_nothing_at_start():
     plan = plan_for("dev", {"failoverController": {"image": image}})
     container = _container(plan)
     assert container["image"] == image
-    assert container["command"] == ["sh", "-c", "exec python -m failover"]
+    assert container["command"] == ["sh", "-c", "exec python -m failover.regional"]
     assert not {"PYTHONPATH", "PIP_INDEX_URL"} & set(_env(plan))
     # The code still comes from the stack, so the image need not change with it.
-    volumes = plan.named(CONTROLLER).inputs["spec"]["template"]["spec"]["volumes"]
-    assert volumes == [{"name": "code", "configMap": {"name": plan.named("failover-code").inputs["metadata"]["name"]}}]
+    (volume,) = plan.named(CONTROLLER).inputs["spec"]["template"]["spec"]["volumes"]
+    assert volume["configMap"]["name"] == plan.named("failover-code").inputs["metadata"]["name"]
 
 
 def test_the_dockerfile_builds_on_the_stacks_python_and_installs_the_pins():

@@ -1,4 +1,4 @@
-"""failover/controller.py without a server: the end of a move survives a `kill -9` after any of its writes."""
+"""failover/regional/controller.py without a server: the end of a move survives a `kill -9` after any of its writes."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import datetime
 
 import pytest
 
-from failover import decisions
-from failover.controller import EVENT_REASON, Controller
-from failover.decisions import FAILOVER_ANNOTATION, Move
-from failover.metrics import Metrics
+from failover.regional import decisions
+from failover.regional.controller import EVENT_REASON, Controller
+from failover.regional.decisions import FAILOVER_ANNOTATION, Move
+from failover.runtime.metrics import Metrics
 from tests.killed_controller import Events, Killed, KilledAfter, merge_patch
 
 NOW = datetime.datetime(2026, 12, 3, 6, 0, tzinfo=datetime.timezone.utc)

@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from failover import decisions
+from failover.regional import decisions
 from infra import kueue as stack_kueue
 from infra.tpu_pool import PLAN_LABEL_KEY
 from tests.controlplane import jobs
@@ -22,12 +22,10 @@ from tests.controlplane.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_REA
 from ops.status import jobs as status_jobs
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
-from tests.controlplane.kube import condition, wait_for
+from tests.controlplane.kube import condition, server_seconds, wait_for
 
 pytestmark = pytest.mark.controlplane
 
-# Kueue evicts at the timeout; the controller acts within a pass; Kueue then reserves dws and creates the request.
-TIME_TO_PLAN_B_SLACK = 10
 # How long to wait for Kueue or the controller to react where no timing is being measured: generous, because the
 # suite runs four test files at a time on two cores (the restart test failed once under that load, cause not
 # captured; the tier keeps its logs on failure now).
@@ -90,17 +88,22 @@ def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
     created = tier.submit("stockout-timeout")
     assert jobs.decision(tier.kube, NAMESPACE, "stockout-timeout").flavor == "on-demand"
     request = jobs.wait_provisioning_request(tier.kube, NAMESPACE, "stockout-timeout",
-                                             timeout=PODS_READY_TIMEOUT_SECONDS + 30)
-    time_to_plan_b = time.monotonic() - created
-    print(f"timeout path: RayJob created -> dws ProvisioningRequest in {time_to_plan_b:.1f} s "
+                                             timeout=PODS_READY_TIMEOUT_SECONDS + REACTION_TIMEOUT)
+    print(f"timeout path: RayJob created -> dws ProvisioningRequest in {time.monotonic() - created:.1f} s "
           f"(podsReadyTimeout {PODS_READY_TIMEOUT_SECONDS} s)")
-    assert time_to_plan_b <= PODS_READY_TIMEOUT_SECONDS + TIME_TO_PLAN_B_SLACK
+    # Not before the timeout, on the server's clock (whole seconds): the RayJob was created before Kueue admitted it,
+    # and the timeout counts from the admission. How soon after is bench/bench_failover.py's to measure (created ->
+    # request 30.5 s idle); a loaded CI run once took 42 s, so no upper bound on a test's clock here.
+    rayjob = tier.kube.get(*jobs.RAYJOB, "stockout-timeout", NAMESPACE)
+    waited = server_seconds(request["metadata"]["creationTimestamp"]) - server_seconds(
+        rayjob["metadata"]["creationTimestamp"])
+    assert waited >= PODS_READY_TIMEOUT_SECONDS - 1, waited
     assert request["spec"]["provisioningClassName"] == stack_kueue.PROVISIONING_CLASS
     assert tier.queues_of("stockout-timeout") == ("user-queue-dws", "user-queue-dws")
     move = wait_for(lambda: (m := tier.move_of("stockout-timeout")) and m.state == decisions.MOVED and m, 10,
                     "the move recorded")
     assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", "PodsReadyTimeout")
-    # The Event comes before the done mark (failover/controller.py _record_done); waited for all the same.
+    # The Event comes before the done mark (failover/regional/controller.py _record_done); waited for all the same.
     events = wait_for(lambda: tier.moves_recorded("stockout-timeout"), 10, "the move's Event")
     assert [e["message"] for e in events] == [decisions.move_message(move, "user-queue")]
     assert "default/stockout-timeout: moved from on-demand to dws" in tier.controller.tail(50)
@@ -233,3 +236,76 @@ def test_a_job_that_fails_is_retried_in_place_shown_failed_and_never_moved(clean
     report = build_report(ClusterReader(tier.kube.api_client).read(NAMESPACE, "tier"))
     (view,) = [j for j in report.jobs if j.name == "fails"]
     assert view.state == status_jobs.FINISHED and view.words == "finished (Failed)", (view.state, view.words)
+
+
+# ---- the controller reacts to what its watches deliver, not to a resync ---------------------------------------------
+# With the resync ten minutes away, both paths still move a stocked-out job, and the controller's metrics say what
+# happened. A behaviour test, not a timing test: the one-second goals live in bench/bench_controller_scale.py.
+WATCH_ONLY_RESYNC_SECONDS = 600  # never reached while these tests run
+
+
+@pytest.fixture
+def watch_only(clean):
+    """The tier's controller replaced by one whose resync is ten minutes away, with fresh metrics; `clean` starts
+    the usual one again after."""
+    tier = clean
+    tier.stop_controller()
+    tier.start_controller(resync=WATCH_ONLY_RESYNC_SECONDS)
+    yield tier
+    tier.stop_controller()
+
+
+def _moved(tier, job: str) -> decisions.Move:
+    return wait_for(lambda: (m := tier.move_of(job)) and m.state == decisions.MOVED and m, REACTION_TIMEOUT,
+                    f"{job}'s move recorded")
+
+
+def test_the_early_path_acts_when_the_grace_period_ends_without_a_resync(watch_only):
+    tier = watch_only
+    tier.stockout("on-demand")
+    tier.submit("watch-early")
+    # The event arrives by watch; the grace period ends with no other change: the controller must have queued
+    # the Workload for that moment.
+    jobs.wait_provisioning_request(tier.kube, NAMESPACE, "watch-early", timeout=GRACE_SECONDS + REACTION_TIMEOUT)
+    move = _moved(tier, "watch-early")
+    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", decisions.STOCKOUT)
+    assert tier.metric("tpu_fallback_resyncs_total") == 0
+    assert tier.metric("tpu_fallback_moves_total", from_flavor="on-demand", to_flavor="dws",
+                       reason=decisions.STOCKOUT) == 1
+    # Seconds from the stockout signal to the move's first write: at least the grace period.
+    assert tier.metric("tpu_fallback_move_delay_seconds_count", reason=decisions.STOCKOUT) == 1
+    assert tier.metric("tpu_fallback_move_delay_seconds_sum", reason=decisions.STOCKOUT) >= GRACE_SECONDS - 1
+    assert tier.metric("tpu_fallback_watch_events_total", resource="events") >= 1
+
+
+def test_a_podsready_eviction_is_moved_without_a_resync(watch_only):
+    tier = watch_only
+    waits_before = {flavor: tier.metric("tpu_fallback_admission_wait_seconds_count", flavor=flavor)
+                    for flavor in ("on-demand", "dws")}
+    tier.stockout("on-demand", reported=False)
+    tier.submit("watch-timeout")
+    assert jobs.decision(tier.kube, NAMESPACE, "watch-timeout").flavor == "on-demand"
+    request = jobs.wait_provisioning_request(tier.kube, NAMESPACE, "watch-timeout",
+                                             timeout=PODS_READY_TIMEOUT_SECONDS + REACTION_TIMEOUT)
+    move = _moved(tier, "watch-timeout")
+    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", decisions.PODS_READY_TIMEOUT)
+    assert tier.queues_of("watch-timeout") == ("user-queue-dws", "user-queue-dws")
+    assert tier.metric("tpu_fallback_resyncs_total") == 0
+    assert tier.metric("tpu_fallback_moves_total", reason=decisions.PODS_READY_TIMEOUT) == 1
+    # From admission to the move: Kueue's timeout, at least.
+    assert tier.metric("tpu_fallback_move_delay_seconds_sum",
+                       reason=decisions.PODS_READY_TIMEOUT) >= PODS_READY_TIMEOUT_SECONDS - 1
+    # Quota reserved on on-demand, then (after the move) on dws: one wait each.
+    assert tier.metric("tpu_fallback_admission_wait_seconds_count", flavor="on-demand") == waits_before["on-demand"] + 1
+    history = decisions.move_history(tier.kube.get(*jobs.RAYJOB, "watch-timeout", NAMESPACE)["metadata"]
+                                     .get("annotations"))
+    assert history == [move]
+
+    # GKE provisions the DWS slice: the check's result is counted once.
+    (check,) = jobs.check_states(jobs.workload_of(tier.kube, NAMESPACE, "watch-timeout"))
+    jobs.mark_provisioned(tier.kube, request, "watch-resize")
+    wait_for(lambda: jobs.decision(tier.kube, NAMESPACE, "watch-timeout").admitted, REACTION_TIMEOUT,
+             "Admitted on dws")
+    wait_for(lambda: tier.metric("tpu_fallback_admission_check_outcomes_total", admission_check=check,
+                                 state="Ready") == 1, 10, "the check's Ready counted")
+    assert tier.metric("tpu_fallback_admission_wait_seconds_count", flavor="dws") == waits_before["dws"] + 1

@@ -7,8 +7,8 @@ import json
 
 import pytest
 
-from failover import decisions
-from failover.decisions import (FinishMove, Move, RecordFlavor, StartMove, WorkloadView, decide, stockout_since)
+from failover.regional import decisions
+from failover.regional.decisions import (FinishMove, Move, RecordFlavor, StartMove, WorkloadView, decide, stockout_since)
 
 CHAIN = decisions.Chain.from_json(json.dumps([
     {"flavor": "on-demand", "clusterQueue": "cluster-queue", "localQueue": "user-queue", "admissionCheck": False},
@@ -246,7 +246,7 @@ def test_every_move_decide_can_start_is_declared_at_zero_when_the_controller_sta
     Prometheus (which drops a counter's first sample); the controller declares every series it can count at 0."""
     from prometheus_client import CollectorRegistry
 
-    from failover.metrics import Metrics
+    from failover.runtime.metrics import Metrics
 
     flavors = [rung.flavor for rung in CHAIN.rungs]
     assert decisions.possible_moves(CHAIN) == [
@@ -258,3 +258,61 @@ def test_every_move_decide_can_start_is_declared_at_zero_when_the_controller_sta
     for upper, lower, reason in decisions.possible_moves(CHAIN):
         assert metrics.registry.get_sample_value("tpu_fallback_moves_total", {
             "from_flavor": upper, "to_flavor": lower, "reason": reason}) == 0
+
+
+# ---- a move, one step at a time -------------------------------------------------------------------------------
+
+
+def _job(label: str, suspended: bool) -> dict:
+    return {"metadata": {"name": "job-1", "labels": {decisions.QUEUE_LABEL: label}}, "spec": {"suspend": suspended}}
+
+
+def test_a_move_takes_its_steps_in_order_and_resumes_from_what_it_reads():
+    """Deactivate, wait until Kueue has released the quota and suspended the job, relabel, repoint, reactivate;
+    from any point, the step left to do (the controller re-reads both objects after each)."""
+    move = Move("on-demand", "dws", "user-queue-dws", decisions.PODS_READY_TIMEOUT, _time(0))
+    step = lambda obj, job: decisions.next_in_move(move, WorkloadView.from_object(obj), job)  # noqa: E731
+    admitted = workload(reserved_on="on-demand")
+    assert step(admitted, _job("user-queue", False)) == decisions.DEACTIVATE
+    held = workload(reserved_on="on-demand", active=False)
+    assert step(held, _job("user-queue", False)) == decisions.WAIT_FOR_RELEASE
+    released = workload(active=False)
+    assert step(released, _job("user-queue", False)) == decisions.WAIT_FOR_RELEASE  # not suspended yet
+    assert step(released, _job("user-queue", True)) == decisions.RELABEL
+    assert step(released, _job("user-queue-dws", True)) == decisions.REPOINT
+    repointed = workload(queue="user-queue-dws", active=False)
+    assert step(repointed, _job("user-queue-dws", True)) == decisions.REACTIVATE
+    arrived = workload(queue="user-queue-dws")
+    assert step(arrived, _job("user-queue-dws", True)) == decisions.DONE
+    # Repointed by hand (or a lost label write) while active at the new queue: relabelled once released.
+    assert step(workload(queue="user-queue-dws", active=False), _job("user-queue", True)) == decisions.RELABEL
+
+
+def test_a_requeue_on_the_last_rung_leaves_the_admission_that_lost_its_slice_and_comes_back_active():
+    """No next rung: the Workload is deactivated off the admission that lost its slice (admitted before the move),
+    waits for the release, and is reactivated where it was; a new admission after the move is the end."""
+    move = Move("dws", "dws", "user-queue-dws", decisions.SLICE_LOST, _time(5))  # decided 5 min ago
+    assert move.requeue
+    step = lambda obj, job: decisions.next_in_move(move, WorkloadView.from_object(obj), job)  # noqa: E731
+    lost = workload(queue="user-queue-dws", reserved_on="dws")  # admitted 10 min ago: the old admission
+    assert step(lost, _job("user-queue-dws", False)) == decisions.DEACTIVATE
+    assert step(workload(queue="user-queue-dws", reserved_on="dws", active=False),
+                _job("user-queue-dws", False)) == decisions.WAIT_FOR_RELEASE
+    assert step(workload(queue="user-queue-dws", active=False), _job("user-queue-dws", True)) == decisions.REACTIVATE
+    assert step(workload(queue="user-queue-dws"), _job("user-queue-dws", True)) == decisions.DONE  # queued again
+    readmitted = workload(queue="user-queue-dws", reserved_on="dws")
+    readmitted["status"]["conditions"][0]["lastTransitionTime"] = _time(1)  # after the move
+    assert step(readmitted, _job("user-queue-dws", False)) == decisions.DONE
+
+
+def test_a_move_names_the_queue_it_left_in_its_record_even_when_finished_by_a_later_pass():
+    """A pass that finishes a move an earlier one started (Kueue released the quota after the first pass's wait) sees
+    the Workload repointed already: the queue it left comes from the move itself (seen on a loaded run: "LocalQueue ?
+    -> user-queue-dws"). An older record without it still reads."""
+    action = _decide(workload(evicted="PodsReadyTimeout", recorded="on-demand"))
+    assert isinstance(action, StartMove) and action.move.from_local_queue == "user-queue"
+    done = Move.from_json(action.move.done().to_json())
+    assert done.from_local_queue == "user-queue" and done.state == decisions.MOVED
+    older = json.loads(action.move.to_json())
+    del older["fromLocalQueue"]
+    assert Move.from_json(json.dumps(older)).from_local_queue == ""

@@ -1,4 +1,4 @@
-"""failover/informer.py's raw calls against a real HTTP/1.1 server: an answer handed back to the connection pool
+"""failover/runtime/informer.py's raw calls against a real HTTP/1.1 server: an answer handed back to the connection pool
 leaves nothing unread for the next request on that connection."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import threading
 import pytest
 from kubernetes import client
 
-from failover.informer import RawClient, release
+from failover.runtime.informer import RawClient, release
 from tests.controlplane.google import JsonHandler
 
 BIG = "x" * 200_000  # a Workload's whole status with its managedFields, as an apply answers it

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from failover import decisions
+from failover.regional import decisions
 from tests.controlplane import jobs
 from tests.controlplane.failover_tier import NAMESPACE, start_failover_tier
 from tests.controlplane.kube import wait_for

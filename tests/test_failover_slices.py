@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from failover import decisions, slices
+from failover import slices
+from failover.regional import decisions
 from failover.slices import (GiveUpSlice, HostView, LostSlice, NodeView, RecordLoss, RecordRecovery, decide_loss,
                              slice_loss)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from failover.workqueue import WorkQueue
+from failover.runtime.workqueue import WorkQueue
 
 
 class FakeClock:
@@ -64,3 +64,33 @@ def test_a_waiting_worker_wakes_on_add_and_on_close():
     queue.close()
     closing.join(5)
     assert got == ["woken", None] and not closing.is_alive()
+
+
+def test_a_worker_requeues_each_failure_after_its_delay_and_counts_the_real_ones():
+    """The controllers' shared worker (runtime/workqueue.py work): 404/409 back soon and not counted, another API
+    error after 1 s, any other failure after 5 s, both counted; it stops when told."""
+    import logging
+    import threading
+
+    from kubernetes.client import ApiException
+
+    from failover.runtime.workqueue import work
+
+    now = [0.0]
+    queue = WorkQueue(clock=lambda: now[0])
+    stopping, errors, seen = threading.Event(), [], []
+    outcomes = {("ns", "gone"): ApiException(status=404), ("ns", "refused"): ApiException(status=500),
+                ("ns", "broken"): ValueError("bad object")}
+
+    def reconcile(key):
+        seen.append(key)
+        if len(seen) == len(outcomes):
+            stopping.set()
+        raise outcomes[key]
+
+    for key in outcomes:
+        queue.add(key)
+    work(queue, reconcile, stopping, logging.getLogger("test"), on_error=lambda: errors.append(1))
+    assert sorted(seen) == sorted(outcomes) and len(errors) == 2
+    assert {key: round(due, 1) for key, due in queue._due.items()} == {
+        ("ns", "gone"): 0.2, ("ns", "refused"): 1.0, ("ns", "broken"): 5.0}

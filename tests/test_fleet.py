@@ -370,7 +370,7 @@ def test_the_fleet_watch_runs_on_the_manager_with_the_members_secrets_only():
     container = watch["spec"]["template"]["spec"]["containers"][0]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert json.loads(env["FLEET_MEMBERS"]) == {m: f"{m}-kubeconfig" for m in MEMBERS}
-    assert env["FLEET_ORIGIN"] == "tpu-fallback-fleet" and "python -m failover.fleet" in container["command"][-1]
+    assert env["FLEET_ORIGIN"] == "tpu-fallback-fleet" and "python -m failover.watch" in container["command"][-1]
     role = manifests(plan, "Role")[f"tpu-fallback-{fleet_objects.WATCH_NAME}"]
     assert role["metadata"]["namespace"] == "kueue-system"
     assert role["rules"] == [{"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"],
@@ -378,7 +378,7 @@ def test_the_fleet_watch_runs_on_the_manager_with_the_members_secrets_only():
     cluster_role = manifests(plan, "ClusterRole")[f"tpu-fallback-{fleet_objects.WATCH_NAME}"]
     assert not any("secrets" in rule["resources"] for rule in cluster_role["rules"])
     code = manifests(plan, "ConfigMap")[watch["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"]]
-    assert "fleet.py" in code["data"]
+    assert {"watch.__main__.py", "watch.decisions.py", "runtime.members.py"} <= set(code["data"])
 
 
 def test_the_manager_reaches_the_members_with_one_hour_google_tokens_and_no_key():

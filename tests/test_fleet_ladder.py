@@ -1,6 +1,6 @@
 """The fleet's ladder (issue 18), offline: the steps members offer (`fleetMember.rungs`), the chain of steps the fleet
 derives (infra/fleet.py ladder_steps), their objects on both sides, the rules, and the ladder controller's decisions
-(failover/ladder.py). The real Kueue judges them in tests/test_fleet_ladder_controlplane.py.
+(failover/ladder/). The real Kueue judges them in tests/test_fleet_ladder_controlplane.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,10 @@ import json
 
 import pytest
 
-from failover import ladder as ladder_controller
-from failover.decisions import MOVED, MOVING, Move
+from failover.ladder import controller as ladder_controller
+from failover.ladder import decisions as ladder_rules
+from failover.regional import decisions
+from failover.regional.decisions import MOVED, MOVING, Move
 from infra import failover as failover_objects
 from infra import fleet as fleet_objects
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE
@@ -146,7 +148,7 @@ def test_the_ladder_controller_runs_with_least_privilege_in_the_fleets_namespace
     assert role["metadata"]["namespace"] == FLEET_NAMESPACE  # not a ClusterRole: only the fleet's jobs
     assert role["rules"] == [dict(rule) for rule in fleet_objects.LADDER_RULES]
     assert not any(r["apiGroups"] == [""] and "secrets" in r["resources"] for r in role["rules"])
-    assert "ladder.py" in failover_objects.PACKAGE_FILES
+    assert {"ladder/__main__.py", "ladder/decisions.py"} <= set(failover_objects.package_files())
 
 
 def test_a_fleet_of_dws_only_members_has_no_ladder():
@@ -188,7 +190,7 @@ def test_fleet_ladder_rules(overrides, answers, message):
 
 # ---- the ladder controller's decisions -----------------------------------------------------------------------
 
-LADDER = ladder_controller.Ladder.from_json(json.dumps([
+LADDER = ladder_rules.Ladder.from_json(json.dumps([
     {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand"},
     {"localQueue": "fleet-on-demand-w2", "admissionCheck": "fleet-on-demand-w2", "members": ["w2"], "rung": "onDemand"},
     {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
@@ -196,11 +198,11 @@ NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
 
 
 def workload(queue: str, checks: list[dict], active: bool = True, evicted: str = "",
-             reserved: bool = True, nominated: tuple[str, ...] = ()) -> ladder_controller.LadderView:
+             reserved: bool = True, nominated: tuple[str, ...] = ()) -> ladder_rules.LadderView:
     conditions = [{"type": "QuotaReserved", "status": "True" if reserved else "False"}]
     if evicted:
         conditions.append({"type": "Evicted", "status": "True", "reason": "AdmissionCheck", "message": evicted})
-    return ladder_controller.LadderView.from_object({
+    return ladder_rules.LadderView.from_object({
         "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}],
                      "creationTimestamp": "2026-12-01T11:59:50Z"},
         "spec": {"queueName": queue, "active": active},
@@ -209,7 +211,7 @@ def workload(queue: str, checks: list[dict], active: bool = True, evicted: str =
 
 def test_a_job_admitted_on_its_step_stays():
     view = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Ready"}])
-    assert ladder_controller.decide(LADDER, view, None, NOW) is None
+    assert ladder_rules.decide(LADDER, view, None, NOW) is None
 
 
 @pytest.mark.parametrize("check", [
@@ -218,41 +220,41 @@ def test_a_job_admitted_on_its_step_stays():
     {"name": "fleet-on-demand-w1", "state": "Ready", "retryCount": 1},  # re-dispatched to the same member already
 ], ids=["retry", "evicted", "re-admitted"])
 def test_a_members_eviction_moves_the_job_to_the_next_step(check):
-    action = ladder_controller.decide(LADDER, workload("fleet-on-demand-w1", [check]), None, NOW)
+    action = ladder_rules.decide(LADDER, workload("fleet-on-demand-w1", [check]), None, NOW)
     assert action.move == Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2",
-                               ladder_controller.MEMBER_EVICTED, "2026-12-01T12:00:00Z")
+                               ladder_rules.MEMBER_EVICTED, "2026-12-01T12:00:00Z")
 
 
 def test_the_evicting_member_is_read_from_kueues_messages():
     view = workload("fleet-queue", [{"name": "fleet-multikueue", "state": "Pending", "retryCount": 1}],
                     evicted='Evicted due to AdmissionCheck in Retry state: "fleet-multikueue" (Workload evicted on '
                             'worker cluster: "w2", resetting for re-admission)')
-    assert ladder_controller.evicting_member(LADDER.steps[2], view) == "w2"
-    assert ladder_controller.evicting_member(LADDER.steps[0], workload("fleet-on-demand-w1", [])) == "w1"
+    assert ladder_rules.evicting_member(LADDER.steps[2], view) == "w2"
+    assert ladder_rules.evicting_member(LADDER.steps[0], workload("fleet-on-demand-w1", [])) == "w1"
 
 
 def test_nothing_moves_past_the_last_step_an_unknown_queue_or_a_deactivated_job():
     evicted = [{"name": "fleet-multikueue", "state": "Pending", "retryCount": 3}]
-    assert ladder_controller.decide(LADDER, workload("fleet-queue", evicted), None, NOW) is None
-    assert ladder_controller.decide(LADDER, workload("other", [{"name": "other", "state": "Retry"}]), None, NOW) is None
+    assert ladder_rules.decide(LADDER, workload("fleet-queue", evicted), None, NOW) is None
+    assert ladder_rules.decide(LADDER, workload("other", [{"name": "other", "state": "Retry"}]), None, NOW) is None
     inactive = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Retry"}], active=False)
-    assert ladder_controller.decide(LADDER, inactive, None, NOW) is None
+    assert ladder_rules.decide(LADDER, inactive, None, NOW) is None
 
 
 def test_another_steps_check_does_not_count():
     """The old step's check, still listed for an instant after the move, says nothing about the new step."""
     view = workload("fleet-on-demand-w2", [{"name": "fleet-on-demand-w1", "state": "Pending", "retryCount": 1}])
-    assert ladder_controller.decide(LADDER, view, None, NOW) is None
+    assert ladder_rules.decide(LADDER, view, None, NOW) is None
 
 
 def test_a_move_in_progress_is_finished_first_and_a_finished_one_is_not_repeated():
     moving = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", "MemberEvicted",
                   "2026-12-01T11:59:00Z", MOVING)
     view = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending"}], active=False)
-    assert ladder_controller.decide(LADDER, view, moving.to_json(), NOW).move == moving
+    assert ladder_rules.decide(LADDER, view, moving.to_json(), NOW).move == moving
     done = Move(**{**moving.__dict__, "state": MOVED})
     fresh = workload("fleet-on-demand-w2", [{"name": "fleet-on-demand-w2", "state": "Pending"}])
-    assert ladder_controller.decide(LADDER, fresh, done.to_json(), NOW) is None
+    assert ladder_rules.decide(LADDER, fresh, done.to_json(), NOW) is None
 
 
 def test_a_move_written_on_the_workload_with_its_deactivation_is_finished_whatever_the_rayjob_says():
@@ -264,14 +266,14 @@ def test_a_move_written_on_the_workload_with_its_deactivation_is_finished_whatev
                  MOVED)
     raw = {"metadata": {"name": "wl", "namespace": FLEET_NAMESPACE,
                         "ownerReferences": [{"kind": "RayJob", "name": "j"}],
-                        "annotations": ladder_controller.deactivation(moving)["metadata"]["annotations"]},
+                        "annotations": ladder_rules.deactivation(moving)["metadata"]["annotations"]},
            "spec": {"queueName": "fleet-on-demand-w1", "active": False},
            "status": {"admissionChecks": [{"name": "fleet-on-demand-w1", "state": "Pending", "retryCount": 1}]}}
-    view = ladder_controller.LadderView.from_object(raw)
+    view = ladder_rules.LadderView.from_object(raw)
     for on_the_rayjob in (None, older.to_json()):
-        assert ladder_controller.decide(LADDER, view, on_the_rayjob, NOW) == ladder_controller.FinishMove(moving)
-    assert ladder_controller.deactivation(moving) == {
-        "metadata": {"annotations": {ladder_controller.WORKLOAD_MOVE_ANNOTATION: moving.to_json()}},
+        assert ladder_rules.decide(LADDER, view, on_the_rayjob, NOW) == decisions.FinishMove(moving)
+    assert ladder_rules.deactivation(moving) == {
+        "metadata": {"annotations": {ladder_rules.WORKLOAD_MOVE_ANNOTATION: moving.to_json()}},
         "spec": {"active": False}}
 
 
@@ -291,7 +293,7 @@ class _World:
             "spec": {"queueName": "fleet-on-demand-w1", "active": True},
             "status": {"conditions": [{"type": "QuotaReserved", "status": "True"}], "admissionChecks": [check]}}
         self.rayjob = {"metadata": {"name": "j", "namespace": FLEET_NAMESPACE, "resourceVersion": "1", "uid": "u",
-                                    "labels": {ladder_controller.QUEUE_LABEL: "fleet-on-demand-w1"}},
+                                    "labels": {decisions.QUEUE_LABEL: "fleet-on-demand-w1"}},
                        "spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Suspended"}}
         self.writes = 0
         self.events = Events()
@@ -301,14 +303,14 @@ class _World:
     def decided(self) -> bool:
         """A move or a give-up was written (on either object)."""
         return any(name in (o["metadata"].get("annotations") or {}) for o in (self.workload, self.rayjob)
-                   for name in (ladder_controller.WORKLOAD_MOVE_ANNOTATION, ladder_controller.FAILOVER_ANNOTATION,
-                                ladder_controller.WORKLOAD_GIVE_UP_ANNOTATION, ladder_controller.GAVE_UP_ANNOTATION))
+                   for name in (ladder_rules.WORKLOAD_MOVE_ANNOTATION, decisions.FAILOVER_ANNOTATION,
+                                ladder_rules.WORKLOAD_GIVE_UP_ANNOTATION, ladder_rules.GAVE_UP_ANNOTATION))
 
     def patch(self, obj: dict, patch: dict) -> dict:
         if patch["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
             raise AssertionError("a write on a stale read")  # the API server's 409; never expected here
         before = obj["spec"].get("queueName")
-        for name in (ladder_controller.WORKLOAD_MOVE_ANNOTATION, ladder_controller.FAILOVER_ANNOTATION):
+        for name in (ladder_rules.WORKLOAD_MOVE_ANNOTATION, decisions.FAILOVER_ANNOTATION):
             written = Move.from_json((patch["metadata"].get("annotations") or {}).get(name))
             if written is not None:
                 self.moves.add(written.done().to_json())
@@ -331,7 +333,7 @@ def _controller(world: _World, kill_after: int | None,
     """The real controller's reconcile and route D over `world`, killed after its `kill_after`-th write."""
     import threading
 
-    from failover.workqueue import WorkQueue
+    from failover.runtime.workqueue import WorkQueue
 
     controller = object.__new__(ladder_controller.LadderController)
     controller.ladder, controller.namespace = LADDER, FLEET_NAMESPACE
@@ -358,7 +360,7 @@ def test_route_d_killed_after_any_write_finishes_one_move_and_never_leaves_the_j
     complete = _World()
     assert _controller(complete, None).reconcile_key(key) == 1
     writes = complete.writes + len(complete.events)  # the Event is a write too
-    assert writes >= 5 and not complete.asked_again and complete.events == [ladder_controller.EVENT_REASON]
+    assert writes >= 5 and not complete.asked_again and complete.events == [ladder_rules.EVENT_REASON]
     assert len(complete.moves) == 1
     for kill_after in range(1, writes + 1):
         world = _World()
@@ -374,12 +376,12 @@ def test_route_d_killed_after_any_write_finishes_one_move_and_never_leaves_the_j
         assert world.asked_again == [], (f"active at the old step after write {world.asked_again} (killed after "
                                          f"{kill_after})")
         assert world.workload["spec"] == {"queueName": "fleet-on-demand-w2", "active": True}, kill_after
-        assert ladder_controller.WORKLOAD_MOVE_ANNOTATION not in world.workload["metadata"].get("annotations", {})
+        assert ladder_rules.WORKLOAD_MOVE_ANNOTATION not in world.workload["metadata"].get("annotations", {})
         annotations = world.rayjob["metadata"]["annotations"]
-        assert Move.from_json(annotations[ladder_controller.FAILOVER_ANNOTATION]).state == MOVED
+        assert Move.from_json(annotations[decisions.FAILOVER_ANNOTATION]).state == MOVED
         assert len(json.loads(annotations["tpu-fallback/moves"])) == 1, kill_after
-        assert world.events == [ladder_controller.EVENT_REASON], kill_after
-        assert world.rayjob["metadata"]["labels"][ladder_controller.QUEUE_LABEL] == "fleet-on-demand-w2"
+        assert world.events == [ladder_rules.EVENT_REASON], kill_after
+        assert world.rayjob["metadata"]["labels"][decisions.QUEUE_LABEL] == "fleet-on-demand-w2"
 
 
 def test_a_give_up_killed_after_any_write_is_finished_once_and_the_job_never_active_again():
@@ -389,7 +391,7 @@ def test_a_give_up_killed_after_any_write_is_finished_once_and_the_job_never_act
     key, limit = (FLEET_NAMESPACE, "wl"), datetime.timedelta(seconds=5)  # created 10 s before NOW
     complete = _World()
     assert _controller(complete, None, limit).reconcile_key(key) == 1
-    assert complete.events == [ladder_controller.GAVE_UP_REASON]
+    assert complete.events == [ladder_rules.GAVE_UP_REASON]
     writes = complete.writes + len(complete.events)
     for kill_after in range(1, writes + 1):
         world = _World()
@@ -398,11 +400,109 @@ def test_a_give_up_killed_after_any_write_is_finished_once_and_the_job_never_act
         assert not (world.decided() and world.workload["spec"]["active"]), kill_after
         _controller(world, None, limit).reconcile_key(key)
         assert world.workload["spec"]["active"] is False, kill_after
-        assert ladder_controller.WORKLOAD_GIVE_UP_ANNOTATION not in world.workload["metadata"].get("annotations", {})
-        recorded = ladder_controller.GiveUp.from_json(
-            world.rayjob["metadata"]["annotations"][ladder_controller.GAVE_UP_ANNOTATION])
-        assert recorded.state == ladder_controller.GAVE_UP, kill_after
-        assert world.events == [ladder_controller.GAVE_UP_REASON], kill_after
+        assert ladder_rules.WORKLOAD_GIVE_UP_ANNOTATION not in world.workload["metadata"].get("annotations", {})
+        recorded = ladder_rules.GiveUp.from_json(
+            world.rayjob["metadata"]["annotations"][ladder_rules.GAVE_UP_ANNOTATION])
+        assert recorded.state == ladder_rules.GAVE_UP, kill_after
+        assert world.events == [ladder_rules.GAVE_UP_REASON], kill_after
+
+
+def _route_d(world: _World, move: Move, to_check: str, running: bool, quota_polls: int = 2) -> list[str]:
+    """Route D driven by the pure `next_in_move` alone, each step applied to `world` as the controller writes it and
+    Kueue answers: the quota released `quota_polls` looks after the RayJob is inactive; the steps in order."""
+    if running:  # the manager's copy of the RayJob's status says it runs in a member
+        world.rayjob["status"]["jobDeploymentStatus"] = "Running"
+    world.patch(world.workload, {**ladder_rules.deactivation(move), "metadata": {
+        **ladder_rules.deactivation(move)["metadata"], "resourceVersion": world.workload["metadata"]["resourceVersion"]}})
+    world.workload["status"]["conditions"][0]["status"] = "True"  # Kueue has not released it yet
+    steps, polls = [], 0
+    while (step := ladder_rules.next_in_move(move, ladder_rules.LadderView.from_object(world.workload), world.rayjob,
+                                              to_check)) != ladder_rules.DONE:
+        steps.append(step)
+        assert len(steps) < 20, steps
+        guard = {"resourceVersion": None}
+        if step == ladder_rules.RECORD:
+            guard["resourceVersion"] = world.rayjob["metadata"]["resourceVersion"]
+            world.patch(world.rayjob, {"metadata": {**guard, "annotations": {
+                decisions.FAILOVER_ANNOTATION: move.to_json()}}})
+        elif step == ladder_rules.MARK_SUSPENDED:
+            world.rayjob["status"]["jobDeploymentStatus"] = "Suspended"
+        elif step == ladder_rules.WAIT_FOR_QUOTA:
+            polls += 1
+            if polls >= quota_polls:
+                world.workload["status"]["conditions"][0]["status"] = "False"
+        elif step == ladder_rules.RELABEL:
+            guard["resourceVersion"] = world.rayjob["metadata"]["resourceVersion"]
+            world.patch(world.rayjob, {"metadata": {**guard, "labels": {decisions.QUEUE_LABEL: move.to_local_queue}}})
+        elif step == ladder_rules.REPOINT:
+            guard["resourceVersion"] = world.workload["metadata"]["resourceVersion"]
+            world.patch(world.workload, {"metadata": guard, "spec": {"queueName": move.to_local_queue}})
+            world.workload["status"]["admissionChecks"] = [{"name": move.from_flavor, "state": "Retry"}]  # not yet
+        elif step == ladder_rules.WAIT_FOR_CHECKS:  # Kueue puts the new step's check in place of the old one
+            world.workload["status"]["admissionChecks"] = [{"name": to_check, "state": "Pending"}]
+        elif step == ladder_rules.REACTIVATE:
+            guard["resourceVersion"] = world.workload["metadata"]["resourceVersion"]
+            world.patch(world.workload, {"metadata": {**guard, "annotations": {
+                ladder_rules.WORKLOAD_MOVE_ANNOTATION: None}}, "spec": {"active": True}})
+        else:
+            raise AssertionError(f"unexpected step {step}")
+    return steps
+
+
+@pytest.mark.parametrize("running", [False, True])
+def test_route_d_takes_its_steps_in_the_measured_order_from_what_it_reads(running):
+    """§8.8's order, decided by `next_in_move` from the objects alone: the move on the RayJob, the RayJob marked
+    Suspended only when its copied status still says it runs, the quota awaited, relabel before repoint, the new
+    step's check awaited, then reactivation; and nothing left once both objects say it arrived."""
+    move = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", ladder_rules.MEMBER_EVICTED,
+                "2026-12-01T12:00:00Z")
+    world = _World()
+    world.workload["status"]["admissionChecks"] = []  # Kueue drops the old step's check with the new queue
+    steps = _route_d(world, move, "fleet-on-demand-w2", running)
+    suspended = [ladder_rules.MARK_SUSPENDED] if running else []
+    assert steps == [ladder_rules.RECORD, *suspended, ladder_rules.WAIT_FOR_QUOTA, ladder_rules.WAIT_FOR_QUOTA,
+                     ladder_rules.RELABEL, ladder_rules.REPOINT, ladder_rules.WAIT_FOR_CHECKS,
+                     ladder_rules.REACTIVATE], steps
+    assert world.workload["spec"] == {"queueName": "fleet-on-demand-w2", "active": True}
+    assert not world.asked_again
+
+
+def test_a_move_read_back_from_any_point_resumes_at_the_step_left_to_do():
+    """The pure step of a half-done move: whatever the last pass wrote, the next one does what is left (route D
+    resumable from any point), and a move an older controller wrote on the RayJob only is deactivated first."""
+    move = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", ladder_rules.STEP_BUSY,
+                "2026-12-01T12:00:00Z")
+    job = {"metadata": {"labels": {decisions.QUEUE_LABEL: "fleet-on-demand-w1"},
+                        "annotations": {decisions.FAILOVER_ANNOTATION: move.to_json()}},
+           "spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Suspended"}}
+    active_old = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Ready"}])
+    assert ladder_rules.next_in_move(move, active_old, job, "fleet-on-demand-w2") == ladder_rules.DEACTIVATE
+    released = workload("fleet-on-demand-w1", [], active=False, reserved=False)
+    assert ladder_rules.next_in_move(move, released, job, "fleet-on-demand-w2") == ladder_rules.RELABEL
+    relabelled = {**job, "metadata": {**job["metadata"], "labels": {decisions.QUEUE_LABEL: "fleet-on-demand-w2"}}}
+    assert ladder_rules.next_in_move(move, released, relabelled, "fleet-on-demand-w2") == ladder_rules.REPOINT
+    arrived = workload("fleet-on-demand-w2", [{"name": "fleet-on-demand-w2", "state": "Pending"}], active=True)
+    assert ladder_rules.next_in_move(move, arrived, relabelled, "fleet-on-demand-w2") == ladder_rules.DONE
+    older = dataclasses.replace(move, at="2026-12-01T11:00:00Z")  # another hop's record on the RayJob
+    assert ladder_rules.next_in_move(older, released, job, "fleet-on-demand-w2") == ladder_rules.RECORD
+
+
+def test_a_give_up_takes_its_steps_from_what_it_reads():
+    give_up = ladder_rules.GiveUp("2026-12-01T12:00:00Z", "5s", "10s", "fleet-on-demand-w1", "fleet")
+    job = {"metadata": {"annotations": {}}, "spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Running"}}
+    held = workload("fleet-on-demand-w1", [], active=False, reserved=True)
+    assert ladder_rules.next_in_give_up(give_up, workload("fleet-on-demand-w1", []), job) == ladder_rules.DEACTIVATE
+    assert ladder_rules.next_in_give_up(give_up, held, job) == ladder_rules.MARK_SUSPENDED
+    job["status"]["jobDeploymentStatus"] = "Suspended"
+    assert ladder_rules.next_in_give_up(give_up, held, job) == ladder_rules.WAIT_FOR_QUOTA
+    free = workload("fleet-on-demand-w1", [], active=False, reserved=False)
+    assert ladder_rules.next_in_give_up(give_up, free, job) == ladder_rules.RECORD
+    job["metadata"]["annotations"][ladder_rules.GAVE_UP_ANNOTATION] = give_up.to_json()
+    assert ladder_rules.next_in_give_up(give_up, free, job) == ladder_rules.ANNOUNCE
+    job["metadata"]["annotations"][ladder_rules.GAVE_UP_ANNOTATION] = give_up.done().to_json()
+    assert ladder_rules.next_in_give_up(give_up, free, job) == ladder_rules.DONE
+    marked = dataclasses.replace(free, give_up=give_up.to_json())
+    assert ladder_rules.next_in_give_up(give_up, marked, job) == ladder_rules.UNMARK
 
 
 WAIT = datetime.timedelta(seconds=30)
@@ -412,22 +512,22 @@ def test_a_step_that_does_not_admit_within_the_step_wait_is_left():
     since = {"lastTransitionTime": "2026-12-01T11:59:20Z"}
     pending = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}],
                        nominated=("w1",))
-    action = ladder_controller.decide(LADDER, pending, None, NOW, WAIT)
-    assert (action.move.to_flavor, action.move.reason) == ("fleet-on-demand-w2", ladder_controller.STEP_BUSY)
-    assert ladder_controller.decide(LADDER, pending, None, NOW, None) is None  # no wait set: it waits there
+    action = ladder_rules.decide(LADDER, pending, None, NOW, WAIT)
+    assert (action.move.to_flavor, action.move.reason) == ("fleet-on-demand-w2", ladder_rules.STEP_BUSY)
+    assert ladder_rules.decide(LADDER, pending, None, NOW, None) is None  # no wait set: it waits there
     younger = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending",
                                                "lastTransitionTime": "2026-12-01T11:59:45Z"}], nominated=("w1",))
-    assert ladder_controller.decide(LADDER, younger, None, NOW, WAIT) is None
-    assert ladder_controller.next_look(LADDER, younger, WAIT, NOW) == pytest.approx(16.05)  # from the stamp's second end
+    assert ladder_rules.decide(LADDER, younger, None, NOW, WAIT) is None
+    assert ladder_rules.next_look(LADDER, younger, WAIT, NOW) == pytest.approx(16.05)  # from the stamp's second end
     # Waiting for the manager's own quota (another fleet job holds the step): since the Workload's creation.
     unlisted = workload("fleet-on-demand-w1", [], reserved=False)
-    assert ladder_controller.decide(LADDER, unlisted, None, NOW, WAIT) is None
-    assert ladder_controller.decide(LADDER, unlisted, None, NOW + WAIT, WAIT).move.reason == ladder_controller.STEP_BUSY
+    assert ladder_rules.decide(LADDER, unlisted, None, NOW, WAIT) is None
+    assert ladder_rules.decide(LADDER, unlisted, None, NOW + WAIT, WAIT).move.reason == ladder_rules.STEP_BUSY
     admitted = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Ready", **since}])
-    assert ladder_controller.decide(LADDER, admitted, None, NOW, WAIT) is None
-    assert ladder_controller.next_look(LADDER, admitted, WAIT, NOW) is None
+    assert ladder_rules.decide(LADDER, admitted, None, NOW, WAIT) is None
+    assert ladder_rules.next_look(LADDER, admitted, WAIT, NOW) is None
     last = workload("fleet-queue", [{"name": "fleet-multikueue", "state": "Pending", **since}])
-    assert ladder_controller.decide(LADDER, last, None, NOW, WAIT) is None  # DWS everywhere waits as long as it takes
+    assert ladder_rules.decide(LADDER, last, None, NOW, WAIT) is None  # DWS everywhere waits as long as it takes
 
 
 def test_a_step_is_never_left_before_its_wait_whatever_the_stamps_whole_seconds_hide():
@@ -436,12 +536,12 @@ def test_a_step_is_never_left_before_its_wait_whatever_the_stamps_whole_seconds_
     wait = datetime.timedelta(seconds=5)
     came = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending",
                                             "lastTransitionTime": "2026-12-01T11:59:55Z"}], nominated=("w1",))
-    assert ladder_controller.decide(LADDER, came, None, NOW + datetime.timedelta(milliseconds=500), wait) is None
-    assert ladder_controller.decide(LADDER, came, None, NOW + datetime.timedelta(seconds=1),
-                                    wait).move.reason == ladder_controller.STEP_BUSY
+    assert ladder_rules.decide(LADDER, came, None, NOW + datetime.timedelta(milliseconds=500), wait) is None
+    assert ladder_rules.decide(LADDER, came, None, NOW + datetime.timedelta(seconds=1),
+                                    wait).move.reason == ladder_rules.STEP_BUSY
     # Without a check entry yet (the manager's quota for the step is in use): counted from the Workload's creation.
     queued = workload("fleet-on-demand-w1", [], reserved=False)  # created 11:59:50Z
-    assert ladder_controller.decide(LADDER, queued, None, NOW + datetime.timedelta(seconds=0.9),
+    assert ladder_rules.decide(LADDER, queued, None, NOW + datetime.timedelta(seconds=0.9),
                                     datetime.timedelta(seconds=11)) is None
 
 
@@ -450,27 +550,27 @@ def test_a_steps_wait_begins_once_multikueue_has_sent_the_job_to_its_member():
     next step has then not been asked yet, so it is not busy; its wait begins when the job is sent there."""
     since = {"lastTransitionTime": "2026-12-01T11:59:20Z"}  # came to the step 40 s before NOW
     held = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}])
-    assert ladder_controller.decide(LADDER, held, None, NOW, WAIT) is None
+    assert ladder_rules.decide(LADDER, held, None, NOW, WAIT) is None
     came = NOW - datetime.timedelta(seconds=40)
-    assert ladder_controller.next_look(LADDER, held, WAIT, NOW) == pytest.approx(
-        (came + ladder_controller.STAMP_RESOLUTION + ladder_controller.DISPATCH_BOUND + WAIT - NOW).total_seconds()
+    assert ladder_rules.next_look(LADDER, held, WAIT, NOW) == pytest.approx(
+        (came + ladder_rules.STAMP_RESOLUTION + ladder_rules.DISPATCH_BOUND + WAIT - NOW).total_seconds()
         + 0.05)
     # A member of another step named (the one the job left, in a stale record) is not this step's dispatch.
     elsewhere = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}],
                          nominated=("w2",))
-    assert ladder_controller.decide(LADDER, elsewhere, None, NOW, WAIT) is None
+    assert ladder_rules.decide(LADDER, elsewhere, None, NOW, WAIT) is None
     # Sent there 10 s ago, as the controller saw it: 20 s of its wait are left, whatever the step's own time says.
     sent = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}],
                     nominated=("w1",))
     seen = NOW - datetime.timedelta(seconds=10)
-    assert ladder_controller.decide(LADDER, sent, None, NOW, WAIT, dispatched_seen=seen) is None
-    assert ladder_controller.next_look(LADDER, sent, WAIT, NOW, dispatched_seen=seen) == pytest.approx(20.05)
-    assert ladder_controller.decide(LADDER, sent, None, NOW + datetime.timedelta(seconds=20), WAIT,
-                                    dispatched_seen=seen).move.reason == ladder_controller.STEP_BUSY
+    assert ladder_rules.decide(LADDER, sent, None, NOW, WAIT, dispatched_seen=seen) is None
+    assert ladder_rules.next_look(LADDER, sent, WAIT, NOW, dispatched_seen=seen) == pytest.approx(20.05)
+    assert ladder_rules.decide(LADDER, sent, None, NOW + datetime.timedelta(seconds=20), WAIT,
+                                    dispatched_seen=seen).move.reason == ladder_rules.STEP_BUSY
     # Never sent (Kueue never reaches the step's member): left as a busy step after the bound and the wait.
-    late = NOW + ladder_controller.STAMP_RESOLUTION + ladder_controller.DISPATCH_BOUND + WAIT - datetime.timedelta(
+    late = NOW + ladder_rules.STAMP_RESOLUTION + ladder_rules.DISPATCH_BOUND + WAIT - datetime.timedelta(
         seconds=40)
-    assert ladder_controller.decide(LADDER, held, None, late, WAIT).move.reason == ladder_controller.STEP_BUSY
+    assert ladder_rules.decide(LADDER, held, None, late, WAIT).move.reason == ladder_rules.STEP_BUSY
 
 
 # ---- giving up (issue 18 item 3) -----------------------------------------------------------------------------
@@ -500,13 +600,13 @@ def test_max_wait_rule_names_the_key(value):
 
 
 def _waiting(queue: str, check: dict | None, created: str = "2026-12-01T11:00:00Z", admitted: bool = False,
-             pods_ready: dict | None = None, active: bool = True) -> ladder_controller.LadderView:
+             pods_ready: dict | None = None, active: bool = True) -> ladder_rules.LadderView:
     conditions = [{"type": "QuotaReserved", "status": "True"}]
     if admitted:
         conditions.append({"type": "Admitted", "status": "True"})
     if pods_ready:
         conditions.append({"type": "PodsReady", **pods_ready})
-    return ladder_controller.LadderView.from_object({
+    return ladder_rules.LadderView.from_object({
         "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}],
                      "creationTimestamp": created},
         "spec": {"queueName": queue, "active": active},
@@ -514,77 +614,77 @@ def _waiting(queue: str, check: dict | None, created: str = "2026-12-01T11:00:00
 
 
 HOUR = datetime.timedelta(hours=1)
-LATE = NOW + ladder_controller.STAMP_RESOLUTION  # an hour after the end of the stamps' second (11:00:00Z)
+LATE = NOW + ladder_rules.STAMP_RESOLUTION  # an hour after the end of the stamps' second (11:00:00Z)
 DWS_PENDING = {"name": "fleet-multikueue", "state": "Pending", "lastTransitionTime": "2026-12-01T11:10:00Z"}
 
 
 def test_a_job_no_member_admitted_within_max_wait_is_given_up_at_any_step():
     view = _waiting("fleet-queue", DWS_PENDING)  # waiting at the last step (DWS everywhere) since 11:00
-    action = ladder_controller.decide(LADDER, view, None, LATE, max_wait=HOUR)
-    assert isinstance(action, ladder_controller.StartGiveUp)
+    action = ladder_rules.decide(LADDER, view, None, LATE, max_wait=HOUR)
+    assert isinstance(action, ladder_rules.StartGiveUp)
     assert (action.give_up.max_wait, action.give_up.waited, action.give_up.step, action.give_up.source) == (
         "1h", "1h", "fleet-queue", "fleet.maxWait")
-    assert ladder_controller.decide(LADDER, view, None, NOW, max_wait=HOUR) is None
-    assert ladder_controller.next_look(LADDER, view, None, LATE - datetime.timedelta(seconds=10),
+    assert ladder_rules.decide(LADDER, view, None, NOW, max_wait=HOUR) is None
+    assert ladder_rules.next_look(LADDER, view, None, LATE - datetime.timedelta(seconds=10),
                                        max_wait=HOUR) == pytest.approx(10.05)
     # Before the last step too, ahead of a move: the limit is the job's, not the step's.
     busy = _waiting("fleet-on-demand-w1", {"name": "fleet-on-demand-w1", "state": "Pending",
                                            "lastTransitionTime": "2026-12-01T11:00:00Z"})
-    assert isinstance(ladder_controller.decide(LADDER, busy, None, LATE, WAIT, max_wait=HOUR),
-                      ladder_controller.StartGiveUp)
-    assert ladder_controller.decide(LADDER, view, None, NOW) is None  # no maximum wait: it waits as long as it takes
+    assert isinstance(ladder_rules.decide(LADDER, busy, None, LATE, WAIT, max_wait=HOUR),
+                      ladder_rules.StartGiveUp)
+    assert ladder_rules.decide(LADDER, view, None, NOW) is None  # no maximum wait: it waits as long as it takes
 
 
 def test_the_jobs_own_annotation_overrides_the_fleets_max_wait():
     view = _waiting("fleet-queue", DWS_PENDING, created="2026-12-01T11:59:00Z")
-    action = ladder_controller.decide(LADDER, view, None, NOW, max_wait=HOUR, job_max_wait="44s")
-    assert action.give_up.source == ladder_controller.MAX_WAIT_ANNOTATION and action.give_up.max_wait == "44s"
-    assert ladder_controller.decide(LADDER, view, None, NOW, job_max_wait="2m") is None
+    action = ladder_rules.decide(LADDER, view, None, NOW, max_wait=HOUR, job_max_wait="44s")
+    assert action.give_up.source == ladder_rules.MAX_WAIT_ANNOTATION and action.give_up.max_wait == "44s"
+    assert ladder_rules.decide(LADDER, view, None, NOW, job_max_wait="2m") is None
     old = _waiting("fleet-queue", DWS_PENDING)
-    assert ladder_controller.decide(LADDER, old, None, NOW, max_wait=HOUR, job_max_wait="none") is None
+    assert ladder_rules.decide(LADDER, old, None, NOW, max_wait=HOUR, job_max_wait="none") is None
     # An unreadable annotation: the fleet's limit holds.
-    assert isinstance(ladder_controller.decide(LADDER, old, None, LATE, max_wait=HOUR, job_max_wait="soon"),
-                      ladder_controller.StartGiveUp)
-    assert [ladder_controller.parse_duration(t) for t in ("90s", "1h30m", "2d", "0s", "", "5 min")] == [
+    assert isinstance(ladder_rules.decide(LADDER, old, None, LATE, max_wait=HOUR, job_max_wait="soon"),
+                      ladder_rules.StartGiveUp)
+    assert [ladder_rules.parse_duration(t) for t in ("90s", "1h30m", "2d", "0s", "", "5 min")] == [
         datetime.timedelta(seconds=90), datetime.timedelta(minutes=90), datetime.timedelta(days=2), None, None, None]
 
 
 def test_an_admitted_or_running_job_is_never_given_up_and_the_wait_restarts_when_a_run_ends():
     ready = {"name": "fleet-on-demand-w1", "state": "Ready", "lastTransitionTime": "2026-12-01T11:00:05Z"}
     admitted = _waiting("fleet-on-demand-w1", ready, admitted=True)
-    assert ladder_controller.decide(LADDER, admitted, None, NOW, max_wait=HOUR) is None
+    assert ladder_rules.decide(LADDER, admitted, None, NOW, max_wait=HOUR) is None
     # It ran until 11:30 (PodsReady turned False then: preempted), and waits again at DWS: 30 minutes, not 1 hour.
     ran = _waiting("fleet-queue", DWS_PENDING,
                    pods_ready={"status": "False", "reason": "WaitForStart",
                                "lastTransitionTime": "2026-12-01T11:30:00Z"})
-    assert ladder_controller.decide(LADDER, ran, None, NOW, max_wait=HOUR) is None
-    assert isinstance(ladder_controller.decide(LADDER, ran, None, LATE + HOUR / 2, max_wait=HOUR),
-                      ladder_controller.StartGiveUp)
+    assert ladder_rules.decide(LADDER, ran, None, NOW, max_wait=HOUR) is None
+    assert isinstance(ladder_rules.decide(LADDER, ran, None, LATE + HOUR / 2, max_wait=HOUR),
+                      ladder_rules.StartGiveUp)
     # A deactivated job (given up, or by someone) is left alone.
-    assert ladder_controller.decide(LADDER, _waiting("fleet-queue", DWS_PENDING, active=False), None, NOW,
+    assert ladder_rules.decide(LADDER, _waiting("fleet-queue", DWS_PENDING, active=False), None, NOW,
                                     max_wait=HOUR) is None
 
 
 def test_a_give_up_in_progress_is_finished_first_and_a_finished_one_is_not_repeated():
-    give_up = ladder_controller.GiveUp("2026-12-01T12:00:00Z", "1h", "1h", "fleet-queue", "fleet.maxWait")
+    give_up = ladder_rules.GiveUp("2026-12-01T12:00:00Z", "1h", "1h", "fleet-queue", "fleet.maxWait")
     inactive = _waiting("fleet-queue", DWS_PENDING, active=False)
-    assert ladder_controller.decide(LADDER, inactive, None, NOW, gave_up=give_up.to_json()) == \
-        ladder_controller.FinishGiveUp(give_up)
+    assert ladder_rules.decide(LADDER, inactive, None, NOW, gave_up=give_up.to_json()) == \
+        ladder_rules.FinishGiveUp(give_up)
     # Reactivated by its user after it was given up: it walks on, and is not given up again.
     again = _waiting("fleet-queue", DWS_PENDING)
-    assert ladder_controller.decide(LADDER, again, None, NOW, max_wait=HOUR,
+    assert ladder_rules.decide(LADDER, again, None, NOW, max_wait=HOUR,
                                     gave_up=give_up.done().to_json()) is None
     assert "no member admitted it within its maximum wait of 1h (fleet.maxWait)" in give_up.message()
     # A move in progress comes first: the job is not given up half moved.
     moving = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", "MemberEvicted",
                   "2026-12-01T11:59:00Z", MOVING)
-    assert isinstance(ladder_controller.decide(LADDER, inactive, moving.to_json(), NOW, max_wait=HOUR),
-                      ladder_controller.FinishMove)
+    assert isinstance(ladder_rules.decide(LADDER, inactive, moving.to_json(), NOW, max_wait=HOUR),
+                      decisions.FinishMove)
 
 
 # ---- the early path (a member's stockout report) -------------------------------------------------------------
 
-GRACE_LADDER = ladder_controller.Ladder.from_json(json.dumps([
+GRACE_LADDER = ladder_rules.Ladder.from_json(json.dumps([
     {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand",
      "stockoutGracePeriodSeconds": 4},
     {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
@@ -600,16 +700,16 @@ def _event(pod: str, first: str, message: str = "Node scale up in zones us-east5
 def test_a_members_stockout_report_moves_the_job_once_its_grace_period_has_passed():
     view = _waiting("fleet-on-demand-w1", READY_W1, admitted=True)
     seen = datetime.datetime(2026, 12, 1, 11, 59, 57, tzinfo=datetime.timezone.utc)
-    assert ladder_controller.decide(GRACE_LADDER, view, None, NOW, stockout=seen) is None  # 3 s of 4
-    assert ladder_controller.next_look(GRACE_LADDER, view, None, NOW, stockout=seen) == pytest.approx(1.05)
-    action = ladder_controller.decide(GRACE_LADDER, view, None, NOW + datetime.timedelta(seconds=1), stockout=seen)
-    assert (action.move.to_flavor, action.move.reason) == ("fleet-queue", ladder_controller.MEMBER_STOCKOUT)
-    assert "reported no capacity for its pods" in ladder_controller.move_message(action.move, "w1")
+    assert ladder_rules.decide(GRACE_LADDER, view, None, NOW, stockout=seen) is None  # 3 s of 4
+    assert ladder_rules.next_look(GRACE_LADDER, view, None, NOW, stockout=seen) == pytest.approx(1.05)
+    action = ladder_rules.decide(GRACE_LADDER, view, None, NOW + datetime.timedelta(seconds=1), stockout=seen)
+    assert (action.move.to_flavor, action.move.reason) == ("fleet-queue", ladder_rules.MEMBER_STOCKOUT)
+    assert "reported no capacity for its pods" in ladder_rules.move_message(action.move, "w1")
     # Not admitted there (yet, or any more): the report is not this admission's.
     pending = _waiting("fleet-on-demand-w1", {**READY_W1, "state": "Pending"})
-    assert ladder_controller.decide(GRACE_LADDER, pending, None, NOW + HOUR, stockout=seen) is None
+    assert ladder_rules.decide(GRACE_LADDER, pending, None, NOW + HOUR, stockout=seen) is None
     # A step without a published grace period (a member of an older version) has no early path.
-    assert ladder_controller.decide(LADDER, view, None, NOW + HOUR, stockout=seen) is None
+    assert ladder_rules.decide(LADDER, view, None, NOW + HOUR, stockout=seen) is None
 
 
 def test_the_stockout_events_are_those_of_the_jobs_raycluster_since_this_admission():
@@ -619,10 +719,10 @@ def test_the_stockout_events_are_those_of_the_jobs_raycluster_since_this_admissi
               _event("other-zzzzz-tpu-group-worker-x1", "2026-12-01T11:59:51Z"),  # another job's pod
               _event("job-abcde-tpu-group-worker-x1", "2026-12-01T11:59:51Z", "GCE quota exceeded"),  # not capacity
               _event("job-abcde-tpu-group-worker-x3", "2026-12-01T11:58:00Z")]  # before this admission
-    assert ladder_controller.stockout_in_member(events, "job-abcde", admitted) == datetime.datetime(
+    assert ladder_rules.stockout_in_member(events, "job-abcde", admitted) == datetime.datetime(
         2026, 12, 1, 11, 59, 52, tzinfo=datetime.timezone.utc)
-    assert ladder_controller.stockout_in_member(events, None, admitted) is None  # no RayCluster yet
-    assert ladder_controller.is_stockout_event(events[0]) and not ladder_controller.is_stockout_event(events[3])
+    assert ladder_rules.stockout_in_member(events, None, admitted) is None  # no RayCluster yet
+    assert ladder_rules.is_stockout_event(events[0]) and not ladder_rules.is_stockout_event(events[3])
 
 
 def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_its_events_only():
@@ -651,10 +751,10 @@ def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_i
 def test_status_says_a_job_was_given_up_and_why_the_ladder_moved_it():
     from ops.status import jobs as status_jobs
 
-    give_up = ladder_controller.GiveUp("2026-12-01T12:00:00Z", "1h", "1h0m3s", "fleet-queue", "fleet.maxWait").done()
+    give_up = ladder_rules.GiveUp("2026-12-01T12:00:00Z", "1h", "1h0m3s", "fleet-queue", "fleet.maxWait").done()
     rayjob = {"metadata": {"name": "j", "namespace": FLEET_NAMESPACE, "labels": {
         "kueue.x-k8s.io/queue-name": "fleet-queue"}, "annotations": {
-        ladder_controller.GAVE_UP_ANNOTATION: give_up.to_json()}}}
+        ladder_rules.GAVE_UP_ANNOTATION: give_up.to_json()}}}
     workload = {"metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "creationTimestamp": "2026-12-01T11:00:00Z"},
                 "spec": {"queueName": "fleet-queue", "active": False},
                 "status": {"conditions": [
@@ -665,7 +765,7 @@ def test_status_says_a_job_was_given_up_and_why_the_ladder_moved_it():
     assert state.words == "given up after 1h0m3s (maximum wait 1h)"
     assert "no member admitted it within its maximum wait of 1h (fleet.maxWait)" in state.detail
     moving = status_jobs.MoveView("fleet-on-demand-w1", "fleet-queue", "fleet-queue",
-                                  ladder_controller.MEMBER_STOCKOUT, "2026-12-01T12:00:00Z")
+                                  ladder_rules.MEMBER_STOCKOUT, "2026-12-01T12:00:00Z")
     workload["spec"]["active"] = True
     assert "reported no TPU capacity for its pods" in status_jobs.job_state(rayjob, workload, None, moving).detail
 
@@ -678,35 +778,35 @@ def test_a_slice_the_member_recorded_lost_moves_the_job_on_at_the_end_of_the_mem
 
     view = _waiting("fleet-on-demand-w1", READY_W1, admitted=True)  # admitted at 11:59:50
     lost = LostSlice("on-demand", "2026-12-01T11:59:55Z", "host gke-tpu-0 is unreachable", "2026-12-01T12:00:25Z")
-    assert ladder_controller.decide(GRACE_LADDER, view, None, NOW, lost=lost) is None
-    assert ladder_controller.next_look(GRACE_LADDER, view, None, NOW, lost=lost) == pytest.approx(25.05)
+    assert ladder_rules.decide(GRACE_LADDER, view, None, NOW, lost=lost) is None
+    assert ladder_rules.next_look(GRACE_LADDER, view, None, NOW, lost=lost) == pytest.approx(25.05)
     at_the_end = NOW + datetime.timedelta(seconds=25)
-    action = ladder_controller.decide(GRACE_LADDER, view, None, at_the_end, lost=lost)
+    action = ladder_rules.decide(GRACE_LADDER, view, None, at_the_end, lost=lost)
     assert (action.move.from_flavor, action.move.to_flavor, action.move.reason) == (
-        "fleet-on-demand-w1", "fleet-queue", ladder_controller.MEMBER_SLICE_LOST)
-    assert "member w1 recorded that the job lost its slice" in ladder_controller.move_message(action.move, "w1")
+        "fleet-on-demand-w1", "fleet-queue", ladder_rules.MEMBER_SLICE_LOST)
+    assert "member w1 recorded that the job lost its slice" in ladder_rules.move_message(action.move, "w1")
     # The member's stockout reports meanwhile are about the lost slice's replacement: the loss's wait rules (as in
     # the regional controller), not the early path's grace.
     reported = datetime.datetime(2026, 12, 1, 11, 59, 56, tzinfo=datetime.timezone.utc)
-    assert ladder_controller.decide(GRACE_LADDER, view, None, NOW, lost=lost, stockout=reported) is None
-    action = ladder_controller.decide(GRACE_LADDER, view, None, at_the_end, lost=lost, stockout=reported)
-    assert action.move.reason == ladder_controller.MEMBER_SLICE_LOST
+    assert ladder_rules.decide(GRACE_LADDER, view, None, NOW, lost=lost, stockout=reported) is None
+    action = ladder_rules.decide(GRACE_LADDER, view, None, at_the_end, lost=lost, stockout=reported)
+    assert action.move.reason == ladder_rules.MEMBER_SLICE_LOST
     back = dataclasses.replace(lost, state=RECOVERED, recovered_at="2026-12-01T12:00:10Z")
-    assert ladder_controller.decide(GRACE_LADDER, view, None, at_the_end, lost=back) is None
+    assert ladder_rules.decide(GRACE_LADDER, view, None, at_the_end, lost=back) is None
     earlier = dataclasses.replace(lost, at="2026-12-01T11:40:00Z", until="2026-12-01T11:45:00Z")
-    assert ladder_controller.decide(GRACE_LADDER, view, None, at_the_end, lost=earlier) is None
+    assert ladder_rules.decide(GRACE_LADDER, view, None, at_the_end, lost=earlier) is None
     # Only where a member admits it at a one-member step: the last step (DWS in every member) is not moved.
     dws = _waiting("fleet-queue", {"name": "fleet-multikueue", "state": "Ready",
                                    "lastTransitionTime": "2026-12-01T11:59:50Z"}, admitted=True)
-    assert ladder_controller.decide(GRACE_LADDER, dws, None, at_the_end, lost=lost) is None
+    assert ladder_rules.decide(GRACE_LADDER, dws, None, at_the_end, lost=lost) is None
 
 
 def test_the_ladder_reads_a_members_loss_event_on_a_rayjob_and_its_stockouts_on_pods_only():
     loss = {"involvedObject": {"kind": "RayJob", "name": "j"}, "reason": "SliceLost", "message": "lost its slice"}
-    assert ladder_controller.is_slice_lost_event(loss) and not ladder_controller.is_stockout_event(loss)
+    assert ladder_rules.is_slice_lost_event(loss) and not ladder_rules.is_stockout_event(loss)
     on_a_rayjob = {**_event("p", "2026-12-01T11:59:55Z"), "involvedObject": {"kind": "RayJob", "name": "j"}}
-    assert not ladder_controller.is_stockout_event(on_a_rayjob)
-    assert ladder_controller.is_stockout_event(_event("p", "2026-12-01T11:59:55Z"))
+    assert not ladder_rules.is_stockout_event(on_a_rayjob)
+    assert ladder_rules.is_stockout_event(_event("p", "2026-12-01T11:59:55Z"))
 
 
 def test_a_member_that_does_not_answer_reports_no_stockout_and_the_job_is_decided_on_as_it_is():

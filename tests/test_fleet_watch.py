@@ -1,11 +1,11 @@
-"""The fleet watch's findings (failover/fleet.py): where a fleet job runs against Kueue's record. Pure functions; the
+"""The fleet watch's findings (failover/watch/): where a fleet job runs against Kueue's record. Pure functions; the
 real partition and return are in tests/test_fleet_controlplane.py."""
 
 from __future__ import annotations
 
 import json
 
-from failover.fleet import (MEMBER_LOST, RECORD_STALE, RUNNING, RUNNING_TWICE, WARNINGS, Finding, assess, changed)
+from failover.watch.decisions import MEMBER_LOST, RECORD_STALE, RUNNING, RUNNING_TWICE, WARNINGS, Finding, assess, changed
 
 
 def test_a_job_running_where_kueue_says_is_running():
@@ -65,7 +65,7 @@ def _workload(*true: str) -> dict:
 def test_an_eviction_kueue_cannot_finish_on_the_manager_is_recognised():
     """Kueue waits for the evicted job to stop; the manager's RayJob shows the member's last status (Running)
     forever. Only then: not before the eviction, not once the status says Suspended or New."""
-    from failover.fleet import eviction_stuck
+    from failover.watch.decisions import eviction_stuck
 
     running = {"spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Running"}}
     assert eviction_stuck(_workload("Evicted", "QuotaReserved"), running)
@@ -77,7 +77,7 @@ def test_an_eviction_kueue_cannot_finish_on_the_manager_is_recognised():
 
 
 def test_a_member_that_cannot_admit_the_job_is_named_with_kueues_reason():
-    from failover.fleet import MEMBER_CANNOT_ADMIT
+    from failover.watch.decisions import MEMBER_CANNOT_ADMIT
 
     finding = assess(None, {"w1": False, "w2": False}, frozenset(), {"w1": "LocalQueue fleet-queue doesn't exist"})
     assert (finding.state, finding.blocked) == (MEMBER_CANNOT_ADMIT, (("w1", "LocalQueue fleet-queue doesn't exist"),))
@@ -90,7 +90,7 @@ def test_a_member_that_cannot_admit_the_job_is_named_with_kueues_reason():
 
 def test_a_finished_job_is_finished_not_waiting():
     """Seen on the tier: after a normal finish the watch said "waits for a slice in every member"."""
-    from failover.fleet import FINISHED
+    from failover.watch.decisions import FINISHED
 
     finding = assess("w2", {"w1": False, "w2": False}, frozenset(), finished=True)
     assert finding.state == FINISHED and finding.message() == "finished (Kueue's record: w2)"
@@ -184,7 +184,7 @@ def _watch(members: dict[str, tuple[list[dict], list[dict]] | None], workloads: 
     (`connected`), and per member (copies, RayJobs), or None for a member that does not answer."""
     from kubernetes import client
 
-    from failover.fleet import FleetWatch, _Member
+    from failover.watch.controller import FleetWatch, _Member
 
     manager = _Manager()
     watch = FleetWatch(client.ApiClient(), lambda: {}, "tpu-fallback-fleet", metrics=metrics, settle_seconds=settle)
@@ -210,8 +210,8 @@ def _pass(runs: dict[str, set[str]], lost: set[str], jobs: dict[str, str | None]
     jobs it runs) answer, `lost` do not."""
     from prometheus_client import CollectorRegistry
 
-    from failover.fleet import STATES
-    from failover.metrics import FleetMetrics
+    from failover.watch.decisions import STATES
+    from failover.runtime.metrics import FleetMetrics
 
     metrics = FleetMetrics(STATES, CollectorRegistry())
     watch, manager = _watch({member: ([], [_member_rayjob(job) for job in names]) for member, names in runs.items()}
@@ -254,10 +254,33 @@ def test_a_warning_is_published_once_it_has_held():
     assert [name for name, _ in manager.patches] == ["c"] and manager.events[0][0] == "FleetRecordStale"
 
 
+def test_a_dispatch_kueue_is_recording_is_not_called_stale_until_it_has_held_far_longer():
+    """Kueue nominated w1, created the job's RayJob there, and has not yet written its record: measured on a loaded
+    tier for over the 1 s a warning settles, which published a transient RecordStale, then a second one when the
+    real one came (w2 back from its partition). The member was nominated; after a return it is not."""
+    from failover.watch.decisions import RECORDING_SECONDS, being_recorded, settle_for
+
+    recording = _manager_workload("c", true=("QuotaReserved",), checks="Pending", nominated=("w1",))
+    finding = assess(None, {"w1": True, "w2": False}, frozenset({"w2"}))
+    assert finding.state == RECORD_STALE and being_recorded(recording, finding)
+    assert settle_for(recording, finding, 1.0) == RECORDING_SECONDS > 1.0
+    # The return's case: the run is in a member Kueue did not nominate. A warning, settled as any other.
+    returned = assess(None, {"w1": False, "w2": True}, frozenset())
+    assert not being_recorded(recording, returned) and settle_for(recording, returned, 1.0) == 1.0
+    # A record that names another member is stale whatever the nomination; what is not a warning waits for nothing.
+    assert settle_for(recording, assess("w2", {"w1": True}, frozenset()), 1.0) == 1.0
+    assert settle_for(recording, assess("w1", {"w1": True}, frozenset()), 1.0) == 0.0
+
+    jobs = [recording], [_manager_rayjob("c", deployment=None)]
+    watch, manager = _watch({"w1": ([], [_member_rayjob("c")]), "w2": None}, *jobs, settle=0.0)
+    assert watch.evaluate(("tpu-fleet", "c")).state == RECORD_STALE and manager.patches == []
+    assert len(watch.queue) == 1  # looked at again: by then Kueue has recorded w1, or it is stale
+
+
 # ---- when the watch may mark an evicted job Suspended, and when it repairs Kueue's record -------------------------
 
 def test_a_run_in_a_member_is_one_that_is_not_suspended_or_an_admitted_copy():
-    from failover.fleet import live
+    from failover.watch.decisions import live
 
     assert live(None, _member_rayjob("j"))
     # MultiKueue makes a suspended RayJob for a copy evicted on the manager's word: no run.
@@ -271,7 +294,7 @@ def test_an_eviction_is_never_unblocked_where_the_job_runs():
     """QA's failing inputs (issue 19): the watch marked the job Suspended while the member that took over ran it
     (Kueue then deleted that run), and again after the lost member's return (both runs deleted). Only where no
     member that answers runs it."""
-    from failover.fleet import may_unblock
+    from failover.watch.decisions import may_unblock
 
     stuck = _manager_workload("j", true=("QuotaReserved", "Evicted"), checks="Pending")
     suspended = _manager_rayjob("j", suspend=True)
@@ -308,7 +331,7 @@ def test_the_watch_leaves_a_stuck_eviction_to_kueue_while_a_member_runs_the_job(
 def test_a_job_whose_member_kueue_lost_is_marked_before_kueue_evicts_it():
     """Kueue lost w2, where it admitted the job; its eviction after workerLostTimeout would wait for a stop it cannot
     see, and undo the dispatch to w1 meanwhile. Marked at once, only when Kueue and the watch both lose w2."""
-    from failover.fleet import lost_admission
+    from failover.watch.decisions import lost_admission
 
     admitted = _manager_workload("j", record="w2", true=("QuotaReserved", "Admitted"))
     running = _manager_rayjob("j")
@@ -326,7 +349,7 @@ def test_a_job_whose_member_kueue_lost_is_marked_before_kueue_evicts_it():
 
 
 def test_only_a_copy_of_the_jobs_current_step_counts_as_admitted_for_the_record():
-    from failover.fleet import admitted_at_current_step
+    from failover.watch.decisions import admitted_at_current_step
 
     workload = _manager_workload("j", true=("QuotaReserved",), checks="Pending")
     workload["spec"] = {"queueName": "fleet-on-demand-w2"}
@@ -344,7 +367,7 @@ def test_only_a_copy_of_the_jobs_current_step_counts_as_admitted_for_the_record(
 
 
 def test_kueues_record_is_repaired_only_when_it_cannot_record_the_member_it_adopted():
-    from failover.fleet import record_to_repair, repaired_status
+    from failover.watch.decisions import record_to_repair, repaired_status
 
     broken = _manager_workload("j", true=("QuotaReserved",), checks="Pending", nominated=("w1",))
     assert record_to_repair(broken, ["w2"], {"w1", "w2"}) == "w2"
@@ -387,8 +410,9 @@ def test_an_idle_fleet_still_says_whether_each_member_answers_and_forgets_a_remo
     from kubernetes import client
     from prometheus_client import CollectorRegistry
 
-    from failover.fleet import STATES, FleetWatch
-    from failover.metrics import FleetMetrics
+    from failover.watch.controller import FleetWatch
+    from failover.watch.decisions import STATES
+    from failover.runtime.metrics import FleetMetrics
 
     metrics = FleetMetrics(STATES, CollectorRegistry())
     clients = {"w1": None}  # no usable kubeconfig: it cannot answer
@@ -405,8 +429,8 @@ def test_an_idle_fleet_still_says_whether_each_member_answers_and_forgets_a_remo
 def test_the_next_pass_replaces_the_last_ones_numbers():
     from prometheus_client import CollectorRegistry
 
-    from failover.fleet import STATES
-    from failover.metrics import FleetMetrics
+    from failover.watch.decisions import STATES
+    from failover.runtime.metrics import FleetMetrics
 
     metrics = FleetMetrics(STATES, CollectorRegistry())
     metrics.record_pass([RUNNING, RUNNING], {"w1": True, "w2": False}, 0.5)
@@ -421,7 +445,7 @@ def test_the_next_pass_replaces_the_last_ones_numbers():
 
 
 def test_every_finding_state_is_exported():
-    from failover.fleet import STATES
+    from failover.watch.decisions import STATES
 
     found = {assess(*case).state for case in (
         ("w1", {"w1": True}, frozenset()), (None, {"w1": False}, frozenset()),
@@ -437,8 +461,8 @@ def test_the_watch_serves_its_metrics_over_http():
 
     from prometheus_client import CollectorRegistry
 
-    from failover.fleet import STATES
-    from failover.metrics import FleetMetrics
+    from failover.watch.decisions import STATES
+    from failover.runtime.metrics import FleetMetrics
 
     metrics = FleetMetrics(STATES, CollectorRegistry())
     metrics.record_pass([RUNNING], {"w1": False}, 0.2)
@@ -453,7 +477,7 @@ def test_the_watch_serves_its_metrics_over_http():
 
 def test_the_rung_a_fleet_job_holds_in_the_member_where_it_runs():
     """The copy's flavor in the member that runs it goes with the finding, its annotation and `ops status`."""
-    from failover.fleet import RUNNING, assess
+    from failover.watch.decisions import RUNNING, assess
     from ops.status.jobs import fleet_of
 
     finding = assess("w1", {"w1": True, "w2": False}, frozenset(), flavors={"w1": "on-demand", "w2": "dws"})
@@ -474,7 +498,7 @@ def test_a_renewed_kubeconfig_gives_a_new_client_and_the_same_text_the_same():
 
     import yaml
 
-    from failover.fleet import member_clients
+    from failover.runtime.members import member_clients
 
     def kubeconfig(token: str) -> str:
         return yaml.safe_dump({"apiVersion": "v1", "kind": "Config", "current-context": "m",
@@ -503,7 +527,7 @@ def test_the_watch_restarts_a_members_watches_on_a_new_client_keeping_what_it_ho
     member back after no answer: listed afresh, and it answers only once listed."""
     from kubernetes import client
 
-    from failover.fleet import FleetWatch
+    from failover.watch.controller import FleetWatch
 
     clients = {"w1": object()}
     watch = FleetWatch(client.ApiClient(), lambda: dict(clients), "tpu-fallback-fleet")
@@ -529,7 +553,7 @@ def _stepped(copy: dict, queue: str) -> dict:
 
 
 def test_a_copy_from_an_older_step_is_stale_only_while_the_job_runs_where_kueue_admitted_it():
-    from failover.fleet import stale_step_copies
+    from failover.watch.decisions import stale_step_copies
 
     admitted = _manager_workload("j", record="w2", true=("QuotaReserved", "Admitted"))
     admitted["spec"] = {"queueName": "fleet-on-demand-w2"}
@@ -550,6 +574,48 @@ def test_a_copy_from_an_older_step_is_stale_only_while_the_job_runs_where_kueue_
                   _manager_workload("j", true=("QuotaReserved",), checks="Pending")):
         other["spec"] = {"queueName": "fleet-on-demand-w2"}
         assert stale_step_copies(other, {"w1": old, "w2": new}, runs) == []
+
+
+def test_one_job_is_judged_whole_from_what_is_seen_without_a_server():
+    """`judge`, the watch's decision for one job, from plain objects: each of its rules in the one verdict the
+    controller carries out."""
+    from failover.watch.decisions import RECORD_STALE, RUNNING, Sighting, judge
+
+    # Admitted in w2 and running there: nothing to do, and it says so.
+    admitted = _manager_workload("j", record="w2", true=("QuotaReserved", "Admitted"))
+    admitted["spec"] = {"queueName": "fleet-on-demand-w2"}
+    new = _stepped(_copy("j", "QuotaReserved", "Admitted"), "fleet-on-demand-w2")
+    seen = Sighting(admitted, _manager_rayjob("j"), {"w1": None, "w2": new}, {"w1": None, "w2": _member_rayjob("j")},
+                    frozenset(), {"w1": True, "w2": True})
+    verdict = judge(seen)
+    assert (verdict.finding.state, verdict.finding.runs_in) == (RUNNING, ("w2",))
+    assert (verdict.lost, verdict.unblock, verdict.left_to_kueue, verdict.repair, verdict.stale) == (
+        None, False, (), None, ())
+    # An older step's copy and run left in w1 after a partition: removed, and not counted as a second run.
+    old = _stepped(_copy("j", "QuotaReserved", "Admitted"), "fleet-on-demand-w1")
+    verdict = judge(Sighting(admitted, _manager_rayjob("j"), {"w1": old, "w2": new},
+                             {"w1": _member_rayjob("j"), "w2": _member_rayjob("j")}, frozenset(),
+                             {"w1": True, "w2": True}))
+    assert verdict.stale == ("w1",) and (verdict.finding.state, verdict.finding.runs_in) == (RUNNING, ("w2",))
+    # Kueue lost w2, where it admitted the job, and the watch cannot reach it either: marked before the eviction.
+    verdict = judge(Sighting(admitted, _manager_rayjob("j"), {"w1": None}, {"w1": None}, frozenset({"w2"}),
+                             {"w1": True, "w2": False}))
+    assert verdict.lost == "w2" and not verdict.unblock
+    # An eviction Kueue cannot finish: unblocked where no member that answers runs it, left to Kueue where one does.
+    stuck = _manager_workload("j", true=("QuotaReserved", "Evicted"), checks="Pending", nominated=("w1",))
+    suspended = _manager_rayjob("j", suspend=True)
+    verdict = judge(Sighting(stuck, suspended, {"w1": _copy("j", "QuotaReserved")}, {"w1": None}, frozenset({"w2"}),
+                             {"w1": True, "w2": False}))
+    assert verdict.unblock and verdict.left_to_kueue == ()
+    verdict = judge(Sighting(stuck, suspended, {"w1": _copy("j", "QuotaReserved", "Admitted")},
+                             {"w1": _member_rayjob("j")}, frozenset({"w2"}), {"w1": True, "w2": False}))
+    assert not verdict.unblock and verdict.left_to_kueue == ("w1",)
+    # Kueue adopted w1's returning copy but cannot record it: the member to name; the record is stale meanwhile.
+    unrecorded = _manager_workload("j", true=("QuotaReserved",), checks="Pending")
+    unrecorded["spec"] = {"queueName": "fleet-on-demand-w2"}
+    verdict = judge(Sighting(unrecorded, _manager_rayjob("j"), {"w1": None, "w2": new},
+                             {"w1": None, "w2": _member_rayjob("j")}, frozenset(), {"w1": True, "w2": True}))
+    assert verdict.repair == "w2" and verdict.finding.state == RECORD_STALE
 
 
 class _MemberApi:
@@ -598,8 +664,9 @@ def test_a_member_that_answered_is_lost_only_after_two_missed_probes_in_a_row(mo
     in a row are; a member that never answered must answer first; back after a loss, its watches list afresh."""
     from kubernetes import client
 
-    import failover.fleet as fleet_module
-    from failover.fleet import MISSES_BEFORE_LOST, FleetWatch, still_answers
+    import failover.watch.controller as fleet_module
+    from failover.watch.controller import FleetWatch
+    from failover.watch.decisions import MISSES_BEFORE_LOST, still_answers
 
     assert MISSES_BEFORE_LOST == 2
     assert [still_answers(True, missed) for missed in (0, 1, 2, 3)] == [True, True, False, False]

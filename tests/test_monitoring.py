@@ -17,6 +17,7 @@ import pytest
 
 from infra import monitoring as mon
 from infra.cluster import MONITORING_COMPONENTS
+from infra import failover as failover_code
 from infra.failover import METRICS_PORT
 from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
 from infra.offline import OfflineEngine
@@ -192,7 +193,10 @@ def test_the_scrape_token_reads_metrics_only_and_the_collector_reads_that_token_
         f"{KUEUE_NAMESPACE}/{mon.KUEUE_READER}", f"{KUEUE_NAMESPACE}/{mon.TOKEN_SECRET}", "3600")
     assert "python -m failover.credentials" in container["command"][-1]
     code = manifests[("ConfigMap", deployment["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"])]
-    assert sorted(code["data"]) == sorted(("__init__.py", "cluster_client.py", "credentials.py", "requirements.txt"))
+    assert sorted(code["data"]) == sorted(("__init__.py", "credentials.py", "runtime.__init__.py",
+                                           "runtime.cluster_client.py", "requirements.txt"))
+    (volume,) = deployment["spec"]["template"]["spec"]["volumes"]
+    assert [item["path"] for item in volume["configMap"]["items"]] == list(failover_code.RENEWER_FILES)
 
 
 def test_the_kueue_monitoring_reads_its_token_from_its_own_namespace():
@@ -499,7 +503,7 @@ def test_the_fleet_watchs_monitoring_selects_its_pods_and_metrics_port():
     (endpoint,) = monitor["spec"]["endpoints"]
     assert ports[endpoint["port"]] == METRICS_PORT and endpoint["scheme"] == "http"
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["FLEET_METRICS_PORT"] == str(METRICS_PORT)  # the port the watch serves on (failover/fleet.py main)
+    assert env["FLEET_METRICS_PORT"] == str(METRICS_PORT)  # the port the watch serves on (failover/watch/ main)
     assert plan.named("fleet-watch").urn in plan.named("monitoring-watch").dependencies
 
 
@@ -562,9 +566,9 @@ def kueue_series() -> dict[str, set[str]]:
 
 
 def controller_series() -> dict[str, set[str]]:
-    """The failover controller's and the fleet watch's metrics, from their own registries (failover/metrics.py)."""
-    from failover.fleet import STATES
-    from failover.metrics import FleetMetrics, Metrics
+    """The failover controller's and the fleet watch's metrics, from their own registries (failover/runtime/metrics.py)."""
+    from failover.watch.decisions import STATES
+    from failover.runtime.metrics import FleetMetrics, Metrics
 
     found = {}
     for metric in [*vars(Metrics()).values(), *vars(FleetMetrics(STATES)).values()]:

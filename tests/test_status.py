@@ -17,8 +17,8 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from failover.controller import EVENT_REASON
-from failover.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, MOVES_ANNOTATION, PODS_READY_TIMEOUT,
+from failover.regional.controller import EVENT_REASON
+from failover.regional.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, MOVES_ANNOTATION, PODS_READY_TIMEOUT,
                                 QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, format_time, with_move_recorded)
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
@@ -343,7 +343,8 @@ def test_admitted_waits_for_its_pods_then_runs():
 
 
 def test_a_running_job_that_lost_its_slice_says_since_when_and_until_when_it_waits():
-    from failover import decisions, slices
+    from failover import slices
+    from failover.regional import decisions
 
     def lost_on(seconds: int, state: str = slices.LOST) -> str:
         at = NOW - datetime.timedelta(seconds=seconds)
@@ -722,7 +723,7 @@ def test_only_named_jobs_are_listed(kubeconfig):
 
 def test_a_fleet_job_shows_where_it_runs_and_kueues_record():
     """On a fleet's manager (plan C): Kueue's status.clusterName, and the fleet watch's annotation when it differs."""
-    from failover.fleet import FLEET_ANNOTATION
+    from failover.watch.decisions import FLEET_ANNOTATION
     from ops.status.jobs import fleet_of
 
     rayjob = {"metadata": {"name": "fleet-v6e-1", "namespace": "tpu-fleet", "annotations": {}}}

@@ -18,8 +18,8 @@ import sys
 import pytest
 import yaml
 
-from failover import decisions
-from failover.decisions import TPU_RESOURCE, parse_time
+from failover.regional import decisions
+from failover.regional.decisions import TPU_RESOURCE, parse_time
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from ops.status import cli, health

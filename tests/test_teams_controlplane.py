@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from failover import decisions
+from failover.regional import decisions
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
 from infra import kueue as stack_kueue

@@ -6,6 +6,7 @@ run, and a second dispatch of the first run's job (another run id) that resumes 
 
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -35,6 +36,11 @@ def ray_cpu(monkeypatch_module, tmp_path_factory):
     monkeypatch_module.setenv("JAX_COMPILATION_CACHE_DIR", str(tmp_path_factory.mktemp("jax-cache")))
     monkeypatch_module.setenv("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
     monkeypatch_module.setenv("JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES", "0")
+    # One XLA thread per worker: each worker is one "host" with one CPU device, two share the machine's 2 cores,
+    # and XLA's multi-threaded Eigen pool only spun beside them (measured, one fit: 59 -> 53 CPU-s of Ray's
+    # processes idle, 62 -> 56 beside two busy loops). Ref: https://github.com/jax-ml/jax/issues/743
+    monkeypatch_module.setenv("XLA_FLAGS", " ".join(filter(None, (
+        os.environ.get("XLA_FLAGS"), "--xla_cpu_multi_thread_eigen=false", "intra_op_parallelism_threads=1"))))
     # Ray starts the workers of a driver's tasks at nice 15, but those of a submitted job (`ray job submit`, how
     # KubeRay runs the job on the cluster) at 0 (ray/dashboard/modules/job/job_manager.py: RAY_worker_niceness).
     # At 15, beside the suite's control planes, the training got a sliver of the CPU: the file took 933 s in a

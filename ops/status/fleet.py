@@ -36,7 +36,7 @@ class FleetView:
     members: tuple[MemberView, ...]
     members_known: bool  # False: the MultiKueueClusters could not be read (see the problems)
     watch: ControllerView
-    ladder: ControllerView  # the fleet's ladder controller (failover/ladder.py): moves jobs from step to step
+    ladder: ControllerView  # the fleet's ladder controller (failover/ladder/): moves jobs from step to step
 
     @property
     def connected(self) -> int:

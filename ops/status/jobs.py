@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import yaml
 
-from failover import decisions, ladder, slices
-from failover.decisions import (FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
-from failover.fleet import FLEET_ANNOTATION
+from failover import slices
+from failover.ladder import decisions as ladder_rules
+from failover.regional import decisions
+from failover.regional.decisions import (FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
+from failover.watch.decisions import FLEET_ANNOTATION
 from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
                                 namespace_of, owned_by, quantity)
@@ -51,13 +53,13 @@ EVICTION_WORDS = {
     "NodeFailures": "node failure",
     "MaximumExecutionTimeExceeded": "ran past its maximum execution time",
 }
-# The controller's move reasons (failover.decisions), in words.
+# The controller's move reasons (failover/regional/decisions.py), in words.
 MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscaler reported no TPU capacity",
-              # A fleet's manager (plan C): the ladder controller's moves between steps (failover/ladder.py).
-              ladder.MEMBER_EVICTED: "the step's member evicted it (pods not ready in time there, or preempted)",
-              ladder.MEMBER_STOCKOUT: "the step's member reported no TPU capacity for its pods",
-              ladder.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)",
-              ladder.MEMBER_SLICE_LOST: "it lost its slice in the step's member, which was not back within the "
+              # A fleet's manager (plan C): the ladder controller's moves between steps (failover/ladder/).
+              ladder_rules.MEMBER_EVICTED: "the step's member evicted it (pods not ready in time there, or preempted)",
+              ladder_rules.MEMBER_STOCKOUT: "the step's member reported no TPU capacity for its pods",
+              ladder_rules.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)",
+              ladder_rules.MEMBER_SLICE_LOST: "it lost its slice in the step's member, which was not back within the "
                                         "member's sliceRecoveryWait",
               decisions.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
@@ -167,11 +169,11 @@ class JobView:
 @dataclass(frozen=True)
 class FleetPlacement:
     """A fleet job, as the manager shows it: Kueue's record of where it was admitted (status.clusterName) and, from
-    the fleet watch (failover/fleet.py, annotation tpu-fallback/fleet), where it really runs."""
+    the fleet watch (failover/watch/, annotation tpu-fallback/fleet), where it really runs."""
 
     record: str | None
     runs_in: tuple[str, ...]
-    watch_state: str | None  # failover/fleet.py's states (Running, RecordStale, ...); None: not seen yet
+    watch_state: str | None  # failover/watch/'s states (Running, RecordStale, ...); None: not seen yet
     since: datetime.datetime | None
     blocked: tuple[tuple[str, str], ...] = ()  # (member, Kueue's reason) where it cannot be admitted
     unreachable: tuple[str, ...] = ()  # members the watch could not reach
@@ -323,8 +325,8 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     evicted = found.get("Evicted") if is_true(found.get("Evicted")) else None
     last_on = view.recorded_flavor
     requeued = found.get("Requeued")
-    gave_up = ladder.GiveUp.from_json(annotations(rayjob).get(ladder.GAVE_UP_ANNOTATION))
-    if not view.active and gave_up is not None and gave_up.state == ladder.GAVE_UP:
+    gave_up = ladder_rules.GiveUp.from_json(annotations(rayjob).get(ladder_rules.GAVE_UP_ANNOTATION))
+    if not view.active and gave_up is not None and gave_up.state == ladder_rules.GAVE_UP:
         # A fleet's job the ladder gave up on (fleet.maxWait, or the job's tpu-fallback/max-wait).
         return State(EVICTED, f"given up after {gave_up.waited} (maximum wait {gave_up.max_wait})",
                      parse_time(gave_up.at), gave_up.message())

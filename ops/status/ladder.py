@@ -13,11 +13,11 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from failover.decisions import TPU_RESOURCE, Chain
+from failover.regional.decisions import TPU_RESOURCE, Chain
 from infra.kueue import CLUSTER_QUEUE, DEFAULT_FLAVOR, LOCAL_QUEUE
 from ops.status.objects import conditions, is_true, name_of, namespace_of, quantity
 
-# The variable the controller reads its chain from (failover/__main__.py; set by infra/failover.py).
+# The variable the controller reads its chain from (failover/regional/__main__.py; set by infra/failover.py).
 CHAIN_ENV = "FAILOVER_CHAIN"
 FROM_CONTROLLER, FROM_CLUSTER_QUEUES = "failover-controller", "cluster-queues"
 # When the ClusterQueues cannot be read (a namespace-only identity): the LocalQueues' status lists every flavor of

@@ -1,5 +1,5 @@
 """The status command's only I/O: list the objects a report reads, with the pinned `kubernetes` client's
-DynamicClient (as failover/controller.py does). Reads only.
+DynamicClient (as failover/regional/controller.py does). Reads only.
 
 Two kinds of failure, told apart because a script must tell "no jobs" from "not allowed":
 - the whole cluster cannot be read (the server does not answer, or rejects the credentials: 401): `ClusterError`,
@@ -22,7 +22,7 @@ from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from failover.controller import EVENT_REASON
+from failover.regional.controller import EVENT_REASON
 from infra.failover import NAME as CONTROLLER_NAME
 from infra.failover import NAMESPACE as CONTROLLER_NAMESPACE
 from infra.fleet import LADDER_NAME as FLEET_LADDER

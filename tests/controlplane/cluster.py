@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import base64
 import fcntl
+import functools
+import hashlib
+import json
 import os
 import shutil
 import signal
@@ -26,7 +29,7 @@ from failover import credentials
 from infra import kueue as stack_kueue
 from infra.offline import Plan
 from tests import upstream
-from tests.controlplane import build, chart, pki
+from tests.controlplane import build, chart, pki, versions
 from tests.controlplane.kube import Kube, wait_for
 from tests.controlplane.processes import Process, StartError, Supervisor, free_port, http_ok
 from tests.controlplane.runtime import AfterAdmission
@@ -46,6 +49,14 @@ SERVICE_CIDR = "10.0.0.0/24"
 # Measured: no slower to start (the controller-manager step 0.24 s either way, median of 4 interleaved starts).
 # And what real nodes need (../shared/notes/kuberay-kwok.md): `job` runs KubeRay's submitter Job, `podgc` deletes
 # the pods of a node that is gone, `nodelifecycle` lifts the not-ready taint every new node is created with.
+# The node lifecycle controller marks a node whose heartbeats stopped for this long Unknown, and its pods NotReady.
+# The tier plays a failed host itself (tests/controlplane/gke.py _fail_host); a gap in heartbeats is only ever ours: a
+# partition played by freezing the API server (`freeze`). At the default 50 s the controller tried to mark a member's
+# nodes during a ~70 s partition (its log: "Error updating node"), and once the member answered again a Ray head just
+# started there stayed NotReady (KWOK, unlike a kubelet, never reports a pod Ready again) until its job was evicted at
+# podsReadyTimeout (the ladder tier's partition of the running member, right after its partition in the middle of a
+# move, run beside another tier file).
+NODE_MONITOR_GRACE = "10m"
 CONTROLLERS = ("garbagecollector", "namespace", "serviceaccount-token", "clusterrole-aggregation", "job", "podgc",
                "nodelifecycle")
 
@@ -105,7 +116,7 @@ class ControlPlane:
         self.chart = chart.render(self.kueue_values, self.workdir)
         now = self.timings.mark("pki+chart", now)
 
-        self._start_etcd(binaries["etcd"])
+        self._start_etcd(binaries["etcd"], seed=seeded_etcd(binaries))
         now = self.timings.mark("etcd", now)
         self._start_apiserver(binaries["kube-apiserver"], serving)
         self.kubeconfig = self._write_kubeconfig("admin", admin)
@@ -127,7 +138,10 @@ class ControlPlane:
             self.after.start()  # assigned first: a start that fails half-way is stopped whole
             self.timings.mark("after admission", now)
 
-    def _start_etcd(self, binary: Path) -> None:
+    def _start_etcd(self, binary: Path, seed: Path | None = None) -> None:
+        """etcd on free ports; from a copy of `seed` (a stopped etcd's data folder: seeded_etcd) when given."""
+        if seed is not None:
+            shutil.copytree(seed, self.workdir / "etcd")
         client, peer = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client}"
         process = self.supervisor.start("etcd", [
@@ -212,6 +226,7 @@ class ControlPlane:
             "--leader-elect=false", f"--controllers={','.join(CONTROLLERS)}",
             "--use-service-account-credentials=false", f"--root-ca-file={self.ca.cert}",
             f"--service-account-private-key-file={self.sa_keys.key}",
+            f"--node-monitor-grace-period={NODE_MONITOR_GRACE}",
             f"--cert-dir={self.workdir / 'kcm-certs'}"])
         insecure = ssl.create_default_context()
         insecure.check_hostname, insecure.verify_mode = False, ssl.CERT_NONE  # its self-signed serving cert
@@ -219,21 +234,16 @@ class ControlPlane:
                                    60, "/healthz")
 
     def _install_crds(self) -> None:
-        """Kueue's CRDs from the chart (conversion by the local Kueue), KubeRay's, the ProvisioningRequest
-        CRD, which must exist before Kueue starts or Kueue skips its provisioning controller, and GMP's
-        PodMonitoring, which GKE's managed collection brings (before the garbage collector starts: measured, a
-        PodMonitoring's foreground deletion waited 24 s for its 30 s rediscovery when the CRD came later)."""
-        crds = [chart.local_crd(crd, self.webhook_port, self.ca.cert_pem) for crd in self.chart.crds()]
-        ray_dir = build.module_dir("kuberay") / "config" / "crd" / "bases"
-        crds += [chart.load_yaml((ray_dir / name).read_text()) for name in RAY_CRDS]
-        autoscaler_dir = build.module_dir("autoscaler") / "config" / "crd"
-        crds.append(chart.load_yaml((autoscaler_dir / PROVISIONING_REQUEST_CRD).read_text()))
-        crds.append(chart.load_yaml(upstream.path(upstream.PODMONITORING_CRD).read_text()))
-        for crd in crds:
+        """Kueue's CRDs from the chart (conversion by the local Kueue: each plane's own webhook port and CA), and the
+        ones every plane shares, already in etcd's seed (`shared_crds`): KubeRay's, the ProvisioningRequest CRD,
+        which must exist before Kueue starts or Kueue skips its provisioning controller, and GMP's PodMonitoring,
+        which GKE's managed collection brings (before the garbage collector starts: measured, a PodMonitoring's
+        foreground deletion waited 24 s for its 30 s rediscovery when the CRD came later)."""
+        kueue = [chart.local_crd(crd, self.webhook_port, self.ca.cert_pem) for crd in self.chart.crds()]
+        for crd in kueue:
             self.kube.create(crd)
-        for crd in crds:
+        for crd in [*kueue, *shared_crds()]:
             self.kube.wait_crd_established(crd["metadata"]["name"], timeout=120)
-        self.crd_names = [crd["metadata"]["name"] for crd in crds]
 
     def _install_cluster_roles(self) -> None:
         """The chart's ClusterRoles, as the release installs them: its viewer roles aggregate into `view`, `edit`
@@ -339,3 +349,60 @@ class ControlPlane:
         self.supervisor.stop_all()
         if self._own_workdir and not keep_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+@functools.cache
+def shared_crds() -> tuple[dict, ...]:
+    """The CRDs that are the same in every plane: KubeRay's, the ProvisioningRequest, GMP's PodMonitoring. Parsed
+    once per process (about 1 MiB of YAML), not at each plane's start; never changed by a caller."""
+    ray_dir = build.module_dir("kuberay") / "config" / "crd" / "bases"
+    crds = [chart.load_yaml((ray_dir / name).read_text()) for name in RAY_CRDS]
+    autoscaler_dir = build.module_dir("autoscaler") / "config" / "crd"
+    crds.append(chart.load_yaml((autoscaler_dir / PROVISIONING_REQUEST_CRD).read_text()))
+    crds.append(chart.load_yaml(upstream.path(upstream.PODMONITORING_CRD).read_text()))
+    return tuple(crds)
+
+
+def seeded_etcd(binaries: dict[str, Path]) -> Path:
+    """An etcd data folder that holds the shared CRDs, established, made once per machine and kept in the cache,
+    keyed by the versions and the CRDs; each plane's etcd starts from a copy. Measured (2 cores): creating
+    KubeRay's three CRDs (300-430 KiB of schema each) costs the API server ~10 s of CPU per plane (validation,
+    managed fields, OpenAPI), 21 planes in a suite; a plane started from the seed serves them at once."""
+    seed = _seed_path(str(binaries["etcd"]), str(binaries["kube-apiserver"]))
+    seed.parent.mkdir(parents=True, exist_ok=True)
+    with open(seed.parent / ".lock", "w") as lock:  # one maker; planes started in parallel wait for it
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not seed.is_dir():
+            _make_seed(binaries, shared_crds(), seed)
+    return seed
+
+
+@functools.cache
+def _seed_path(etcd: str, apiserver: str) -> Path:
+    """Where the seed of these builds and CRDs lies (hashed once per process)."""
+    key = hashlib.sha256(json.dumps([etcd, apiserver, SERVICE_CIDR, shared_crds()],
+                                    sort_keys=True).encode()).hexdigest()[:16]
+    return versions.cache_dir() / "etcd-seed" / key
+
+
+def _make_seed(binaries: dict[str, Path], crds: tuple[dict, ...], seed: Path) -> None:
+    maker = ControlPlane({})
+    try:
+        maker.ca = pki.Authority(maker.workdir / "pki")
+        maker.sa_keys = pki.service_account_keys(maker.workdir / "pki")
+        maker._start_etcd(binaries["etcd"])
+        maker._start_apiserver(binaries["kube-apiserver"], maker.ca.serving("apiserver"))
+        maker.kube = Kube(maker._write_kubeconfig("admin", maker.ca.client("admin", "tpu-fallback-admin",
+                                                                           "system:masters")))
+        for crd in crds:
+            maker.kube.create(crd)
+        for crd in crds:
+            maker.kube.wait_crd_established(crd["metadata"]["name"], timeout=120)
+        for process in list(reversed(maker.supervisor.processes)):  # stopped cleanly: etcd's data is whole
+            maker.supervisor.stop(process)
+        partial = seed.with_name(seed.name + ".partial")
+        shutil.rmtree(partial, ignore_errors=True)
+        shutil.copytree(maker.workdir / "etcd", partial)
+        partial.rename(seed)  # whole or absent
+    finally:
+        maker.stop()

@@ -14,7 +14,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from failover import decisions, slices
+from failover import slices
+from failover.regional import decisions
 from infra import failover as stack_failover
 from infra.offline import Plan
 from tests.conftest import REPO, plan_for
@@ -29,7 +30,7 @@ from tests.controlplane.stack import deploy, release_values
 PODS_READY_TIMEOUT_SECONDS = 30
 GRACE_SECONDS = 4  # through stack config, as a user would set it
 # The Deployment resyncs every 300 s and reacts to watch events; the tests resync every second, as they did when
-# the controller polled, so these scenarios prove the moves, and test_failover_watch_controlplane.py the watches.
+# the controller polled, so these scenarios prove the moves, and its watch-only section (a resync ten minutes away) the watches.
 RESYNC_SECONDS = 1
 NAMESPACE = "default"
 
@@ -67,7 +68,7 @@ class FailoverTier:
         return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(resync), "KUBECONFIG": str(kubeconfig)}
 
     def start_controller(self, resync: float = RESYNC_SECONDS) -> Process:
-        self.controller, env = start_serving(self.plane.supervisor, "failover", [sys.executable, "-m", "failover"],
+        self.controller, env = start_serving(self.plane.supervisor, "failover", [sys.executable, "-m", "failover.regional"],
                                              self.controller_env(resync), REPO, 30, "FAILOVER_HEALTH_PORT",
                                              ("FAILOVER_METRICS_PORT",))
         self.metrics_url = f"http://127.0.0.1:{env['FAILOVER_METRICS_PORT']}/metrics"

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import datetime
 import json
 import os
 import shutil
@@ -36,7 +35,7 @@ from tests.conftest import REPO, config_with, plan_for
 from tests.controlplane import jobs
 from tests.controlplane.cluster import ControlPlane
 from tests.controlplane.google import FakeGoogle
-from tests.controlplane.kube import Kube, Rejected, condition, wait_for
+from tests.controlplane.kube import Kube, Rejected, condition, server_seconds, wait_for
 from tests.controlplane.processes import Process, free_port
 from tests.controlplane.stack import Step, deploy, release_configuration, release_values
 
@@ -294,7 +293,7 @@ class FleetStacks:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FLEET_")}
         kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_fleet.WATCH_NAME)
-        self.watch = self.tier.manager.supervisor.start("fleet-watch", [sys.executable, "-m", "failover.fleet"], env={
+        self.watch = self.tier.manager.supervisor.start("fleet-watch", [sys.executable, "-m", "failover.watch"], env={
             **os.environ, **env, "KUBECONFIG": str(kubeconfig),  # at its deployed period
             "FLEET_METRICS_PORT": str(free_port())}, cwd=REPO)  # another tier's watch may hold the deployed port
 
@@ -370,8 +369,7 @@ class FleetStacks:
         the monotonic clock (the Event's firstTimestamp has whole seconds)."""
         stamp = wait_for(lambda: jobs.first_stockout_report(self.kubes[member], namespace, name), REACTION,
                          f"{member}'s stockout report on {name}'s pods")
-        epoch = datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-        return time.monotonic() - (time.time() - epoch)
+        return time.monotonic() - (time.time() - server_seconds(stamp))
 
     def manager_workload(self, workload: str) -> dict:
         return self.manager.get(*WORKLOAD, workload, FLEET_NAMESPACE)
@@ -384,10 +382,12 @@ class FleetStacks:
 
 
 class Timeline:
-    """What a fleet job's objects go through, polled every 0.2 s in a thread: the manager's Workload and RayJob and,
-    in each member that is not frozen, the copy, its ProvisioningRequests and the RayJob; each change recorded with
-    the seconds since `zero` (the test's freeze). `frozen` names the members not to ask (a frozen API server holds a
-    request until it is thawed)."""
+    """What a fleet job's objects go through, from watches (no change between two looks is missed, and an idle
+    timeline asks nothing: polling every 0.2 s cost a partition scenario ~12 CPU-s more of API servers, pytest and
+    etcd): the manager's Workload and RayJob and, in each member that is not frozen, the copy, its
+    ProvisioningRequests and the RayJob; each change recorded with the seconds since `zero` (the test's freeze). A
+    frozen member's watches are dropped at the freeze (its API server answers nothing meanwhile) and listed afresh at
+    the thaw."""
 
     def __init__(self, fleet: FleetStacks, job: str, workload: str):
         self.fleet, self.job, self.workload = fleet, job, workload
@@ -395,11 +395,13 @@ class Timeline:
         self.frozen: set[str] = set()
         self.events: list[tuple[float, str, object]] = []
         self._last: dict[str, object] = {}
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="timeline", daemon=True)
+        self._lock = threading.Lock()
+        self._informers: dict[str, list] = {}  # who ("manager" or a member) -> its informers, the current ones
 
     def __enter__(self) -> Timeline:
-        self._thread.start()
+        self._start("manager")
+        for member in self.fleet.members:
+            self._start(member)
         return self
 
     def now(self) -> float:
@@ -409,6 +411,7 @@ class Timeline:
     def freeze(self, member: str) -> None:
         """Freeze the member's API server (a partition: what runs there goes on), from now the timeline's zero."""
         self.frozen.add(member)
+        self._stop(member)
         self.fleet.tier.members[member].freeze()
         self.zero = time.monotonic()
 
@@ -417,53 +420,96 @@ class Timeline:
         self.fleet.tier.members[member].thaw()
         self.frozen.discard(member)
         at = self.now()
-        self.events.append((at, "thawed", member))
+        with self._lock:
+            self.events.append((at, "thawed", member))
+        self._start(member)
         return at
 
     def __exit__(self, *_) -> None:
-        self._stop.set()
-        self._thread.join(10)
+        for who in list(self._informers):
+            self._stop(who)
 
-    def _state(self) -> dict[str, object]:
-        fleet, state = self.fleet, {}
-        wl = fleet.manager_workload(self.workload) or {}
-        status = wl.get("status") or {}
-        state["manager"] = (tuple(sorted(c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"
-                                         and c["type"] in ("QuotaReserved", "Admitted", "Evicted", "Finished"))),
-                            status.get("clusterName"), tuple(status.get("nominatedClusterNames") or ()))
-        job = fleet.manager.get(*jobs.RAYJOB, self.job, FLEET_NAMESPACE) or {}
-        state["manager-rayjob"] = (bool((job.get("spec") or {}).get("suspend")),
-                                   (job.get("status") or {}).get("jobDeploymentStatus"))
-        for member in fleet.members:
-            if member in self.frozen:
-                continue
-            copy = fleet.copy_in(member, self.workload)
-            state[f"{member}-copy"] = None if copy is None else (
-                copy["metadata"]["uid"][:8], tuple(sorted(c["type"] for c in (copy.get("status") or {}).get(
-                    "conditions") or [] if c.get("status") == "True" and c["type"] in (
-                    "QuotaReserved", "Admitted", "Evicted", "DeactivationTarget"))))
-            state[f"{member}-requests"] = tuple(sorted(
-                (r["metadata"]["uid"][:8], condition(r, "Provisioned") == "True")
-                for r in fleet.all_requests(member)))
-            run = fleet.rayjob_in(member, self.job)
-            state[f"{member}-rayjob"] = None if run is None else (
-                run["metadata"]["uid"][:8], bool((run.get("spec") or {}).get("suspend")))
-        return state
+    # ---- the watches -------------------------------------------------------------------------------------------
+    def _sources(self, who: str) -> list[tuple[str, str, Callable[[dict[str, dict]], object]]]:
+        """(what, collection path, its value from the collection's objects by name) for the manager or a member."""
+        base = f"namespaces/{FLEET_NAMESPACE}"
+        workloads, rayjobs = f"/apis/{KUEUE_API_VERSION}/{base}/workloads", f"/apis/{jobs.RAYJOB[0]}/{base}/rayjobs"
+        if who == "manager":
+            return [("manager", workloads, lambda found: self._manager(found.get(self.workload))),
+                    ("manager-rayjob", rayjobs, lambda found: self._manager_rayjob(found.get(self.job)))]
+        requests = f"/apis/{jobs.PROVISIONING_REQUEST[0]}/{base}/provisioningrequests"
+        return [(f"{who}-copy", workloads, lambda found: self._copy(found.get(self.workload))),
+                (f"{who}-requests", requests, lambda found: tuple(sorted(
+                    (r["metadata"]["uid"][:8], condition(r, "Provisioned") == "True") for r in found.values()))),
+                (f"{who}-rayjob", rayjobs, lambda found: self._run(found.get(self.job)))]
 
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                for what, value in self._state().items():
-                    if self._last.get(what, "unseen") != value:
-                        self._last[what] = value
-                        self.events.append((round(time.monotonic() - self.zero, 2), what, value))
-            except Exception as error:  # noqa: BLE001 - a poll that failed is retried
-                self.events.append((round(time.monotonic() - self.zero, 2), "poll-error", str(error)[:80]))
-            self._stop.wait(0.2)
+    def _start(self, who: str) -> None:
+        from failover.runtime.informer import Informer, RawClient, Watched
+
+        kube = self.fleet.manager if who == "manager" else self.fleet.kubes[who]
+        informers = []
+        for what, path, value_of in self._sources(who):
+            found: dict[str, dict] = {}
+
+            def listed(items: list[dict], what=what, found=found, value_of=value_of, mine=informers) -> None:
+                found.clear()
+                found.update({item["metadata"]["name"]: item for item in items})
+                self._record(who, mine, what, value_of(found))
+
+            def changed(kind: str, obj: dict, what=what, found=found, value_of=value_of, mine=informers) -> None:
+                if kind == "DELETED":
+                    found.pop(obj["metadata"]["name"], None)
+                else:
+                    found[obj["metadata"]["name"]] = obj
+                self._record(who, mine, what, value_of(found))
+
+            informer = Informer(RawClient(kube.api_client), Watched(what, path), listed, changed)
+            informer.name = f"timeline-{what}"
+            informers.append(informer)
+        self._informers[who] = informers
+        for informer in informers:
+            informer.start()
+        wait_for(lambda: all(i.synced.is_set() for i in informers), REACTION, f"the timeline's watches of {who}")
+
+    def _stop(self, who: str) -> None:
+        for informer in self._informers.pop(who, []):
+            informer.stop()
+
+    def _record(self, who: str, informers: list, what: str, value: object) -> None:
+        with self._lock:
+            if self._informers.get(who) is not informers:
+                return  # a watch dropped at a freeze, still delivering
+            if self._last.get(what, "unseen") != value:
+                self._last[what] = value
+                self.events.append((round(time.monotonic() - self.zero, 2), what, value))
+
+    @staticmethod
+    def _manager(workload: dict | None) -> object:
+        status = (workload or {}).get("status") or {}
+        return (tuple(sorted(c["type"] for c in status.get("conditions") or [] if c.get("status") == "True"
+                             and c["type"] in ("QuotaReserved", "Admitted", "Evicted", "Finished"))),
+                status.get("clusterName"), tuple(status.get("nominatedClusterNames") or ()))
+
+    @staticmethod
+    def _manager_rayjob(rayjob: dict | None) -> object:
+        return (bool(((rayjob or {}).get("spec") or {}).get("suspend")),
+                ((rayjob or {}).get("status") or {}).get("jobDeploymentStatus"))
+
+    @staticmethod
+    def _copy(copy: dict | None) -> object:
+        return None if copy is None else (copy["metadata"]["uid"][:8], tuple(sorted(
+            c["type"] for c in (copy.get("status") or {}).get("conditions") or [] if c.get("status") == "True"
+            and c["type"] in ("QuotaReserved", "Admitted", "Evicted", "DeactivationTarget"))))
+
+    @staticmethod
+    def _run(rayjob: dict | None) -> object:
+        return None if rayjob is None else (rayjob["metadata"]["uid"][:8], bool((rayjob.get("spec") or {}).get(
+            "suspend")))
 
     def seen(self, what: str) -> list[object]:
         """Every value `what` took, in order."""
-        return [value for _, name, value in self.events if name == what]
+        with self._lock:
+            return [value for _, name, value in self.events if name == what]
 
     def text(self) -> str:
         return "\n".join(f"  {t:7.2f}  {what}: {value}" for t, what, value in self.events)

@@ -70,7 +70,7 @@ MAX_PODS = "110"
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/utils/taints/taints.go
 TO_BE_DELETED_TAINT = MappingProxyType({"key": "ToBeDeletedByClusterAutoscaler", "value": "tier",
                                         "effect": "NoSchedule"})
-# What GKE's autoscaler says on a pod when the zone has no capacity (failover/decisions.py matches it).
+# What GKE's autoscaler says on a pod when the zone has no capacity (failover/regional/decisions.py matches it).
 STOCKOUT_MESSAGE = ("Node scale up in zones {zone} associated with this pod failed: GCE out of resources. "
                     "Pod is at risk of not being scheduled.")
 # The Pulumi enum of a taint's effect and the Kubernetes one.
@@ -329,6 +329,21 @@ class Autoscaler:
         self._arriving: dict[str, list[tuple[float, Slice]]] = {}  # pool -> slices not created yet
         self._provisioned: set[str] = set()  # the ProvisioningRequests (uids) whose slice was made (or lost)
         self._waiting: set[str] = set()  # requests waiting for room in their pool (noted once)
+        self._clients = threading.local()
+
+    @property
+    def kube(self) -> Kube:
+        """An API client of the calling thread's own: the autoscaler's passes and a test's scripting (lose_slice,
+        remove_idle) run at once, and a Kube must not be shared across threads (once, on a loaded run, the
+        autoscaler made no pass again after a test's lose_slice)."""
+        kube = getattr(self._clients, "kube", None)
+        if kube is None:
+            kube = self._clients.kube = Kube(self.kubeconfig)
+        return kube
+
+    @kube.setter
+    def kube(self, client: Kube) -> None:  # the calling thread's (a unit test's fake)
+        self._clients.kube = client
 
     # ---- scripting ---------------------------------------------------------------------------------------------
     def stockout(self, pool: str, reported: bool = True) -> None:
@@ -360,7 +375,6 @@ class Autoscaler:
 
     # ---- running -----------------------------------------------------------------------------------------------
     def start(self) -> Autoscaler:
-        self.kube = Kube(self.kubeconfig)
         for template in self.templates:  # pools that do not autoscale have their nodes from the start
             if not template.autoscaled and not template.queued:
                 for _ in range(template.max_nodes // template.hosts):
@@ -583,20 +597,33 @@ class Autoscaler:
         with self._lock:
             lost = self.slices.pop(slice_id)
             signal = time.monotonic()
+            kube = self.kube
             if going_taint is not None:
-                node = self.kube.get("v1", "Node", lost.nodes[0])
-                taints = [*(((node or {}).get("spec") or {}).get("taints") or []),
-                          {**going_taint, "timeAdded": _now()}]
-                self.kube.patch("v1", "Node", lost.nodes[0], {"spec": {"taints": taints}})
-            on_slice = [p for p in self.kube.list("v1", "Pod") if (p.get("spec") or {}).get("nodeName") in lost.nodes]
+                self._fail_host(kube, lost.nodes[0], going_taint)
+            on_slice = [p for p in kube.list("v1", "Pod") if (p.get("spec") or {}).get("nodeName") in lost.nodes]
             for pod in on_slice:
-                self.kube.delete("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"],
-                                 grace_seconds=grace_seconds)
+                kube.delete("v1", "Pod", pod["metadata"]["name"], pod["metadata"]["namespace"],
+                            grace_seconds=grace_seconds)
             for node in lost.nodes:
-                self.kube.delete("v1", "Node", node, propagation="Background")
+                kube.delete("v1", "Node", node, propagation="Background")
             self.history.append((time.monotonic(), "lost-slice", lost.pool, slice_id))
             self._note(f"lost slice {lost.pool} {slice_id} ({len(on_slice)} pods, grace {grace_seconds} s)")
             return signal
+
+    @staticmethod
+    def _fail_host(kube: Kube, node: str, taint: Mapping[str, str]) -> None:
+        """A host whose kubelet stopped reporting, as the node lifecycle controller shows it: Ready Unknown, then its
+        taint. KWOK lets go of the node first (it heartbeats only the nodes with its annotation): a node it kept
+        Ready had the controller take the taint off again (seen on a loaded run: a loss recorded, "whole again"
+        0.25 s later, then recorded anew when the pods were deleted)."""
+        kube.patch("v1", "Node", node, {"metadata": {"annotations": {KWOK_ANNOTATION[0]: None}}})
+        now = _now()
+        kube.patch("v1", "Node", node, {"status": {"conditions": [{
+            "type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown", "lastTransitionTime": now,
+            "lastHeartbeatTime": now, "message": "Kubelet stopped posting node status."}]}}, subresource="status")
+        found = kube.get("v1", "Node", node)
+        taints = [*(((found or {}).get("spec") or {}).get("taints") or []), {**taint, "timeAdded": now}]
+        kube.patch("v1", "Node", node, {"spec": {"taints": taints}})
 
     def slice_of(self, node: str) -> str | None:
         with self._lock:

@@ -16,8 +16,8 @@ import sys
 import threading
 import time
 
-from failover import decisions
-from failover import ladder as ladder_controller
+from failover.regional import decisions
+from failover.ladder import decisions as ladder_rules
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_NAMESPACE
@@ -25,8 +25,7 @@ from infra.offline import OfflineEngine, StackOutputs
 from infra.offline import Plan
 from tests.conftest import REPO, config_with, plan_for
 from tests.controlplane import jobs
-from tests.controlplane.fleet_tier import (MEMBER_STACKS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
-                                           WORKER_LOST_SECONDS, FleetStacks)
+from tests.controlplane.fleet_tier import MEMBER_STACKS, REACTION, W1, W2, WORKER_LOST_SECONDS, FleetStacks
 from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.processes import Process, start_serving
 
@@ -110,7 +109,7 @@ class LadderFleet(FleetStacks):
         plane = self.tier.members[member]
         kubeconfig = plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
         self.member_failover, _ = start_serving(
-            plane.supervisor, "failover", [sys.executable, "-m", "failover"],
+            plane.supervisor, "failover", [sys.executable, "-m", "failover.regional"],
             {**os.environ, **env, "KUBECONFIG": str(kubeconfig)}, REPO, REACTION, "FAILOVER_HEALTH_PORT",
             ("FAILOVER_METRICS_PORT",))
         return self.member_failover
@@ -149,9 +148,7 @@ class LadderFleet(FleetStacks):
         return decisions.move_history(job["metadata"].get("annotations"))
 
     def move_events(self, name: str) -> list[dict]:
-        return [e for e in self.manager.list("v1", "Event", namespace=FLEET_NAMESPACE)
-                if e.get("reason") == ladder_controller.EVENT_REASON
-                and (e.get("involvedObject") or {}).get("name") == name]
+        return self.events_of(name, ladder_rules.EVENT_REASON)
 
 
 class Ledger:
@@ -160,7 +157,7 @@ class Ledger:
     issue 27 ("a fleet step asked once"): per (step, member), at most one admitted copy and one start."""
 
     def __init__(self, fleet: FleetStacks, job: str, workload: str):
-        from failover.informer import Informer, RawClient, Watched
+        from failover.runtime.informer import Informer, RawClient, Watched
 
         self.job, self.workload = job, workload
         self._lock = threading.Lock()

@@ -57,6 +57,13 @@ def free_port() -> int:
                        "ephemeral range, net.ipv4.ip_local_port_range)")
 
 
+# The tier's Go programs (etcd, kube-apiserver, Kueue, KubeRay...) collect garbage a quarter as often as by default,
+# each heap held under a soft 1 GiB: the suite is CPU-bound on 2 cores and memory is plentiful. Measured on the failover
+# tier's file: the API server's CPU 45.7 -> 40.3 s. A GOGC or GOMEMLIMIT in the environment wins (to compare).
+# Ref: https://go.dev/doc/gc-guide
+GO_RUNTIME_ENV = {"GOGC": "400", "GOMEMLIMIT": "1GiB"}
+
+
 @dataclass
 class Process:
     name: str
@@ -82,6 +89,7 @@ class Supervisor:
               cwd: Path | None = None) -> Process:
         self.logs.mkdir(parents=True, exist_ok=True)
         log = self.logs / f"{name}.log"
+        env = {**GO_RUNTIME_ENV, **(os.environ if env is None else env)}
         with log.open("ab") as sink:
             # A session of its own: a signal to the test runner's group never reaches it, and we stop it alone.
             popen = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,

@@ -13,8 +13,8 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from failover import decisions
-from failover.controller import COMPONENT, EVENT_REASON
+from failover.regional import decisions
+from failover.regional.controller import COMPONENT, EVENT_REASON
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from infra.offline import Plan

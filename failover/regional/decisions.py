@@ -7,6 +7,7 @@ The controller moves such a job to the queue that starts at the next rung. Ref: 
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import re
@@ -144,10 +145,17 @@ class Move:
     reason: str  # PodsReadyTimeout, Stockout or SliceLost
     at: str  # RFC 3339
     state: str = MOVING
+    # The LocalQueue it leaves, for the record's message: a pass that finishes a move started by an earlier one
+    # (Kueue slow to release the quota) sees the Workload repointed already. Empty in a ladder's move and in a record
+    # an older controller wrote.
+    from_local_queue: str = ""
 
     def to_json(self) -> str:
-        return json.dumps({"from": self.from_flavor, "to": self.to_flavor, "localQueue": self.to_local_queue,
-                           "reason": self.reason, "at": self.at, "state": self.state}, sort_keys=True)
+        fields = {"from": self.from_flavor, "to": self.to_flavor, "localQueue": self.to_local_queue,
+                  "reason": self.reason, "at": self.at, "state": self.state}
+        if self.from_local_queue:
+            fields["fromLocalQueue"] = self.from_local_queue
+        return json.dumps(fields, sort_keys=True)
 
     @classmethod
     def from_json(cls, text: str | None) -> Move | None:
@@ -155,12 +163,13 @@ class Move:
             return None
         try:
             data = json.loads(text)
-            return cls(data["from"], data["to"], data["localQueue"], data["reason"], data["at"], data["state"])
+            return cls(data["from"], data["to"], data["localQueue"], data["reason"], data["at"], data["state"],
+                       data.get("fromLocalQueue", ""))
         except (ValueError, KeyError, TypeError):
             return None
 
     def done(self) -> Move:
-        return Move(self.from_flavor, self.to_flavor, self.to_local_queue, self.reason, self.at, MOVED)
+        return dataclasses.replace(self, state=MOVED)
 
     @property
     def requeue(self) -> bool:
@@ -277,7 +286,46 @@ def _move_to_next(chain: Chain, workload: WorkloadView, start: int, rung: int, r
     if target >= len(chain.rungs) or target <= start:
         return None  # past the last rung, or already in a queue that starts at or below the target
     to = chain.rungs[target]
-    return StartMove(Move(chain.rungs[rung].flavor, to.flavor, to.local_queue, reason, format_time(now)))
+    return StartMove(Move(chain.rungs[rung].flavor, to.flavor, to.local_queue, reason, format_time(now),
+                          from_local_queue=workload.queue_name))
+
+
+# ---- a move, one step at a time ------------------------------------------------------------------------------
+# What a pass of a move does next, from the Workload and RayJob as read now: each pass does the first thing left to
+# do and reads both again, so a restart resumes wherever the last one stopped. Measured on Kueue 0.19.2: a relabel
+# alone does not move an evicted Workload, and the deactivation skips the requeue backoff
+# (tests/test_failover_controlplane.py). The controller carries each step out as one guarded write, or a wait.
+DONE = "done"  # at the new queue, active, the RayJob relabelled: record it done (Event first)
+DEACTIVATE = "deactivate"  # active at the queue it leaves (or on the admission that lost its slice): deactivate
+WAIT_FOR_RELEASE = "wait-for-release"  # Kueue has not released the quota and suspended the job yet
+RELABEL = "relabel"  # the RayJob's queue label to the new LocalQueue
+REPOINT = "repoint"  # the Workload's `spec.queueName` to it
+REACTIVATE = "reactivate"  # always end active
+
+
+def next_in_move(move: Move, workload: WorkloadView, job: Mapping) -> str:
+    """The next step of `move` for this Workload and its RayJob. A requeue (the last rung: no next one) is evicted
+    from the admission that lost its slice by a deactivation, then queued again where it was."""
+    released = not workload.quota_reserved and bool((job.get("spec") or {}).get("suspend", False))
+    if move.requeue:
+        on_old = workload.quota_reserved and (workload.admitted_at is None
+                                              or workload.admitted_at < parse_time(move.at))
+        if workload.active:
+            return DEACTIVATE if on_old else DONE
+        return REACTIVATE if released else WAIT_FOR_RELEASE
+    label = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
+    arrived = workload.queue_name == move.to_local_queue
+    if arrived and label == move.to_local_queue and workload.active:
+        return DONE
+    if not arrived and workload.active:
+        return DEACTIVATE
+    if not released:
+        return WAIT_FOR_RELEASE  # Kueue has not evicted yet; the next pass continues from here
+    if label != move.to_local_queue:
+        return RELABEL
+    if not arrived:
+        return REPOINT
+    return REACTIVATE
 
 
 @dataclass(frozen=True)

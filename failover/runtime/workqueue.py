@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Hashable
+
+from kubernetes.client import ApiException
 
 
 class WorkQueue:
@@ -70,3 +73,29 @@ class WorkQueue:
     def __len__(self) -> int:
         with self._lock:
             return len(self._due)
+
+
+def work(queue: WorkQueue, reconcile: Callable[[Hashable], object], stopping: threading.Event, log: logging.Logger,
+         on_error: Callable[[], object] = lambda: None) -> None:
+    """A controller's worker: reconcile queued (namespace, name) keys until `stopping` is set. A key the API answered
+    404 (gone) or 409 (someone wrote first) comes back in 0.2 s, the watch brings the change; another API error in
+    1 s, any other failure in 5 s, both logged and counted (`on_error`): one bad object must not end the worker."""
+    while not stopping.is_set():
+        key = queue.get(timeout=1.0)
+        if key is None:
+            continue
+        try:
+            reconcile(key)
+        except ApiException as error:
+            if error.status in (404, 409):
+                queue.add(key, delay=0.2)
+            else:
+                on_error()
+                log.warning("%s/%s: %s; queued again", *key, error)
+                queue.add(key, delay=1.0)
+        except Exception:  # noqa: BLE001 - one bad object must not end the worker
+            on_error()
+            log.exception("%s/%s: reconcile failed; queued again", *key)
+            queue.add(key, delay=5.0)
+        finally:
+            queue.done(key)

@@ -1,5 +1,5 @@
 """The controller's Prometheus metrics: what it moved and why, how long jobs waited, and its own health; and the
-fleet watch's (failover/fleet.py): what each pass found, which members answer, how long a pass takes.
+fleet watch's (failover/watch/): what each pass found, which members answer, how long a pass takes.
 
 Names are fixed: the stacks' Cloud Monitoring dashboards and alert policies (infra/monitoring.py) query them with
 PromQL. Served at /metrics on FAILOVER_METRICS_PORT or FLEET_METRICS_PORT (plain HTTP, scraped by a PodMonitoring
@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, star
 
 # Seconds to TPUs span the early path's grace (minutes) to a DWS queue's wait (hours).
 WAIT_BUCKETS = (1, 5, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 14400, 43200, 86400)
-# A fleet watch pass lists every member with a 5 s timeout each (failover/fleet.py REQUEST_TIMEOUT_SECONDS).
+# A fleet watch pass lists every member with a 5 s timeout each (failover/watch/ REQUEST_TIMEOUT_SECONDS).
 PASS_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 30, 60)
 
 

@@ -15,30 +15,27 @@ sees the first one's result.
 from __future__ import annotations
 
 import datetime
-import hashlib
 import logging
 import threading
 import time
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kubernetes import client, dynamic
-from kubernetes.client import ApiException
 
-from failover import decisions, slices
-from failover.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL,
-                                SLICE_LOST, Chain, FinishMove, Move, RecordFlavor, StartMove, WorkloadView)
+from failover import slices
+from failover.regional import decisions
+from failover.regional.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, PODS_READY_TIMEOUT,
+                                         QUEUE_LABEL, SLICE_LOST, Chain, FinishMove, Move, RecordFlavor, StartMove,
+                                         WorkloadView)
+from failover.runtime.informer import Informer, Watched
+from failover.runtime.metrics import Metrics
+from failover.runtime.workqueue import WorkQueue, work
+from failover.runtime.writes import RAYJOB, WORKLOAD, GuardedWrites, rayjob_event, utcnow
 from failover.slices import (LOSS_EVENT_REASON, RECOVERY_EVENT_REASON, SLICE_LOST_ANNOTATION, GiveUpSlice, HostView,
                              LostSlice, NodeView, RecordLoss)
-from failover.informer import Informer, Watched
-from failover.metrics import Metrics
-from failover.workqueue import WorkQueue
 
 log = logging.getLogger("tpu-fallback.failover")
-WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
-RAYJOB = ("ray.io/v1", "RayJob")
-MERGE_PATCH = "application/merge-patch+json"
 COMPONENT = "tpu-fallback-failover"
 EVENT_REASON = "MovedToNextRung"
 SUSPEND_WAIT_SECONDS = 10.0
@@ -55,10 +52,6 @@ GONE_NODES_KEPT = datetime.timedelta(hours=1)  # a deleted node is remembered th
 Key = tuple[str, str]  # (namespace, name)
 
 
-def utcnow() -> datetime.datetime:
-    return datetime.datetime.now(datetime.timezone.utc)
-
-
 @dataclass(frozen=True)
 class CachedWorkload:
     view: WorkloadView
@@ -73,28 +66,6 @@ def _key(obj: dict) -> Key:
 def _is_stockout(event: dict) -> bool:
     return (event.get("reason") in decisions.SCALE_UP_FAILURE_REASONS
             and bool(decisions.STOCKOUT_MESSAGE.search(event.get("message") or "")))
-
-
-class GuardedWrites:
-    """The reads and writes of a controller that moves jobs (this one, and the fleet's ladder in failover/ladder.py):
-    a read that is None when the object is gone, and a merge patch guarded by the resourceVersion it was read at."""
-
-    api: dynamic.DynamicClient
-
-    def _get(self, resource, name: str, namespace: str) -> dict | None:
-        try:
-            return self.api.get(resource, name=name, namespace=namespace).to_dict()
-        except ApiException as error:
-            if error.status == 404:
-                return None
-            raise
-
-    def _patch(self, resource, obj: dict, patch: dict) -> dict:
-        """A merge patch that fails with 409 if `obj` changed since it was read."""
-        meta = obj["metadata"]
-        guarded = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
-        return self.api.patch(resource, body=guarded, name=meta["name"], namespace=meta.get("namespace"),
-                              content_type=MERGE_PATCH).to_dict()
 
 
 class Controller(GuardedWrites):
@@ -302,25 +273,7 @@ class Controller(GuardedWrites):
 
     def work(self, stopping: threading.Event) -> None:
         """A worker: reconcile queued keys until `stopping` is set."""
-        while not stopping.is_set():
-            key = self.queue.get(timeout=1.0)
-            if key is None:
-                continue
-            try:
-                self.reconcile_key(key)
-            except ApiException as error:
-                if error.status not in (404, 409):  # gone, or someone else wrote first: the watch brings it
-                    self.metrics.errors.inc()
-                    log.warning("%s/%s: %s; queued again", *key, error)
-                    self.queue.add(key, delay=1.0)
-                else:
-                    self.queue.add(key, delay=0.2)
-            except Exception:  # noqa: BLE001 - one bad object must not end the worker
-                self.metrics.errors.inc()
-                log.exception("%s/%s: reconcile failed; queued again", *key)
-                self.queue.add(key, delay=5.0)
-            finally:
-                self.queue.done(key)
+        work(self.queue, self.reconcile_key, stopping, log, on_error=self.metrics.errors.inc)
 
     def reconcile_key(self, key: Key) -> int:
         """Decide on the cached view; read the objects fresh only to act. The number of actions taken."""
@@ -387,7 +340,7 @@ class Controller(GuardedWrites):
     def _reconcile_loss(self, cached: CachedWorkload, now: datetime.datetime) -> int | None:
         """The lost-slice rules (failover/slices.py) for a running job; None when they have nothing to do. A fleet's
         copy (MultiKueue's) gets its loss recorded here too, on the member's RayJob, and is never moved: the fleet's
-        ladder on the manager reads the record and moves the job to its next step (failover/ladder.py)."""
+        ladder on the manager reads the record and moves the job to its next step (failover/ladder/)."""
         view = cached.view
         if not (view.admitted and view.pods_ready_since and view.tpu_hosts and not view.finished):
             return None
@@ -454,42 +407,25 @@ class Controller(GuardedWrites):
             job = self._get(self.rayjobs, view.rayjob, namespace) if view.rayjob else None
             if job is None:
                 return False
-            label = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
-            if move.requeue:
-                # Evicted from the admission that lost its slice (deactivated), then queued again where it was.
-                on_old = view.quota_reserved and (view.admitted_at is None
-                                                  or view.admitted_at < decisions.parse_time(move.at))
-                if view.active and not on_old:
-                    self._record_done(job, move, move.to_local_queue)
-                    return True
-                if view.active:
-                    self._patch(self.workloads, workload, {"spec": {"active": False}})
-                    continue
-                if view.quota_reserved or not job["spec"].get("suspend", False):
-                    if time.monotonic() > deadline:
-                        return False
-                    time.sleep(0.2)
-                    continue
-                self._patch(self.workloads, workload, {"spec": {"active": True}})
-                continue
-            if view.queue_name == move.to_local_queue and label == move.to_local_queue and view.active:
-                self._record_done(job, move, from_queue if from_queue != move.to_local_queue else "")
+            step = decisions.next_in_move(move, view, job)
+            if step == decisions.DONE:
+                # A requeue names the queue it stays in; a move the queue it left (recorded in the move; else this
+                # pass's, unknown once the Workload is repointed).
+                left = move.from_local_queue or ("" if from_queue == move.to_local_queue else from_queue)
+                self._record_done(job, move, move.to_local_queue if move.requeue else left)
                 return True
-            if view.queue_name != move.to_local_queue and view.active:
+            if step == decisions.DEACTIVATE:
                 self._patch(self.workloads, workload, {"spec": {"active": False}})
-                continue
-            if view.quota_reserved or not job["spec"].get("suspend", False):
+            elif step == decisions.WAIT_FOR_RELEASE:
                 if time.monotonic() > deadline:
                     return False  # Kueue has not evicted yet; the next pass continues from here
                 time.sleep(0.2)
-                continue
-            if label != move.to_local_queue:
+            elif step == decisions.RELABEL:
                 self._patch(self.rayjobs, job, {"metadata": {"labels": {QUEUE_LABEL: move.to_local_queue}}})
-                continue
-            if view.queue_name != move.to_local_queue:
+            elif step == decisions.REPOINT:
                 self._patch(self.workloads, workload, {"spec": {"queueName": move.to_local_queue}})
-                continue
-            self._patch(self.workloads, workload, {"spec": {"active": True}})  # always end active
+            else:  # REACTIVATE: always end active
+                self._patch(self.workloads, workload, {"spec": {"active": True}})
 
     def _record_done(self, job: dict, move: Move, from_queue: str) -> None:
         """The done record and its Event. The Event first, named after the move: a restart between the two writes it
@@ -517,30 +453,3 @@ class Controller(GuardedWrites):
         cluster = (job.get("status") or {}).get("rayClusterName")
         with self._lock:
             return set(self._hosts.get((job["metadata"]["namespace"], cluster), {})) if cluster else set()
-
-
-def rayjob_event(core: client.CoreV1Api, meta: Mapping, component: str, reason: str, message: str, kind: str,
-                 now: datetime.datetime, once: str | None = None) -> None:
-    """An Event on a RayJob, as the failover controller and the fleet watch (failover/fleet.py) write them. With
-    `once` (what the Event is about, e.g. a move's JSON) its name is derived from it and a second try writes nothing:
-    written before the record it announces, a restart between the two does not say it twice, nor never."""
-    if once:
-        suffix = hashlib.sha256(f"{meta['uid']}/{reason}/{once}".encode()).hexdigest()[:12]
-    else:
-        suffix = uuid.uuid4().hex[:12]
-    try:
-        _create_event(core, meta, component, reason, message, kind, now, f"{meta['name']}.{suffix}")
-    except ApiException as error:
-        if not (once and error.status == 409):  # AlreadyExists: an earlier try wrote it
-            raise
-
-
-def _create_event(core: client.CoreV1Api, meta: Mapping, component: str, reason: str, message: str, kind: str,
-                  now: datetime.datetime, name: str) -> None:
-    core.create_namespaced_event(meta["namespace"], client.CoreV1Event(
-        metadata=client.V1ObjectMeta(name=name, namespace=meta["namespace"]),
-        involved_object=client.V1ObjectReference(api_version=RAYJOB[0], kind=RAYJOB[1], name=meta["name"],
-                                                 namespace=meta["namespace"], uid=meta["uid"]),
-        reason=reason, message=message, type=kind, count=1, first_timestamp=now, last_timestamp=now,
-        source=client.V1EventSource(component=component), reporting_component=component,
-        reporting_instance=component))

@@ -1,0 +1,110 @@
+"""The fleet's ladder controller (plan C, README "The fleet's ladder"): on a fleet's manager, moves a job to the next
+step of the ladder when the member of its step evicted it, reports a stockout for it, or its step is busy; and gives
+a job up when no step has admitted it within its maximum wait: `python -m failover.ladder`.
+
+A step is a manager LocalQueue whose ClusterQueue has its own MultiKueue check and config (one member's reservation,
+on-demand or Spot rung; the last step: DWS in every member). MultiKueue re-dispatches a job a member evicted to the
+same step, forever (a stockout after admission: the member's podsReadyTimeout, every ~33 s). This controller reads
+that from level signals that survive a restart: the step's check is `Retry`, or its `retryCount` is at least 1
+(Kueue counts a check's retries per check, so a new step starts a new entry: pkg/workload/evict/evict.go L220-239,
+and keeps the count when the check turns Ready again: pkg/workload/patching/patching.go L78-103). It then moves
+the job with route D on the manager's Workload, in the order measured clean on Kueue 0.19.2
+(../shared/notes/multikueue-ladder.md §8.8): deactivate; mark the manager's RayJob `Suspended` if it looks active
+(else Kueue's eviction waits for a member to report it, §8.4); wait until quota is released (`spec.queueName` is
+immutable before, CEL); relabel the RayJob and repoint the Workload; wait until `status.admissionChecks` is exactly
+the new step's check (else MultiKueue may dispatch with the old step's config, §8.3); reactivate.
+
+Early path: a one-member step's member reports that GKE's autoscaler has no capacity for the job's pods ("GCE out
+of resources", the regional failover controller's test: failover/regional/decisions.py stockout_since) while the copy there
+is admitted. The manager reads it in the member itself, through the kubeconfig Secret MultiKueue uses: a watch of the
+Warning Events about pods in the fleet's namespace there, and the member's RayJob for its RayCluster's name (the
+pods are named after it). Once the member's stockout grace period (published with its steps) has passed since the
+first such Event of this admission, the job moves on (reason MemberStockout), without waiting for the member's
+podsReadyTimeout. The member's own failover controller never touches the fleet's copies.
+
+Giving up (Kueue has none: kubernetes-sigs/kueue#8602): a job not admitted by any member `FLEET_MAX_WAIT_SECONDS`
+(or its RayJob's `tpu-fallback/max-wait`: a duration, or `none`) after its submission, or after it last ran, is
+deactivated (`spec.active=false` on the manager's Workload: MultiKueue deletes its copies and their
+ProvisioningRequests), with the annotation `tpu-fallback/gave-up` on the RayJob (why, when, at which step) and a
+Warning Event `GaveUp`. Written with the deactivation on the Workload (`tpu-fallback/ladder-give-up`, taken off once
+the RayJob records it) and finished by any pass, as a move is.
+
+The move is written on the manager's Workload in the same write as its deactivation (WORKLOAD_MOVE_ANNOTATION:
+no moment when a move is decided and the job is still active at the step it leaves), then on the RayJob (the
+regional controller's annotation and history, failover/regional/decisions.py); each write is guarded by the resourceVersion it
+was decided on, and each step of the move checks first: a restart, `kill -9` included, finishes the move it finds
+and never starts a second one for a hop.
+
+Configuration (environment, set by the fleet stack's Deployment, infra/fleet.py):
+    FLEET_LADDER            JSON list of steps {localQueue, clusterQueue, admissionCheck, rung, members}, first first
+    FLEET_NAMESPACE         the fleet's jobs' namespace (tpu-fleet)
+    FLEET_STEP_WAIT_SECONDS how long a job may wait at a step before the last without being admitted there (its
+                            member's capacity is in use: a reservation or on-demand slice admits at once when free)
+    FLEET_MAX_WAIT_SECONDS  how long a job may wait without any member admitting it before it is given up (unset: never)
+    FLEET_MEMBERS           JSON {member: its kubeconfig Secret}, FLEET_SECRETS_NAMESPACE (kueue-system): the early path
+    FLEET_WATCH_SECONDS     how often the members' kubeconfigs are read again (a renewed token: new watches)
+    LADDER_RESYNC_SECONDS   seconds between resyncs, the safety net (default 60)
+    LADDER_WORKERS          jobs handled at once (default 2)
+    KUBECONFIG              outside a cluster; in a Pod the ServiceAccount's credentials are used
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import os
+import sys
+import threading
+import time
+
+from kubernetes import client
+
+from failover.ladder.controller import LadderController
+from failover.ladder.decisions import Ladder
+from failover.runtime.cluster_client import api_client
+from failover.runtime.members import member_clients  # the kubeconfig Secrets MultiKueue reads, as the watch reads them
+
+log = logging.getLogger("tpu-fallback.ladder")
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    ladder = Ladder.from_json(os.environ["FLEET_LADDER"])
+    wait, max_wait = os.environ.get("FLEET_STEP_WAIT_SECONDS"), os.environ.get("FLEET_MAX_WAIT_SECONDS")
+    manager = api_client()
+    secrets = json.loads(os.environ.get("FLEET_MEMBERS") or "{}")  # {member: kubeconfig Secret name}
+    members = (member_clients(client.CoreV1Api(manager), secrets,
+                              os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")) if secrets else None)
+    controller = LadderController(manager, ladder, os.environ.get("FLEET_NAMESPACE", "tpu-fleet"),
+                                  datetime.timedelta(seconds=float(wait)) if wait else None,
+                                  max_wait=datetime.timedelta(seconds=float(max_wait)) if max_wait else None,
+                                  members=members)
+    resync = float(os.environ.get("LADDER_RESYNC_SECONDS", "60"))
+    period = float(os.environ.get("FLEET_WATCH_SECONDS", "10"))
+    informers = controller.informers()
+    for informer in informers:
+        informer.start()
+    controller.refresh_members()
+    for informer in informers:  # a half-done move is only seen with its RayJob's annotation
+        while not informer.synced.wait(timeout=10):
+            log.info("waiting for the first list of %s", informer.watched.resource)
+    stopping = threading.Event()
+    for number in range(int(os.environ.get("LADDER_WORKERS", "2"))):
+        threading.Thread(target=controller.work, args=(stopping,), name=f"worker-{number}", daemon=True).start()
+    log.info("ladder: %s", " -> ".join(f"{s.local_queue} [{', '.join(s.members)}]" for s in ladder.steps))
+    controller.resync()
+    next_resync = time.monotonic() + resync
+    while True:
+        time.sleep(period)
+        try:
+            controller.refresh_members()
+        except Exception:  # noqa: BLE001 - the manager unreachable for a period: try again next one
+            log.exception("reading the members' kubeconfigs failed")
+        if time.monotonic() >= next_resync:
+            next_resync = time.monotonic() + resync
+            controller.resync()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,70 @@
+"""The writes every program of this package makes, and how: a read that is None when the object is gone, a merge patch
+guarded by the resourceVersion it was decided on (two replicas, or a restart, never carry out one step twice: the
+second write gets 409 Conflict), and an Event on a RayJob, written once when it is named after what it announces."""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import uuid
+from collections.abc import Mapping
+
+from kubernetes import client, dynamic
+from kubernetes.client import ApiException
+
+WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
+RAYJOB = ("ray.io/v1", "RayJob")
+MERGE_PATCH = "application/merge-patch+json"
+
+
+def utcnow() -> datetime.datetime:
+    return datetime.datetime.now(datetime.timezone.utc)
+
+
+class GuardedWrites:
+    """The reads and writes of a controller that moves jobs (this one, and the fleet's ladder in failover/ladder/):
+    a read that is None when the object is gone, and a merge patch guarded by the resourceVersion it was read at."""
+
+    api: dynamic.DynamicClient
+
+    def _get(self, resource, name: str, namespace: str) -> dict | None:
+        try:
+            return self.api.get(resource, name=name, namespace=namespace).to_dict()
+        except ApiException as error:
+            if error.status == 404:
+                return None
+            raise
+
+    def _patch(self, resource, obj: dict, patch: dict) -> dict:
+        """A merge patch that fails with 409 if `obj` changed since it was read."""
+        meta = obj["metadata"]
+        guarded = {**patch, "metadata": {**patch.get("metadata", {}), "resourceVersion": meta["resourceVersion"]}}
+        return self.api.patch(resource, body=guarded, name=meta["name"], namespace=meta.get("namespace"),
+                              content_type=MERGE_PATCH).to_dict()
+
+
+def rayjob_event(core: client.CoreV1Api, meta: Mapping, component: str, reason: str, message: str, kind: str,
+                 now: datetime.datetime, once: str | None = None) -> None:
+    """An Event on a RayJob, as the failover controller and the fleet watch (failover/watch/) write them. With
+    `once` (what the Event is about, e.g. a move's JSON) its name is derived from it and a second try writes nothing:
+    written before the record it announces, a restart between the two does not say it twice, nor never."""
+    if once:
+        suffix = hashlib.sha256(f"{meta['uid']}/{reason}/{once}".encode()).hexdigest()[:12]
+    else:
+        suffix = uuid.uuid4().hex[:12]
+    try:
+        _create_event(core, meta, component, reason, message, kind, now, f"{meta['name']}.{suffix}")
+    except ApiException as error:
+        if not (once and error.status == 409):  # AlreadyExists: an earlier try wrote it
+            raise
+
+
+def _create_event(core: client.CoreV1Api, meta: Mapping, component: str, reason: str, message: str, kind: str,
+                  now: datetime.datetime, name: str) -> None:
+    core.create_namespaced_event(meta["namespace"], client.CoreV1Event(
+        metadata=client.V1ObjectMeta(name=name, namespace=meta["namespace"]),
+        involved_object=client.V1ObjectReference(api_version=RAYJOB[0], kind=RAYJOB[1], name=meta["name"],
+                                                 namespace=meta["namespace"], uid=meta["uid"]),
+        reason=reason, message=message, type=kind, count=1, first_timestamp=now, last_timestamp=now,
+        source=client.V1EventSource(component=component), reporting_component=component,
+        reporting_instance=component))

@@ -1,0 +1,76 @@
+"""The fleet watch (plan C), on a fleet's manager cluster: where each fleet job really runs, said on its RayJob.
+
+Kueue 0.19.2's MultiKueue records where a job was admitted (`status.clusterName` of the manager's Workload) and
+cannot change that record once set, nor set it to a member it did not nominate. Measured on the tier (README
+"Plan C"): when the admitting member is cut off, the manager dispatches again after `workerLostTimeout` and
+another member runs the job; when the first member comes back, Kueue keeps its older admission, deletes the newer
+run, and keeps naming the other member, or none. The job then runs where the manager's record says it does not.
+
+The watch keeps, through informers (failover/runtime/informer.py), the manager's Workloads, RayJobs and MultiKueueClusters
+and, in every member it can reach (through the kubeconfig Secrets MultiKueue uses, re-read every period), the copies
+and RayJobs this manager made; every change queues the jobs it touches. Per job it writes what is true on the
+manager's RayJob (annotation `tpu-fallback/fleet`: state, where it runs, Kueue's record, members that do not answer or
+cannot admit it) and an Event when that changes: `FleetRunning`, `FleetRecordStale`, `FleetRunningTwice` (a
+partition's overlap; each run checkpoints under its own run id), `FleetMemberLost`, `FleetMemberCannotAdmit`,
+`FleetWaiting`, `FleetFinished`. Its writes to what Kueue reads (README "Plan C", multikueue-ladder.md §8):
+- an evicted job's RayJob status is marked `Suspended` when Kueue waits for it to stop, cannot see it, and no member
+  that answers runs it (`may_unblock`, Event `FleetEvictionUnblocked`): never where it runs, so never after a return;
+- Kueue's record is repaired when Kueue adopted a returning member's copy but cannot record it (`record_to_repair`,
+  a server-side apply of the Workload's status as Kueue's own field manager, Event `FleetRecordRepaired`).
+And one in the members: a copy and its run that an older step of the fleet's ladder left in a member cut off while
+the ladder moved the job on are deleted once the member answers again (`stale_step_copies`, Event
+`FleetStaleStepRemoved`): Kueue no longer looks there, and they would run next to the run Kueue records.
+
+    python -m failover.watch     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS (the period: kubeconfigs re-read,
+                                 # members asked for an answer), FLEET_RESYNC_SECONDS (every job again, default 300),
+                                 # FLEET_SECRETS_NAMESPACE, FLEET_METRICS_PORT (Prometheus /metrics, default 9090;
+                                 # 0 turns it off)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+
+from kubernetes import client
+
+from failover.runtime.cluster_client import api_client  # the same credentials rule as the failover controller
+from failover.runtime.members import member_clients
+from failover.runtime.metrics import FleetMetrics
+from failover.watch.controller import RESYNC_SECONDS, WATCH_SECONDS, FleetWatch
+from failover.watch.decisions import STATES
+
+log = logging.getLogger("tpu-fallback.fleet")
+
+
+def main() -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    manager = api_client()
+    secrets = json.loads(os.environ["FLEET_MEMBERS"])  # {member: kubeconfig Secret name}
+    namespace = os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")
+    period = float(os.environ.get("FLEET_WATCH_SECONDS", str(WATCH_SECONDS)))
+    metrics = FleetMetrics(STATES)
+    metrics_port = int(os.environ.get("FLEET_METRICS_PORT", "9090"))
+    if metrics_port:
+        metrics.serve(metrics_port)
+    watch = FleetWatch(manager, member_clients(client.CoreV1Api(manager), secrets, namespace),
+                       os.environ["FLEET_ORIGIN"], metrics=metrics,
+                       resync_seconds=float(os.environ.get("FLEET_RESYNC_SECONDS", str(RESYNC_SECONDS))))
+    watch.start()
+    log.info("watching fleet jobs of origin %s over %s (members asked every %.0f s)", watch.origin,
+             ", ".join(secrets), period)
+    while True:
+        began = time.monotonic()
+        try:
+            watch.tick()
+        except Exception:  # noqa: BLE001 - the manager unreachable for a period: try again next one
+            metrics.pass_failures.inc()
+            log.exception("fleet watch period failed")
+        time.sleep(max(0.0, period - (time.monotonic() - began)))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
