@@ -24,8 +24,8 @@ is stopped, with the ladder controller as deployed; stepWait 5 s, members' stock
 podsReadyTimeout 30 s). Per script and fleet: submission -> the RayJob in the member that has the capacity (the job
 can start; both tiers run real KubeRay, the scheduler and each member's pools: also -> its pods ready there), and the cost of each failed step: the member's autoscaler stand-in's "GCE out of resources" Event on
 the run's real pods (its timestamp has whole seconds: up to 1 s early) -> the next step admitted, less the grace
-period (the early path), or the step's admission -> the next step's, less podsReadyTimeout (a stockout nobody
-reports). DWS provisions in the scripted member `--dws-seconds` after its request exists: on GKE, minutes to hours;
+period (the early path), or the step's admission -> the next step's, less podsReadyTimeout less the ladder's lead
+(a stockout nobody reports: the ladder moves it PODS_READY_LEAD before the member would evict it). DWS provisions in the scripted member `--dws-seconds` after its request exists: on GKE, minutes to hours;
 the bench's number is a placeholder, the same on both fleets. Goals: a free on-demand slice in any member used
 within 2 s of submission; each failed step <= its grace or timeout + 2 s.
 Polls every `--interval` s (default 0.02) with a monotonic clock; a time is taken when the poll that saw the
@@ -59,6 +59,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from failover.ladder.decisions import PODS_READY_LEAD  # noqa: E402
 from infra.fleet_member import FLEET_NAMESPACE  # noqa: E402
 from tests.controlplane import jobs  # noqa: E402
 from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,  # noqa: E402
@@ -70,6 +71,7 @@ from tests.controlplane.kube import poll_every, wait_for  # noqa: E402
 from tests.controlplane.stack import release_values  # noqa: E402
 
 GOAL_SECONDS = 5.0
+NOT_READY_SECONDS = PODS_READY_TIMEOUT_SECONDS - PODS_READY_LEAD.total_seconds()  # when the ladder moves a silent one
 COPIES = "submitted -> a Workload copy in every member"
 REQUESTS = "submitted -> a ProvisioningRequest in every member"
 DISPATCH = "Provisioned -> the RayJob in the winner"
@@ -270,8 +272,7 @@ def script_round(fleet: FleetStacks, script: Script, job: str, ladder: bool, dws
             sample["failed steps"].append(
                 {"step": step, "kind": "early path" if state == REPORTED else "podsReadyTimeout",
                  "seconds": moved - (reported if state == REPORTED else admitted),
-                 "over": moved - (reported + GRACE_SECONDS if state == REPORTED
-                                  else admitted + PODS_READY_TIMEOUT_SECONDS)})
+                 "over": moved - (reported + GRACE_SECONDS if state == REPORTED else admitted + NOT_READY_SECONDS)})
     if where is None:
         sample.update(_dws(fleet, job, workload, script.dws_winner, dws_seconds, started))
         where = script.dws_winner
@@ -316,7 +317,7 @@ def print_side_by_side(scripts: list[Script], samples: list[dict], dws_seconds: 
             row[kind] = f"{statistics.median(values):8.2f}s" if values else "       -"
         print(f"  {script.name:<6} {row['DWS only']:>9} {row['ladder']:>9}  {script.words}")
     failed = [step for s in samples if s["fleet"] == "ladder" for step in s["failed steps"]]
-    for kind, budget in (("early path", GRACE_SECONDS), ("podsReadyTimeout", PODS_READY_TIMEOUT_SECONDS)):
+    for kind, budget in (("early path", GRACE_SECONDS), ("podsReadyTimeout", NOT_READY_SECONDS)):
         over = [f["over"] for f in failed if f["kind"] == kind]
         if over:
             print(f"  failed step, {kind}: {len(over)} step(s), each {budget} s + {min(over):.2f}-{max(over):.2f} s "

@@ -204,12 +204,17 @@ class FleetStep:
     # once the member has reported no capacity for its pods this long. None: the last step, or a member that did not
     # publish it (an older version).
     stockout_grace_seconds: int | None = None
+    # The member's podsReadyTimeout (its fallback.podsReadyTimeout): the ladder moves a job whose pods are not ready
+    # just before it ends. None: the last step, or a member that did not publish it (an older version).
+    pods_ready_timeout_seconds: int | None = None
 
     def as_output(self) -> dict:
         output = {"localQueue": self.local_queue, "clusterQueue": self.cluster_queue,
                   "admissionCheck": self.admission_check, "rung": self.rung, "members": list(self.members)}
         if self.stockout_grace_seconds is not None:
             output["stockoutGracePeriodSeconds"] = self.stockout_grace_seconds
+        if self.pods_ready_timeout_seconds is not None:
+            output["podsReadyTimeoutSeconds"] = self.pods_ready_timeout_seconds
         return output
 
 
@@ -226,7 +231,8 @@ def ladder_steps(fleet: FleetSettings, members: Sequence[MemberHandle]) -> tuple
                     name = offered["localQueue"]
                     steps.append(FleetStep(name, name, name, name, rung, (cluster,),
                                            fleet_quota([offered["capacity"]]),
-                                           offered.get("stockoutGracePeriodSeconds")))
+                                           offered.get("stockoutGracePeriodSeconds"),
+                                           offered.get("podsReadyTimeoutSeconds")))
     steps.append(FleetStep(FLEET_LOCAL_QUEUE, CLUSTER_QUEUE, ADMISSION_CHECK, MULTIKUEUE_CONFIG, "",
                            tuple(fleet.cluster_names), fleet_quota([m.capacity for m in members])))
     return tuple(steps)

@@ -138,7 +138,11 @@ def member_steps(settings: PlatformSettings, member: str) -> list[dict]:
              "capacity": fleet_capacity(settings, (plan,)),
              # The ladder's early path: this long after GKE's autoscaler reports no capacity for a fleet job's pods
              # here, the fleet moves it on (this stack's own jobs move down its ladder after the same period).
-             "stockoutGracePeriodSeconds": settings.fallback.stockout_grace_period_seconds}
+             "stockoutGracePeriodSeconds": settings.fallback.stockout_grace_period_seconds,
+             # Kueue here evicts a job whose pods are not ready this long after admitting it; the ladder moves a
+             # fleet job just before (failover/ladder/decisions.py MEMBER_NOT_READY), so the fleet's MultiKueue does
+             # not send it back here.
+             "podsReadyTimeoutSeconds": settings.fallback.pods_ready_timeout_seconds}
             for plan in ladder_plans(settings)]
 
 

@@ -712,6 +712,45 @@ def test_a_members_stockout_report_moves_the_job_once_its_grace_period_has_passe
     assert ladder_rules.decide(LADDER, view, None, NOW + HOUR, stockout=seen) is None
 
 
+NOT_READY_LADDER = ladder_rules.Ladder.from_json(json.dumps([
+    {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand",
+     "stockoutGracePeriodSeconds": 4, "podsReadyTimeoutSeconds": 30},
+    {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
+
+
+def test_a_job_whose_pods_are_not_ready_moves_just_before_the_members_pods_ready_timeout():
+    """The silent stockout: nothing says why, the pods just never become ready. The member would evict the job at its
+    podsReadyTimeout and MultiKueue would send it straight back there (no backoff after a member's eviction); the
+    ladder moves it PODS_READY_LEAD before, counted from the manager's check turning Ready (after the member's
+    admission), and looks again exactly then."""
+    not_started = {"status": "False", "reason": ladder_rules.WAIT_FOR_START,
+                   "lastTransitionTime": "2026-12-01T11:59:50Z"}
+    view = _waiting("fleet-on-demand-w1", READY_W1, admitted=True, pods_ready=not_started)  # admitted at 11:59:50
+    assert ladder_rules.not_ready_deadline(NOT_READY_LADDER.steps[0], view) == datetime.datetime(
+        2026, 12, 1, 12, 0, 15, tzinfo=datetime.timezone.utc)  # 30 s - 5 s after the stamp
+    assert ladder_rules.decide(NOT_READY_LADDER, view, None, NOW) is None
+    assert ladder_rules.next_look(NOT_READY_LADDER, view, None, NOW) == pytest.approx(15.05)
+    action = ladder_rules.decide(NOT_READY_LADDER, view, None, NOW + datetime.timedelta(seconds=15))
+    assert (action.move.to_flavor, action.move.reason) == ("fleet-queue", ladder_rules.MEMBER_NOT_READY)
+    assert "its pods were not ready in member w1" in ladder_rules.move_message(action.move, "w1")
+    later = NOW + HOUR
+    # Ready, or ready once in this admission and now waiting for recovery (the member's and the lost-slice rules'):
+    # not this rule.
+    ready = _waiting("fleet-on-demand-w1", READY_W1, admitted=True, pods_ready={"status": "True"})
+    recovering = _waiting("fleet-on-demand-w1", READY_W1, admitted=True, pods_ready={
+        **not_started, "reason": "WaitForRecovery"})
+    assert ladder_rules.decide(NOT_READY_LADDER, ready, None, later) is None
+    assert ladder_rules.decide(NOT_READY_LADDER, recovering, None, later) is None
+    # Not admitted there (the check not Ready), or a member that did not publish its timeout (an older version).
+    pending = _waiting("fleet-on-demand-w1", {**READY_W1, "state": "Pending"}, pods_ready=not_started)
+    assert ladder_rules.not_ready_deadline(NOT_READY_LADDER.steps[0], pending) is None
+    assert ladder_rules.not_ready_deadline(GRACE_LADDER.steps[0], view) is None
+    # A member's own eviction first (it was faster, or preempted the job) is still the member's eviction.
+    evicted = _waiting("fleet-on-demand-w1", {**READY_W1, "state": "Retry", "retryCount": 1}, admitted=True,
+                       pods_ready=not_started)
+    assert ladder_rules.decide(NOT_READY_LADDER, evicted, None, NOW).move.reason == ladder_rules.MEMBER_EVICTED
+
+
 def test_the_stockout_events_are_those_of_the_jobs_raycluster_since_this_admission():
     admitted = datetime.datetime(2026, 12, 1, 11, 59, 50, tzinfo=datetime.timezone.utc)
     events = [_event("job-abcde-tpu-group-worker-x1", "2026-12-01T11:59:55Z"),
@@ -728,7 +767,7 @@ def test_the_stockout_events_are_those_of_the_jobs_raycluster_since_this_admissi
 def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_its_events_only():
     plan = plan_for(W1, {**ON_DEMAND_RUNGS, "fallback": {"podsReadyTimeout": "10m", "stockoutGracePeriod": "2m"}})
     (step,) = plan.outputs[FLEET_MEMBER_OUTPUT]["steps"]
-    assert step["stockoutGracePeriodSeconds"] == 120
+    assert (step["stockoutGracePeriodSeconds"], step["podsReadyTimeoutSeconds"]) == (120, 600)
     role = manifests(plan, "Role")["tpu-fallback-fleet-stockout-reader"]
     assert role["metadata"]["namespace"] == FLEET_NAMESPACE
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]
@@ -741,6 +780,7 @@ def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_i
     env = {e["name"]: e["value"] for e in container["env"]}
     assert json.loads(env["FLEET_MEMBERS"]) == {m: fleet_objects.kubeconfig_secret_name(m) for m in MEMBERS}
     assert [s.get("stockoutGracePeriodSeconds") for s in json.loads(env["FLEET_LADDER"])] == [180, 180, None]
+    assert [s.get("podsReadyTimeoutSeconds") for s in json.loads(env["FLEET_LADDER"])] == [900, 900, None]
     secrets = manifests(fleet, "Role")[f"tpu-fallback-{fleet_objects.LADDER_NAME}-secrets"]
     assert secrets["rules"] == [fleet_objects.watch_secret_rule(MEMBERS)]  # those Secrets, to read, and no other
 

@@ -4,8 +4,9 @@ fleet, member 2 its reservation, its on-demand rung and Spot, member 3 DWS only 
 2's reservation, on-demand in member 1, on-demand in member 2, Spot in member 2, then DWS in all three
 (tests/controlplane/ladder_tier.py). The ladder controller runs as deployed (`python -m failover.ladder`, its own
 ServiceAccount's Role). Every plane runs real KubeRay, kube-scheduler and KWOK nodes shaped like its plan's pools
-(runtime.py); the tests script only GCE capacity: a step stocked out silently is a pod no node ever takes, evicted at
-the member's podsReadyTimeout (30 s, the tier's clock: fleet_tier.member_values); one stocked out with a report gets
+(runtime.py); the tests script only GCE capacity: a step stocked out silently is a pod no node ever takes, moved on by
+the ladder just before the member's podsReadyTimeout (30 s, the tier's clock: fleet_tier.member_values) would evict it
+(ladder_rules.PODS_READY_LEAD); one stocked out with a report gets
 GKE's "GCE out of resources" Event on a run's pod (the early path, read by the manager's ladder through the member's
 kubeconfig Secret). Member 1's own failover controller runs as deployed (its ServiceAccount's rights), next to that
 member's own jobs on its own ladder.
@@ -140,9 +141,10 @@ def test_an_idle_reservation_runs_the_job_there_and_a_busy_step_is_left_after_th
 
 def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_ends_at_dws_everywhere(fleet, request):
     """Member 2's reservation is held by a running fleet job, so the walk's job leaves it after the step wait; then
-    no step has capacity: on-demand in member 1 never gets its pods ready and nothing says why (the member's
-    podsReadyTimeout evicts), on-demand and then Spot in member 2 report "GCE out of resources" for the same pod name
-    (the early path, each for its own admission); then DWS in every member, where the first provisioned wins. The
+    no step has capacity: on-demand in member 1 never gets its pods ready and nothing says why (the ladder moves it
+    just before the member's podsReadyTimeout would evict it, so MultiKueue cannot send it back there), on-demand and
+    then Spot in member 2 report "GCE out of resources" for the same pod name (the early path, each for its own
+    admission); then DWS in every member, where the first provisioned wins. The
     controller is killed -9 in every hop, as soon as the move is written (a watch sees it), and started again; a
     ledger of every copy and run in every member (watches too) shows each step asked once: per (step, member) at most
     one admitted copy and one start (issue 27)."""
@@ -205,7 +207,7 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
                  "on-demand in member 1", interval=0.05)
         admitted[ON_DEMAND_W1] = time.monotonic()
         assert fleet.no_requests_anywhere()
-        # No pod becomes ready: member 1 evicts at its podsReadyTimeout; the job must go to member 2's on-demand.
+        # No pod becomes ready: just before member 1's podsReadyTimeout the job must go to member 2's on-demand.
         wait_for(lambda: fleet.admitted_copy(W2, workload, ON_DEMAND_W2), PODS_READY_TIMEOUT_SECONDS + REACTION,
                  "on-demand in member 2", interval=0.05)
         admitted[ON_DEMAND_W2] = time.monotonic()
@@ -240,7 +242,7 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
              "the other members' copies deleted")
     assert fleet.running_in(name) == [W2]
     ledger.__exit__()
-    assert not ledger.asked_more_than_once(), ledger.text()
+    assert not ledger.asked_more_than_once(), ledger.story()
     assert (W2, 1) == next((member, len(uids)) for (step, member), uids in ledger.admitted.items()
                            if step == FLEET_LOCAL_QUEUE), ledger.text()  # DWS: the provisioned member's copy only
     assert fleet.moves(holder) == [] and fleet.running_in(holder) == [W2]  # the reservation's job was never touched
@@ -250,13 +252,13 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
             (SPOT_W2, FLEET_LOCAL_QUEUE)]
     assert [(m.from_flavor, m.to_flavor) for m in moves] == hops
     assert list(restarts) == [to for _, to in hops], restarts  # killed in every hop
-    assert [m.reason for m in moves] == [ladder_rules.STEP_BUSY, ladder_rules.MEMBER_EVICTED,
+    assert [m.reason for m in moves] == [ladder_rules.STEP_BUSY, ladder_rules.MEMBER_NOT_READY,
                                          ladder_rules.MEMBER_STOCKOUT, ladder_rules.MEMBER_STOCKOUT]
     wait_for(lambda: len(fleet.move_events(name)) >= len(hops), REACTION, "an Event per hop")
     time.sleep(1)
     messages = " | ".join(e["message"] for e in fleet.move_events(name))
     assert len(fleet.move_events(name)) == len(hops), messages  # one per hop, the kill -9 included
-    assert f"member {W1} evicted it" in messages
+    assert f"its pods were not ready in member {W1}" in messages
     assert messages.count(f"member {W2} reported no capacity for its pods") == 2
     job = fleet.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
     assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == FLEET_LOCAL_QUEUE

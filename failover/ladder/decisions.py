@@ -21,6 +21,11 @@ EVENT_REASON = "MovedToNextStep"
 GAVE_UP_REASON = "GaveUp"  # the Event when a job is given up
 MEMBER_EVICTED = "MemberEvicted"  # the reason a move records: the step's member evicted the job
 MEMBER_STOCKOUT = "MemberStockout"  # or: the member reported no capacity for its pods for its grace period
+# or: its pods were not ready and the member's podsReadyTimeout was about to end (PODS_READY_LEAD before): the ladder
+# moves it before the member evicts it, because after a member's eviction MultiKueue sends the job back to the same
+# member at once (no backoff for an AdmissionCheck eviction: multikueue-ladder.md §2.2, 0.7-2.5 s measured), and a
+# ladder that loses that race asks the member's pool a second time (seen in CI: two copies admitted at one step)
+MEMBER_NOT_READY = "MemberPodsNotReady"
 STEP_BUSY = "StepBusy"  # or: the step did not admit it within the step wait (its capacity is in use)
 # or: the running job lost its slice in the step's member, and the member's controller recorded that it did not come
 # back within the member's recovery wait for the rung (failover/slices.py: its annotation on the member's RayJob)
@@ -52,6 +57,12 @@ DISPATCH_BOUND = datetime.timedelta(seconds=120)
 # seconds: the moment lies up to a second after the stamp. A wait counted from the end of that second never ends
 # early (counted from the stamp, a step wait of 5 s could end after 4.1 s); it may end up to a second late.
 STAMP_RESOLUTION = datetime.timedelta(seconds=1)
+# How long before the end of a member's podsReadyTimeout the ladder moves a job whose pods are not ready there. The
+# member's clock starts when it admits the copy, before the manager's check turns Ready (the stamp the ladder counts
+# from: 0.05-1 s later, and whole seconds); what is left covers the ladder's own reaction (a work queue pass and one
+# write) on a loaded machine. On GKE podsReadyTimeout is minutes (fallback.podsReadyTimeout, 15m by default).
+PODS_READY_LEAD = datetime.timedelta(seconds=5)
+WAIT_FOR_START = "WaitForStart"  # PodsReady's reason while a job's pods were not ready since its admission (Kueue)
 # The manager's RayJob status that Kueue reads as "still running" (rayjob_controller.go IsActive: anything but
 # Suspended and New); an empty status releases at once (measured, §8.4).
 INACTIVE_STATES = frozenset({"Suspended", "New", ""})
@@ -88,6 +99,7 @@ class Step:
     members: tuple[str, ...]
     rung: str  # "" for the last step
     stockout_grace: datetime.timedelta | None = None  # the member's stockout grace period (the early path)
+    pods_ready_timeout: datetime.timedelta | None = None  # the member's podsReadyTimeout (Kueue's waitForPodsReady)
 
     @property
     def member(self) -> str | None:
@@ -103,8 +115,7 @@ class Ladder:
     def from_json(cls, text: str) -> Ladder:
         return cls(tuple(
             Step(s["localQueue"], s["admissionCheck"], tuple(s.get("members") or ()), s.get("rung", ""),
-                 datetime.timedelta(seconds=s["stockoutGracePeriodSeconds"])
-                 if s.get("stockoutGracePeriodSeconds") is not None else None)
+                 _seconds(s.get("stockoutGracePeriodSeconds")), _seconds(s.get("podsReadyTimeoutSeconds")))
             for s in json.loads(text)))
 
     def index(self, local_queue: str) -> int | None:
@@ -113,6 +124,10 @@ class Ladder:
     def step_of(self, local_queue: str) -> Step | None:
         index = self.index(local_queue)
         return None if index is None else self.steps[index]
+
+
+def _seconds(value: int | None) -> datetime.timedelta | None:
+    return datetime.timedelta(seconds=value) if value is not None else None
 
 
 @dataclass(frozen=True)
@@ -143,6 +158,7 @@ class LadderView:
     # changes it only when the status changes: a job that never ran keeps the time it was first set).
     pods_ready: bool = False
     pods_not_ready_since: datetime.datetime | None = None
+    pods_not_ready_reason: str = ""  # PodsReady's reason while False: WAIT_FOR_START, or WaitForRecovery (it had run)
     nominated: tuple[str, ...] = ()  # the members MultiKueue sent it to and that have not admitted it (yet)
     move: str | None = None  # WORKLOAD_MOVE_ANNOTATION: the move this deactivation is part of
     give_up: str | None = None  # WORKLOAD_GIVE_UP_ANNOTATION: the give-up this deactivation is
@@ -168,6 +184,7 @@ class LadderView:
             pods_ready=pods_ready.get("status") == "True",
             pods_not_ready_since=decisions.parse_time(pods_ready.get("lastTransitionTime"))
             if pods_ready.get("status") == "False" else None,
+            pods_not_ready_reason=pods_ready.get("reason", "") if pods_ready.get("status") == "False" else "",
             nominated=tuple(status.get("nominatedClusterNames") or ()),
             move=(meta.get("annotations") or {}).get(WORKLOAD_MOVE_ANNOTATION),
             give_up=(meta.get("annotations") or {}).get(WORKLOAD_GIVE_UP_ANNOTATION))
@@ -296,10 +313,11 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     A move in progress is finished first, then a give-up in progress; never past the last step (DWS everywhere: the
     first member provisioned wins, as without a ladder); an inactive Workload that is not being moved is left alone
     (deactivated by someone else, or given up). A job no member admits `max_wait` (or its own annotation's) after its
-    submission or its last run is given up, at any step. Three causes move a job on: the step's member evicted it;
+    submission or its last run is given up, at any step. Four causes move a job on: the step's member evicted it;
     the step's member reports a stockout for its pods (`stockout`: since when, this admission) for its grace period;
-    or (with `step_wait`) the step has not admitted it for that long since the job was sent there (`waiting_since`):
-    its capacity is in use (a reservation or on-demand slice that is free admits within a second). And a fourth,
+    its pods have not been ready there and the member's podsReadyTimeout is about to end (`not_ready_deadline`: a
+    stockout nobody reports, moved before the member evicts it); or (with `step_wait`) the step has not admitted it for that long since the job was sent there (`waiting_since`):
+    its capacity is in use (a reservation or on-demand slice that is free admits within a second). And a fifth,
     once the job runs: its member recorded that it lost its slice (`lost`, on the member's RayJob) and the slice
     was not back by the end of the member's recovery wait (`lost_slice_over`); until then the member's stockout
     reports do not count. The move in progress is the one the Workload carries (written with its deactivation), or
@@ -335,6 +353,8 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     elif (stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None
           and now - stockout >= step.stockout_grace):
         reason = MEMBER_STOCKOUT
+    elif (deadline := not_ready_deadline(step, view)) is not None and now >= deadline:
+        reason = MEMBER_NOT_READY
     else:
         waiting = waiting_since(step, view, dispatched_seen)
         if step_wait is None or waiting is None or now - waiting < step_wait:
@@ -342,6 +362,18 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
         reason = STEP_BUSY
     return StartMove(Move(step.local_queue, after.local_queue, after.local_queue, reason,
                           decisions.format_time(now)))
+
+
+def not_ready_deadline(step: Step, view: LadderView) -> datetime.datetime | None:
+    """When the ladder moves a job whose pods have not been ready since the step's member admitted it: PODS_READY_LEAD
+    before the member's podsReadyTimeout ends (counted, as the member counts it, from its admission; the manager's
+    check turned Ready a moment after it). None: not admitted there, ready, running before (its recovery is the
+    member's and the lost-slice rules'), or a member that did not publish its timeout."""
+    admitted = admitted_at(step, view)
+    if (admitted is None or step.pods_ready_timeout is None or view.pods_ready
+            or view.pods_not_ready_reason != WAIT_FOR_START):
+        return None
+    return admitted + step.pods_ready_timeout - PODS_READY_LEAD
 
 
 def _loss_until(step: Step, view: LadderView, lost: LostSlice | None) -> datetime.datetime | None:
@@ -388,6 +420,8 @@ def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | 
             moments.append(waiting + step_wait)
         if stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None:
             moments.append(stockout + step.stockout_grace)
+        if (deadline := not_ready_deadline(step, view)) is not None:
+            moments.append(deadline)
         if (until := _loss_until(step, view, lost)) is not None:
             moments.append(until)
     if not moments:
@@ -487,6 +521,8 @@ def move_message(move: Move, member: str) -> str:
                              "podsReadyTimeout, it was preempted there, or the member was lost)",
              MEMBER_STOCKOUT: f"member {member} reported no capacity for its pods (GKE's autoscaler: out of "
                               "resources) for the member's stockout grace period",
+             MEMBER_NOT_READY: f"its pods were not ready in member {member} and the member's podsReadyTimeout was "
+                               "about to end (moved before the member evicts it: MultiKueue would send it back there)",
              MEMBER_SLICE_LOST: f"member {member} recorded that the job lost its slice there and the slice was not "
                                 "back within the member's recovery wait",
              }.get(move.reason, f"the step did not admit it in time (member {member}'s capacity there is in use)")

@@ -58,6 +58,8 @@ MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscale
               # A fleet's manager (plan C): the ladder controller's moves between steps (failover/ladder/).
               ladder_rules.MEMBER_EVICTED: "the step's member evicted it (pods not ready in time there, or preempted)",
               ladder_rules.MEMBER_STOCKOUT: "the step's member reported no TPU capacity for its pods",
+              ladder_rules.MEMBER_NOT_READY: "its pods were not ready in the step's member within (just under) the "
+                                             "member's podsReadyTimeout",
               ladder_rules.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)",
               ladder_rules.MEMBER_SLICE_LOST: "it lost its slice in the step's member, which was not back within the "
                                         "member's sliceRecoveryWait",

@@ -10,6 +10,7 @@ every plane runs real KubeRay, the scheduler and its plan's pools, and the tests
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -25,7 +26,8 @@ from infra.offline import OfflineEngine, StackOutputs
 from infra.offline import Plan
 from tests.conftest import REPO, config_with, plan_for
 from tests.controlplane import jobs
-from tests.controlplane.fleet_tier import MEMBER_STACKS, REACTION, W1, W2, WORKER_LOST_SECONDS, FleetStacks
+from tests.controlplane.fleet_tier import (MEMBER_STACKS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
+                                           WORKER_LOST_SECONDS, FleetStacks)
 from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.processes import Process, start_serving
 
@@ -44,6 +46,16 @@ STEP_WAIT_SECONDS = 5  # the fleet's stepWait (the shortest allowed)
 GRACE_SECONDS = 4  # the members' stockoutGracePeriod: the early path
 MAX_WAIT = "10m"  # the fleet's maxWait: longer than any scenario; the give-up scenario sets its job's own
 RECOVERY_SECONDS = 30  # the members' sliceRecoveryWait for on-demand (the shortest allowed)
+
+
+def on_the_tiers_clock(ladder: str) -> str:
+    """The ladder (FLEET_LADDER) with each member's podsReadyTimeout as the member's Kueue runs it on the tier
+    (fleet_tier.member_values compresses it: the stack accepts nothing under 5 minutes); nothing else changed."""
+    steps = json.loads(ladder)
+    for step in steps:
+        if step.get("podsReadyTimeoutSeconds") is not None:
+            step["podsReadyTimeoutSeconds"] = PODS_READY_TIMEOUT_SECONDS
+    return json.dumps(steps, sort_keys=True)
 
 
 def ladder_member_plan(member: str, offered: tuple[str, ...] | None = None) -> Plan:
@@ -84,6 +96,7 @@ class LadderFleet(FleetStacks):
                           if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_fleet.LADDER_NAME)
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FLEET_")}
+        env["FLEET_LADDER"] = on_the_tiers_clock(env["FLEET_LADDER"])
         kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE,
                                                                       stack_fleet.LADDER_NAME)
         began = time.monotonic()
@@ -164,6 +177,10 @@ class Ledger:
         self.admitted: dict[tuple[str, str], set[str]] = {}  # (step, member) -> uids of copies admitted there
         self.starts: dict[tuple[str, str], int] = {}  # (step, member) -> how often its RayJob was unsuspended
         self._suspended: dict[str, bool] = {}  # a RayJob's uid -> suspended when last seen
+        # What each copy and run went through, in order (seconds since the ledger began): a failure reads as a story.
+        self._began = time.monotonic()
+        self._states: dict[str, str] = {}  # a copy's or run's uid -> its state when last seen
+        self.history: list[str] = []
         base = f"namespaces/{FLEET_NAMESPACE}"
         self._informers = []
         for member, kube in fleet.kubes.items():
@@ -174,6 +191,11 @@ class Ledger:
                                     lambda kind, obj, s=seen, m=member: s(m, kind, obj))
                 informer.name = f"ledger-{watched.resource}-{member}"
                 self._informers.append(informer)
+        manager = Informer(RawClient(fleet.manager.api_client),
+                           Watched("workloads", f"/apis/kueue.x-k8s.io/v1beta2/{base}/workloads"),
+                           lambda items: [self._manager("ADDED", i) for i in items], self._manager)
+        manager.name = "ledger-workloads-manager"
+        self._informers.append(manager)
 
     def __enter__(self) -> Ledger:
         for informer in self._informers:
@@ -185,19 +207,50 @@ class Ledger:
         for informer in self._informers:
             informer.stop()
 
+    def _note(self, member: str, what: str, uid: str, state: str) -> None:
+        """One line of `history` when a copy's or run's state changed (with the lock held)."""
+        if self._states.get(uid) != state:
+            self._states[uid] = state
+            self.history.append(f"{time.monotonic() - self._began:.2f} {member} {what} {uid[:8]}: {state}")
+
     def _copy(self, member: str, kind: str, obj: dict) -> None:
-        if kind == "DELETED" or obj["metadata"]["name"] != self.workload:
+        if obj["metadata"]["name"] != self.workload:
             return
-        if condition(obj, "Admitted") == "True" and (obj.get("spec") or {}).get("active") is not False:
-            with self._lock:
-                self.admitted.setdefault((obj["spec"]["queueName"], member), set()).add(obj["metadata"]["uid"])
+        uid, queue = obj["metadata"]["uid"], (obj.get("spec") or {}).get("queueName")
+        admitted = condition(obj, "Admitted") == "True" and (obj.get("spec") or {}).get("active") is not False
+        evicted = next((c.get("message", "") for c in (obj.get("status") or {}).get("conditions") or []
+                        if c["type"] == "Evicted" and c["status"] == "True"), None)
+        with self._lock:
+            self._note(member, "copy", uid, "deleted" if kind == "DELETED" else
+                       f"{queue} " + ("admitted" if admitted else "waiting") + (f", evicted: {evicted}" if evicted else ""))
+            if admitted and kind != "DELETED":
+                self.admitted.setdefault((queue, member), set()).add(uid)
+
+    def _manager(self, kind: str, obj: dict) -> None:
+        """The manager's Workload: where it is and what its checks say (history only)."""
+        if obj["metadata"]["name"] != self.workload:
+            return
+        spec, status = obj.get("spec") or {}, obj.get("status") or {}
+        checks = ", ".join(f"{c['name']} {c.get('state')} {c.get('retryCount') or 0}"
+                           for c in status.get("admissionChecks") or [])
+        ready = next((f"{c['status']}/{c.get('reason')}" for c in status.get("conditions") or []
+                      if c["type"] == "PodsReady"), None)
+        with self._lock:
+            self._note("manager", "workload", obj["metadata"]["uid"], "deleted" if kind == "DELETED" else (
+                f"{spec.get('queueName')} active={spec.get('active', True)} quota={condition(obj, 'QuotaReserved')} "
+                f"admitted={condition(obj, 'Admitted')} podsReady={ready} checks [{checks}] "
+                f"nominated={status.get('nominatedClusterNames')} cluster={status.get('clusterName')}"))
 
     def _run(self, member: str, kind: str, obj: dict) -> None:
-        if kind == "DELETED" or obj["metadata"]["name"] != self.job:
+        if obj["metadata"]["name"] != self.job:
             return
         uid, suspended = obj["metadata"]["uid"], bool((obj.get("spec") or {}).get("suspend"))
         step = (obj["metadata"].get("labels") or {}).get(jobs.QUEUE_LABEL, "")
         with self._lock:
+            self._note(member, "run", uid, "deleted" if kind == "DELETED" else f"{step} " + (
+                "suspended" if suspended else "started") + f" ({(obj.get('status') or {}).get('jobDeploymentStatus')})")
+            if kind == "DELETED":
+                return
             if not suspended and self._suspended.get(uid, True):
                 self.starts[(step, member)] = self.starts.get((step, member), 0) + 1
             self._suspended[uid] = suspended
@@ -214,3 +267,9 @@ class Ledger:
             return "; ".join(f"{step}@{member}: admitted {len(self.admitted.get((step, member), ()))}, started "
                              f"{self.starts.get((step, member), 0)}"
                              for step, member in sorted(set(self.admitted) | set(self.starts)))
+
+    def story(self) -> str:
+        """`text()`, then every change the ledger saw, in order."""
+        with self._lock:
+            history = "\n  ".join(self.history)
+        return f"{self.text()}\n  {history}"
