@@ -57,6 +57,13 @@ SERVICE_CIDR = "10.0.0.0/24"
 # podsReadyTimeout (the ladder tier's partition of the running member, right after its partition in the middle of a
 # move, run beside another tier file).
 NODE_MONITOR_GRACE = "10m"
+# Kueue's clients (MultiKueue's to each member among them) find a server that stopped answering through client-go's
+# HTTP/2 health check: a connection idle for HTTP2_READ_IDLE_TIMEOUT_SECONDS (default 30) is pinged, and closed when
+# the ping is unanswered for HTTP2_PING_TIMEOUT_SECONDS (15); the next request then spends the TLS handshake timeout
+# (10 s) on the frozen server: a partition scenario waited ~55 s for Kueue to lose the member. On the tier's clock, as
+# podsReadyTimeout (tests/controlplane/stack.py): 10 + 5, so ~25 s. On GKE the defaults apply.
+# Ref: k8s.io/apimachinery/pkg/util/net/http.go readIdleTimeoutSeconds, pingTimeoutSeconds (kubernetes/kubernetes#95981)
+KUEUE_CLIENT_ENV = {"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "10", "HTTP2_PING_TIMEOUT_SECONDS": "5"}
 CONTROLLERS = ("garbagecollector", "namespace", "serviceaccount-token", "clusterrole-aggregation", "job", "podgc",
                "nodelifecycle")
 
@@ -292,7 +299,7 @@ class ControlPlane:
         again, as the kubelet would."""
         health = self._kueue_health
         for attempt in range(attempts):
-            process = self.supervisor.start("kueue", self._kueue_argv)
+            process = self.supervisor.start("kueue", self._kueue_argv, env={**os.environ, **KUEUE_CLIENT_ENV})
             try:
                 self.supervisor.wait_until(process, lambda: http_ok(f"http://127.0.0.1:{health}/readyz"), 90,
                                            "/readyz")
