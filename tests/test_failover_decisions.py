@@ -282,6 +282,11 @@ def test_a_move_takes_its_steps_in_order_and_resumes_from_what_it_reads():
     assert step(released, _job("user-queue-dws", True)) == decisions.REPOINT
     repointed = workload(queue="user-queue-dws", active=False)
     assert step(repointed, _job("user-queue-dws", True)) == decisions.REACTIVATE
+    # Kueue clears an inactive Workload's requeue backoff; reactivated before it did, the job waited the backoff out
+    # at the new rung (a loaded run: its clearing write lost to the move's writes). So the move waits for it.
+    backing_off = {**repointed, "status": {**repointed["status"], "requeueState": {
+        "count": 1, "requeueAt": "2026-12-01T12:01:00Z"}}}
+    assert step(backing_off, _job("user-queue-dws", True)) == decisions.WAIT_FOR_BACKOFF_RESET
     arrived = workload(queue="user-queue-dws")
     assert step(arrived, _job("user-queue-dws", True)) == decisions.DONE
     # Repointed by hand (or a lost label write) while active at the new queue: relabelled once released.
@@ -299,6 +304,9 @@ def test_a_requeue_on_the_last_rung_leaves_the_admission_that_lost_its_slice_and
     assert step(workload(queue="user-queue-dws", reserved_on="dws", active=False),
                 _job("user-queue-dws", False)) == decisions.WAIT_FOR_RELEASE
     assert step(workload(queue="user-queue-dws", active=False), _job("user-queue-dws", True)) == decisions.REACTIVATE
+    backing_off = workload(queue="user-queue-dws", active=False)
+    backing_off["status"]["requeueState"] = {"count": 1}
+    assert step(backing_off, _job("user-queue-dws", True)) == decisions.WAIT_FOR_BACKOFF_RESET
     assert step(workload(queue="user-queue-dws"), _job("user-queue-dws", True)) == decisions.DONE  # queued again
     readmitted = workload(queue="user-queue-dws", reserved_on="dws")
     readmitted["status"]["conditions"][0]["lastTransitionTime"] = _time(1)  # after the move

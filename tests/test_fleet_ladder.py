@@ -440,6 +440,8 @@ def _route_d(world: _World, move: Move, to_check: str, running: bool, quota_poll
             world.workload["status"]["admissionChecks"] = [{"name": move.from_flavor, "state": "Retry"}]  # not yet
         elif step == ladder_rules.WAIT_FOR_CHECKS:  # Kueue puts the new step's check in place of the old one
             world.workload["status"]["admissionChecks"] = [{"name": to_check, "state": "Pending"}]
+        elif step == ladder_rules.WAIT_FOR_BACKOFF_RESET:  # Kueue clears an inactive Workload's requeue backoff
+            world.workload["status"].pop("requeueState")
         elif step == ladder_rules.REACTIVATE:
             guard["resourceVersion"] = world.workload["metadata"]["resourceVersion"]
             world.patch(world.workload, {"metadata": {**guard, "annotations": {
@@ -449,19 +451,23 @@ def _route_d(world: _World, move: Move, to_check: str, running: bool, quota_poll
     return steps
 
 
-@pytest.mark.parametrize("running", [False, True])
-def test_route_d_takes_its_steps_in_the_measured_order_from_what_it_reads(running):
+@pytest.mark.parametrize("running, backoff", [(False, False), (True, False), (False, True)])
+def test_route_d_takes_its_steps_in_the_measured_order_from_what_it_reads(running, backoff):
     """§8.8's order, decided by `next_in_move` from the objects alone: the move on the RayJob, the RayJob marked
     Suspended only when its copied status still says it runs, the quota awaited, relabel before repoint, the new
-    step's check awaited, then reactivation; and nothing left once both objects say it arrived."""
+    step's check awaited, a requeue backoff cleared (Kueue does it while the Workload is inactive; reactivated first,
+    the job would wait it out), then reactivation; and nothing left once both objects say it arrived."""
     move = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", ladder_rules.MEMBER_EVICTED,
                 "2026-12-01T12:00:00Z")
     world = _World()
     world.workload["status"]["admissionChecks"] = []  # Kueue drops the old step's check with the new queue
+    if backoff:
+        world.workload["status"]["requeueState"] = {"count": 1, "requeueAt": "2026-12-01T12:01:00Z"}
     steps = _route_d(world, move, "fleet-on-demand-w2", running)
     suspended = [ladder_rules.MARK_SUSPENDED] if running else []
+    cleared = [ladder_rules.WAIT_FOR_BACKOFF_RESET] if backoff else []
     assert steps == [ladder_rules.RECORD, *suspended, ladder_rules.WAIT_FOR_QUOTA, ladder_rules.WAIT_FOR_QUOTA,
-                     ladder_rules.RELABEL, ladder_rules.REPOINT, ladder_rules.WAIT_FOR_CHECKS,
+                     ladder_rules.RELABEL, ladder_rules.REPOINT, ladder_rules.WAIT_FOR_CHECKS, *cleared,
                      ladder_rules.REACTIVATE], steps
     assert world.workload["spec"] == {"queueName": "fleet-on-demand-w2", "active": True}
     assert not world.asked_again

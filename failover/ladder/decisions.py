@@ -163,6 +163,7 @@ class LadderView:
     nominated: tuple[str, ...] = ()  # the members MultiKueue sent it to and that have not admitted it (yet)
     move: str | None = None  # WORKLOAD_MOVE_ANNOTATION: the move this deactivation is part of
     give_up: str | None = None  # WORKLOAD_GIVE_UP_ANNOTATION: the give-up this deactivation is
+    requeue_state: bool = False  # status.requeueState is set (a requeue backoff Kueue clears while it is inactive)
 
     @classmethod
     def from_object(cls, obj: Mapping) -> LadderView:
@@ -188,7 +189,8 @@ class LadderView:
             pods_not_ready_reason=pods_ready.get("reason", "") if pods_ready.get("status") == "False" else "",
             nominated=tuple(status.get("nominatedClusterNames") or ()),
             move=(meta.get("annotations") or {}).get(WORKLOAD_MOVE_ANNOTATION),
-            give_up=(meta.get("annotations") or {}).get(WORKLOAD_GIVE_UP_ANNOTATION))
+            give_up=(meta.get("annotations") or {}).get(WORKLOAD_GIVE_UP_ANNOTATION),
+            requeue_state=status.get("requeueState") is not None)
 
     def check(self, name: str) -> CheckState | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -453,6 +455,7 @@ WAIT_FOR_QUOTA = "wait-for-quota"  # Kueue has not released the quota yet (`spec
 RELABEL = "relabel"  # the RayJob's queue label to the new step's LocalQueue
 REPOINT = "repoint"  # the Workload's `spec.queueName` to it
 WAIT_FOR_CHECKS = "wait-for-checks"  # the Workload's checks are not exactly the new step's yet (§8.3)
+WAIT_FOR_BACKOFF_RESET = decisions.WAIT_FOR_BACKOFF_RESET  # Kueue has not cleared the requeue backoff yet (as there)
 REACTIVATE = "reactivate"  # active again, the move taken off the Workload
 ANNOUNCE = "announce"  # give-up: its Event, then the done record on the RayJob
 UNMARK = "unmark"  # give-up recorded: its annotation taken off the Workload, which stays inactive
@@ -488,7 +491,7 @@ def next_in_move(move: Move, view: LadderView, job: Mapping, to_check: str | Non
         return REPOINT
     if [c.name for c in view.checks] != [to_check]:
         return WAIT_FOR_CHECKS
-    return REACTIVATE
+    return WAIT_FOR_BACKOFF_RESET if view.requeue_state else REACTIVATE
 
 
 def next_in_give_up(give_up: GiveUp, view: LadderView, job: Mapping) -> str:

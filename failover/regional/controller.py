@@ -395,7 +395,7 @@ class Controller(GuardedWrites):
     # ---- the move ----------------------------------------------------------------------------------------------
     def _finish(self, move: Move, workload_name: str, namespace: str, from_queue: str) -> bool:
         """Deactivate, wait for Kueue to release quota and suspend the job, relabel the RayJob, repoint the
-        Workload, reactivate. Each step checks first, so it can be resumed from any point. Measured on Kueue
+        Workload, wait for Kueue to clear the requeue backoff (WAIT_FOR_BACKOFF_RESET), reactivate. Each step checks first, so it can be resumed from any point. Measured on Kueue
         0.19.2: a relabel alone does not move an evicted Workload, and the deactivation skips the requeue
         backoff (tests/test_failover_controlplane.py). True once the move is complete."""
         deadline = time.monotonic() + SUSPEND_WAIT_SECONDS
@@ -416,9 +416,9 @@ class Controller(GuardedWrites):
                 return True
             if step == decisions.DEACTIVATE:
                 self._patch(self.workloads, workload, {"spec": {"active": False}})
-            elif step == decisions.WAIT_FOR_RELEASE:
+            elif step in (decisions.WAIT_FOR_RELEASE, decisions.WAIT_FOR_BACKOFF_RESET):
                 if time.monotonic() > deadline:
-                    return False  # Kueue has not evicted yet; the next pass continues from here
+                    return False  # Kueue has not evicted yet (or cleared the backoff); the next pass continues
                 time.sleep(0.2)
             elif step == decisions.RELABEL:
                 self._patch(self.rayjobs, job, {"metadata": {"labels": {QUEUE_LABEL: move.to_local_queue}}})

@@ -99,6 +99,7 @@ class WorkloadView:
     pods_ready_since: datetime.datetime | None = None  # PodsReady True since (this admission), else None
     tpu_hosts: int = 0  # the TPU pods the job needs: its TPU pod sets' counts
     finished: bool = False  # Kueue's Finished: the job ended (its pods go as they should)
+    requeue_state: bool = False  # status.requeueState is set (the requeue backoff of a PodsReady eviction)
 
     @classmethod
     def from_object(cls, obj: Mapping) -> WorkloadView:
@@ -132,7 +133,7 @@ class WorkloadView:
             multikueue_origin=(meta.get("labels") or {}).get(MULTIKUEUE_ORIGIN_LABEL),
             pods_ready_since=(parse_time(conditions["PodsReady"].get("lastTransitionTime"))
                               if reserved and true("PodsReady") else None),
-            tpu_hosts=tpu_hosts, finished=true("Finished"))
+            tpu_hosts=tpu_hosts, finished=true("Finished"), requeue_state=status.get("requeueState") is not None)
 
 
 @dataclass(frozen=True)
@@ -298,6 +299,11 @@ def _move_to_next(chain: Chain, workload: WorkloadView, start: int, rung: int, r
 DONE = "done"  # at the new queue, active, the RayJob relabelled: record it done (Event first)
 DEACTIVATE = "deactivate"  # active at the queue it leaves (or on the admission that lost its slice): deactivate
 WAIT_FOR_RELEASE = "wait-for-release"  # Kueue has not released the quota and suspended the job yet
+# Inactive, ready to reactivate, but Kueue has not cleared the Workload's requeueState yet: it does so for an inactive
+# Workload (workload_controller.go, the !IsActive branch), which is how the deactivation skips the requeue backoff.
+# Reactivated first (seen on a loaded run: Kueue's clearing write lost two conflicts to the move's writes), the job
+# waited out the whole PodsReady backoff (60 s) at the new rung.
+WAIT_FOR_BACKOFF_RESET = "wait-for-backoff-reset"
 RELABEL = "relabel"  # the RayJob's queue label to the new LocalQueue
 REPOINT = "repoint"  # the Workload's `spec.queueName` to it
 REACTIVATE = "reactivate"  # always end active
@@ -312,7 +318,9 @@ def next_in_move(move: Move, workload: WorkloadView, job: Mapping) -> str:
                                               or workload.admitted_at < parse_time(move.at))
         if workload.active:
             return DEACTIVATE if on_old else DONE
-        return REACTIVATE if released else WAIT_FOR_RELEASE
+        if not released:
+            return WAIT_FOR_RELEASE
+        return WAIT_FOR_BACKOFF_RESET if workload.requeue_state else REACTIVATE
     label = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
     arrived = workload.queue_name == move.to_local_queue
     if arrived and label == move.to_local_queue and workload.active:
@@ -325,7 +333,7 @@ def next_in_move(move: Move, workload: WorkloadView, job: Mapping) -> str:
         return RELABEL
     if not arrived:
         return REPOINT
-    return REACTIVATE
+    return WAIT_FOR_BACKOFF_RESET if workload.requeue_state else REACTIVATE
 
 
 @dataclass(frozen=True)
