@@ -25,7 +25,8 @@ podsReadyTimeout 30 s). Per script and fleet: submission -> the RayJob in the me
 can start; both tiers run real KubeRay, the scheduler and each member's pools: also -> its pods ready there), and the cost of each failed step: the member's autoscaler stand-in's "GCE out of resources" Event on
 the run's real pods (its timestamp has whole seconds: up to 1 s early) -> the next step admitted, less the grace
 period (the early path), or the step's admission -> the next step's, less podsReadyTimeout less the ladder's lead
-(a stockout nobody reports: the ladder moves it PODS_READY_LEAD before the member would evict it). DWS provisions in the scripted member `--dws-seconds` after its request exists: on GKE, minutes to hours;
+(a stockout nobody reports: the ladder moves it PODS_READY_LEAD before the member would evict it). DWS provisions
+in the scripted member `--dws-seconds` after its request exists: on GKE, minutes to hours;
 the bench's number is a placeholder, the same on both fleets. Goals: a free on-demand slice in any member used
 within 2 s of submission; each failed step <= its grace or timeout + 2 s.
 Polls every `--interval` s (default 0.02) with a monotonic clock; a time is taken when the poll that saw the

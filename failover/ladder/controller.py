@@ -15,8 +15,9 @@ from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 
 from failover.ladder.decisions import (COMPONENT, DEACTIVATE, DONE, EVENT_REASON, GAVE_UP_ANNOTATION, GAVE_UP_REASON,
-                                       Key, MARK_SUSPENDED, RECORD, RELABEL, REPOINT, UNMARK, WAIT_FOR_BACKOFF_RESET,
-                                       WAIT_FOR_CHECKS, WAIT_FOR_QUOTA, WORKLOAD_GIVE_UP_ANNOTATION, WORKLOAD_MOVE_ANNOTATION,
+                                       Key, MARK_SUSPENDED, RECORD, RELABEL, REPOINT, UNMARK,
+                                       WAIT_FOR_BACKOFF_RESET, WAIT_FOR_CHECKS, WAIT_FOR_QUOTA,
+                                       WORKLOAD_GIVE_UP_ANNOTATION, WORKLOAD_MOVE_ANNOTATION,
                                        FinishGiveUp, GiveUp, JobMeta, Ladder, LadderView, StartGiveUp, admitted_at,
                                        deactivation, decide, dispatched, evicting_member, give_up_deactivation,
                                        is_slice_lost_event, is_stockout_event, move_message, next_in_give_up,

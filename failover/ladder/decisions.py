@@ -319,9 +319,9 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     submission or its last run is given up, at any step. Four causes move a job on: the step's member evicted it;
     the step's member reports a stockout for its pods (`stockout`: since when, this admission) for its grace period;
     its pods have not been ready there and the member's podsReadyTimeout is about to end (`not_ready_deadline`: a
-    stockout nobody reports, moved before the member evicts it); or (with `step_wait`) the step has not admitted it for that long since the job was sent there (`waiting_since`):
-    its capacity is in use (a reservation or on-demand slice that is free admits within a second). And a fifth,
-    once the job runs: its member recorded that it lost its slice (`lost`, on the member's RayJob) and the slice
+    stockout nobody reports, moved before the member evicts it); or (with `step_wait`) the step has not admitted it
+    for that long since the job was sent there (`waiting_since`): its capacity is in use (a reservation or on-demand
+    slice that is free admits within a second). And a fifth, once the job runs: its member recorded that it lost its slice (`lost`, on the member's RayJob) and the slice
     was not back by the end of the member's recovery wait (`lost_slice_over`); until then the member's stockout
     reports do not count. The move in progress is the one the Workload carries (written with its deactivation), or
     else the RayJob's (between the reactivation and the record; or started by an older controller, which wrote it

@@ -395,9 +395,10 @@ class Controller(GuardedWrites):
     # ---- the move ----------------------------------------------------------------------------------------------
     def _finish(self, move: Move, workload_name: str, namespace: str, from_queue: str) -> bool:
         """Deactivate, wait for Kueue to release quota and suspend the job, relabel the RayJob, repoint the
-        Workload, wait for Kueue to clear the requeue backoff (WAIT_FOR_BACKOFF_RESET), reactivate. Each step checks first, so it can be resumed from any point. Measured on Kueue
-        0.19.2: a relabel alone does not move an evicted Workload, and the deactivation skips the requeue
-        backoff (tests/test_failover_controlplane.py). True once the move is complete."""
+        Workload, wait for Kueue to clear the requeue backoff (WAIT_FOR_BACKOFF_RESET), reactivate. Each step checks
+        first, so it can be resumed from any point. Measured on Kueue 0.19.2: a relabel alone does not move an
+        evicted Workload, and the deactivation skips the requeue backoff (tests/test_failover_controlplane.py).
+        True once the move is complete."""
         deadline = time.monotonic() + SUSPEND_WAIT_SECONDS
         while True:
             workload = self._get(self.workloads, workload_name, namespace)

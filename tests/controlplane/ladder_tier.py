@@ -221,8 +221,8 @@ class Ledger:
         evicted = next((c.get("message", "") for c in (obj.get("status") or {}).get("conditions") or []
                         if c["type"] == "Evicted" and c["status"] == "True"), None)
         with self._lock:
-            self._note(member, "copy", uid, "deleted" if kind == "DELETED" else
-                       f"{queue} " + ("admitted" if admitted else "waiting") + (f", evicted: {evicted}" if evicted else ""))
+            state = f"{queue} " + ("admitted" if admitted else "waiting") + (f", evicted: {evicted}" if evicted else "")
+            self._note(member, "copy", uid, "deleted" if kind == "DELETED" else state)
             if admitted and kind != "DELETED":
                 self.admitted.setdefault((queue, member), set()).add(uid)
 
