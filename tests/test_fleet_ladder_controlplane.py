@@ -152,7 +152,7 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
     # A stockout stops a pool from growing, not a slice that is still up from an earlier job (seen: the earlier test's
     # on-demand slice in member 1 took the walk's pods, so member 1 never evicted it): start without one.
     member_1 = fleet.tier.members[W1].after.gke
-    wait_for(lambda: not any(member_1.nodes_of(pool) for pool in member_1.by_pool if "on-demand" in pool), REACTION,
+    wait_for(lambda: not any(member_1.nodes_of(pool) for pool in fleet.pools_of(W1, "on-demand")), REACTION,
              "member 1's on-demand slices gone")
     held = fleet.submit(holder)
     wait_for(lambda: fleet.admitted_copy(W2, held, RESERVED_W2), REACTION, "the holder at member 2's reservation")

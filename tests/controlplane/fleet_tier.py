@@ -352,12 +352,15 @@ class FleetStacks:
     def stockout(self, member: str, *flavors: str, reported: bool = True) -> None:
         """No capacity behind these rungs of a member: their pools cannot grow, and its GKE says so on the pods
         unless not `reported`; a DWS rung's provisioned VMs never come."""
-        plane = self.tier.members[member]
         for flavor in flavors:
-            (manifest,) = [m for m in self.member_plans[member].kubernetes_manifests()
-                           if m["kind"] == "ResourceFlavor" and m["metadata"]["name"] == flavor]
-            for pool in plane.after.gke.pools_for(manifest):
-                plane.after.gke.stockout(pool, reported)
+            for pool in self.pools_of(member, flavor):
+                self.tier.members[member].after.gke.stockout(pool, reported)
+
+    def pools_of(self, member: str, flavor: str) -> list[str]:
+        """The member's node pools behind one of its rungs: those its plan's ResourceFlavor selects."""
+        (manifest,) = [m for m in self.member_plans[member].kubernetes_manifests()
+                       if m["kind"] == "ResourceFlavor" and m["metadata"]["name"] == flavor]
+        return self.tier.members[member].after.gke.pools_for(manifest)
 
     def restore(self, member: str | None = None) -> None:
         """Capacity back in a member (every member when None)."""
