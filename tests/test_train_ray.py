@@ -1,7 +1,9 @@
 """workloads/train.py with real Ray Train (JaxTrainer) and real JAX on the CPU: 2 worker processes joined by
-jax.distributed (2 processes x 1 CPU device), like two TPU hosts. Four fit() calls in all (139 s alone on 2 cores
-with JAX's persistent compilation cache shared by the worker groups, 184 s without): an uninterrupted run, a run with a termination notice and an injected worker death, an extension of the first
-run, and a second dispatch of the first run's job (another run id) that resumes from it.
+jax.distributed (2 processes x 1 CPU device), like two TPU hosts. Three fit() calls, each ~25 s alone on 2 cores
+with JAX's persistent compilation cache shared by the worker groups: an uninterrupted run, a run with a termination
+notice and an injected worker death, and a second dispatch of the first run's job (another run id) that resumes from
+it. A rerun with the same run id (`python train.py` twice, locally) resumes through the branch the faulted run's
+restarts take (its own run's newest step), so it has no fit of its own: each fit costs ~50 s in the loaded suite.
 """
 
 import json
@@ -76,7 +78,7 @@ def _final_state(root: Path, run: str, step: int, run_id: str | None = None) -> 
 
 @pytest.fixture(scope="module")
 def baseline(ray_cpu, tmp_path_factory):
-    """An uninterrupted run of STEPS steps; its final state is read at once (test_second_fit extends it)."""
+    """An uninterrupted run of STEPS steps; its final state is read at once (the second dispatch extends it)."""
     root = tmp_path_factory.mktemp("baseline")
     result = train.main(_argv(root, "base", STEPS))
     return {"root": root, "result": result, "state": _final_state(root, "base", STEPS)}
@@ -127,16 +129,6 @@ def test_a_notice_loses_no_step_a_crash_at_most_one_interval_and_both_match_the_
         np.testing.assert_allclose(have, want, rtol=0, atol=0, err_msg=jax.tree_util.keystr(path))
 
 
-def test_second_fit_with_same_run_name_resumes_instead_of_starting_over(baseline):
-    root = baseline["root"]
-    result = train.main(_argv(root, "base", STEPS + 10))
-    metrics = result.metrics
-    assert metrics["start_step"] == baseline["result"].metrics["step"] == STEPS
-    assert metrics["step"] == STEPS + 10
-    # The first loss of the second fit is that of trained parameters, not of a fresh init (~log V).
-    assert metrics["first_loss"] < 0.5 * LOG_V, metrics
-
-
 def _files(directory: Path) -> dict:
     """{relative path: (size, mtime in ns)} of every file under ``directory``."""
     return {str(f.relative_to(directory)): (f.stat().st_size, f.stat().st_mtime_ns)
@@ -155,9 +147,9 @@ def test_a_second_dispatch_of_the_job_resumes_from_the_first_and_writes_only_its
     root, job, a_id = baseline["root"], "base", _run_dir(baseline["root"], "base").name
     a_orbax, b_orbax = _run_dir(root, job, a_id), _run_dir(root, job, "dispatch-b")
     a_ray, b_ray = root / "ray" / job / a_id, root / "ray" / job / "dispatch-b"
-    a_newest = _steps(a_orbax)[-1]  # STEPS, or STEPS + 10 after test_second_fit
+    a_newest = _steps(a_orbax)[-1]
     a_files, a_ray_files = _files(a_orbax), _files(a_ray)
-    assert a_newest >= STEPS and a_files and a_ray_files and not b_orbax.exists()
+    assert a_newest == STEPS and a_files and a_ray_files and not b_orbax.exists()
 
     b = train.main(_argv(root, job, a_newest + CKPT_EVERY, "--run-id", "dispatch-b"))
     assert (b.metrics["start_step"], b.metrics["resumed_from"]) == (a_newest, a_id)
