@@ -356,23 +356,23 @@ def ladder_deployment(settings: PlatformSettings, fleet: FleetSettings, configma
         {"name": "FLEET_NAMESPACE", "value": FLEET_NAMESPACE},
         {"name": "FLEET_STEP_WAIT_SECONDS", "value": str(fleet.step_wait_seconds)},
         *([{"name": "FLEET_MAX_WAIT_SECONDS", "value": str(fleet.max_wait_seconds)}] if fleet.max_wait_seconds else []),
-        # The early path: the members, through the kubeconfig Secrets MultiKueue uses.
-        *([{"name": "FLEET_MEMBERS",
-            "value": json.dumps({c: kubeconfig_secret_name(c) for c in early_path_members(steps)})},
-           {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
-           {"name": "FLEET_WATCH_SECONDS", "value": str(WATCH_SECONDS)}] if early_path_members(steps) else []),
+        # What the members say (a stockout, a lost slice), read in them through the kubeconfig Secrets MultiKueue uses.
+        {"name": "FLEET_MEMBERS", "value": json.dumps({c: kubeconfig_secret_name(c) for c in read_members(steps)})},
+        {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
+        {"name": "FLEET_WATCH_SECONDS", "value": str(WATCH_SECONDS)},
     ])
 
 
-def early_path_members(steps: Sequence[FleetStep]) -> list[str]:
-    """The members of the one-member steps that publish a stockout grace period: the ladder reads their Events."""
-    return list(dict.fromkeys(step.members[0] for step in steps
-                              if step.rung and len(step.members) == 1 and step.stockout_grace_seconds is not None))
+def read_members(steps: Sequence[FleetStep]) -> list[str]:
+    """The members the ladder reads: every member of a step, so every member (the last step has them all). A
+    one-member step's member says when it has no capacity (the early path); the member running a job, at any step,
+    says when the job lost its slice there."""
+    return list(dict.fromkeys(member for step in steps for member in step.members))
 
 
 def stockout_reader_binding(fleet: FleetSettings, email: pulumi.Input[str]) -> dict:
-    """In a member that offers steps: the manager's Google identity may read the Events in the fleet's namespace
-    there (the ladder's early path), through the member's Role."""
+    """In every member: the manager's Google identity may read the Events in the fleet's namespace there (the
+    ladder's early path, a lost slice), through the member's Role."""
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
             "metadata": {"name": f"{STOCKOUT_READER_ROLE}-{fleet.origin}"[:253], "namespace": FLEET_NAMESPACE},
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": STOCKOUT_READER_ROLE},
@@ -495,11 +495,10 @@ class FleetManager(pulumi.ComponentResource):
         self.ready = [self.release, kuberay, last_queue, *step_queues]
         self.watch = self._watch(name, fleet, settings, on_cluster, configmap,
                                  after=[self.release, code, system_namespace, *clusters])
-        # The ladder controller moves a job down the steps, and gives up on jobs past fleet.maxWait; without steps
-        # before the last and without a maximum wait there is nothing for it to do.
-        self.ladder = (self._ladder(name, fleet, settings, on_cluster, configmap, after=[self.release, code, system_namespace,
-                                                                                   namespace, *step_queues])
-                       if ladder or fleet.max_wait_seconds else None)
+        # The ladder controller moves a job down the steps, gives up on jobs past fleet.maxWait, and requeues a job
+        # that lost its slice at the last step (DWS everywhere): so every fleet has one, steps before the last or not.
+        self.ladder = self._ladder(name, fleet, settings, on_cluster, configmap,
+                                   after=[self.release, code, system_namespace, namespace, *step_queues])
         self.register_outputs({"localQueue": self.local_queue_name, "members": [m.cluster for m in members],
                                "serviceAccount": self.service_account.email})
 
@@ -532,11 +531,10 @@ class FleetManager(pulumi.ComponentResource):
                 f"{name}-{member.cluster}-manager-binding", metadata=binding["metadata"],
                 role_ref=binding["roleRef"], subjects=binding["subjects"],
                 opts=pulumi.ResourceOptions(parent=self, provider=member.provider)))
-            if any(step.get("stockoutGracePeriodSeconds") is not None for step in member.steps):
-                grants.append(k8s.rbac.v1.RoleBinding(
-                    f"{name}-{member.cluster}-stockout-reader-binding", metadata=reader["metadata"],
-                    role_ref=reader["roleRef"], subjects=reader["subjects"],
-                    opts=pulumi.ResourceOptions(parent=self, provider=member.provider)))
+            grants.append(k8s.rbac.v1.RoleBinding(  # every member: the ladder reads every one (read_members)
+                f"{name}-{member.cluster}-stockout-reader-binding", metadata=reader["metadata"],
+                role_ref=reader["roleRef"], subjects=reader["subjects"],
+                opts=pulumi.ResourceOptions(parent=self, provider=member.provider)))
         return grants
 
     def _renewer(self, name: str, fleet: FleetSettings, settings: PlatformSettings, members: Sequence[MemberHandle],
@@ -601,8 +599,8 @@ class FleetManager(pulumi.ComponentResource):
             subjects=[{"kind": "ServiceAccount", "name": LADDER_NAME, "namespace": failover.NAMESPACE}],
             role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role_name},
             opts=self._after(on_cluster, role, account))
-        readers = early_path_members(self.steps)
-        if readers:  # the early path: the kubeconfig Secrets of the members it reads, and no other
+        readers = read_members(self.steps)
+        if readers:  # the kubeconfig Secrets of the members it reads, and no other
             secrets_role = f"{role_name}-secrets"
             secrets = k8s.rbac.v1.Role(f"{name}-ladder-secrets", metadata={"name": secrets_role,
                                                                           "namespace": KUEUE_NAMESPACE},

@@ -30,9 +30,10 @@ from infra.settings import PlanSettings, PlatformSettings
 FLEET_NAMESPACE = "tpu-fleet"
 FLEET_LOCAL_QUEUE = "fleet-queue"
 MANAGER_CLUSTER_ROLE = "tpu-fallback-multikueue-manager"
-# In a member that offers steps to the fleet's ladder: the manager's identity may read the Events in the fleet's
-# namespace here, where GKE's autoscaler says it has no capacity for a fleet job's pods (the ladder's early path,
-# failover/ladder/). Nothing else: the pods are known by their RayCluster's name, on the RayJob it may read.
+# In every member: the manager's identity may read the Events in the fleet's namespace here, where GKE's autoscaler
+# says it has no capacity for a fleet job's pods (the ladder's early path, failover/ladder/) and the failover
+# controller says a fleet job lost its slice. Nothing else: the pods are known by their RayCluster's name, on the
+# RayJob it may read.
 STOCKOUT_READER_ROLE = "tpu-fallback-fleet-stockout-reader"
 FLEET_MEMBER_OUTPUT = "fleetMember"
 
@@ -197,10 +198,11 @@ class FleetMember(pulumi.ComponentResource):
         role = manager_cluster_role()
         k8s.rbac.v1.ClusterRole(f"{name}-manager-role", metadata=role["metadata"], rules=role["rules"],
                                 opts=on_cluster)
-        if ladder_plans(settings):  # the ladder's early path reads the autoscaler's Events here
-            reader = stockout_reader_role()
-            k8s.rbac.v1.Role(f"{name}-stockout-reader-role", metadata=reader["metadata"], rules=reader["rules"],
-                             opts=after(namespace))
+        # The fleet's ladder reads the Events here: the autoscaler's stockouts (a step's early path) and the failover
+        # controller's SliceLost (any step, the last among them: every member has it).
+        reader = stockout_reader_role()
+        k8s.rbac.v1.Role(f"{name}-stockout-reader-role", metadata=reader["metadata"], rules=reader["rules"],
+                         opts=after(namespace))
         self.output = {**fleet_member_output(settings, member), "access": {
             "server": pulumi.Output.concat("https://", cluster.endpoint),
             "certificateAuthorityData": cluster.master_auth.cluster_ca_certificate}}

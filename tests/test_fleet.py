@@ -17,7 +17,7 @@ from failover.credentials import inline_kubeconfig
 from infra import failover as failover_objects
 from infra import fleet as fleet_objects
 from infra.fleet_member import (FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE, MANAGER_CLUSTER_ROLE,
-                                manager_rules)
+                                STOCKOUT_READER_ROLE, manager_rules)
 from infra.offline import SECRET_MARK, OfflineEngine, Plan, StackOutputs, referenced_stacks, render_tree
 from infra.offline import main as offline_main
 from infra.settings import MAX_PODS_READY_TIMEOUT_SECONDS, SettingsError
@@ -89,7 +89,9 @@ def test_a_member_declares_the_fleet_queue_and_the_managers_access():
     # admin kubeconfig `pulumi up` uses (gke-gcloud-auth-plugin: no token in it).
     member = plan.only("tpu-fallback:infra:FleetMember")
     assert sorted(r.type.rsplit(":", 1)[-1] for r in plan.resources if r.parent == member.urn) == [
-        "ClusterRole", "LocalQueue", "Namespace"]
+        "ClusterRole", "LocalQueue", "Namespace", "Role"]  # the Role: the ladder reads the Events here (events only)
+    assert manifests(plan, "Role")[STOCKOUT_READER_ROLE]["rules"] == [
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]
     assert not [m for m in plan.kubernetes_manifests() if m["kind"] == "ServiceAccount"
                 and "multikueue" in m["metadata"]["name"]]
     assert set(plan.secret_outputs) == {"kubeconfig"}

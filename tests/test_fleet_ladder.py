@@ -151,12 +151,19 @@ def test_the_ladder_controller_runs_with_least_privilege_in_the_fleets_namespace
     assert {"ladder/__main__.py", "ladder/decisions.py"} <= set(failover_objects.package_files())
 
 
-def test_a_fleet_of_dws_only_members_has_no_ladder():
+def test_a_fleet_of_dws_only_members_has_no_steps_but_a_ladder_controller_for_a_lost_slices_requeue():
     plan = OfflineEngine(FLEET, False, {STACKS[m]: StackOutputs.of_plan(plan_for(m)) for m in MEMBERS}).run(
         config_with({}, FLEET))
-    assert "ladder" not in plan.outputs
-    assert fleet_objects.LADDER_NAME not in manifests(plan, "Deployment")
+    assert "ladder" not in plan.outputs  # no step before the last: the queues are as without a ladder
     assert plan.outputs["localQueue"]["name"] == FLEET_LOCAL_QUEUE
+    (container,) = manifests(plan, "Deployment")[fleet_objects.LADDER_NAME]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert [s["localQueue"] for s in json.loads(env["FLEET_LADDER"])] == [FLEET_LOCAL_QUEUE]
+    # It reads every member (a loss is recorded where the job runs) through MultiKueue's kubeconfig Secrets.
+    assert json.loads(env["FLEET_MEMBERS"]) == {m: fleet_objects.kubeconfig_secret_name(m) for m in MEMBERS}
+    bindings = [m for m in plan.kubernetes_manifests() if m["kind"] == "RoleBinding"
+                and m["roleRef"]["name"] == "tpu-fallback-fleet-stockout-reader"]
+    assert len(bindings) == len(MEMBERS)
 
 
 def _changed_steps(member: str, change) -> StackOutputs:
@@ -222,7 +229,7 @@ def test_a_job_admitted_on_its_step_stays():
 def test_a_members_eviction_moves_the_job_to_the_next_step(check):
     action = ladder_rules.decide(LADDER, workload("fleet-on-demand-w1", [check]), None, NOW)
     assert action.move == Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2",
-                               ladder_rules.MEMBER_EVICTED, "2026-12-01T12:00:00Z")
+                               ladder_rules.MEMBER_EVICTED, "2026-12-01T12:00:00Z", member="w1")
 
 
 def test_the_evicting_member_is_read_from_kueues_messages():
@@ -582,7 +589,7 @@ def test_a_steps_wait_begins_once_multikueue_has_sent_the_job_to_its_member():
 # ---- giving up (issue 18 item 3) -----------------------------------------------------------------------------
 
 
-def test_max_wait_is_off_by_default_and_a_dws_only_fleet_with_it_gets_the_ladder_controller():
+def test_max_wait_is_off_by_default_and_a_dws_only_fleet_with_it_gives_up_at_the_last_step():
     assert "FLEET_MAX_WAIT_SECONDS" not in {
         e["name"] for e in manifests(cached_ladder_plan(), "Deployment")[fleet_objects.LADDER_NAME]["spec"][
             "template"]["spec"]["containers"][0]["env"]}
@@ -593,7 +600,7 @@ def test_max_wait_is_off_by_default_and_a_dws_only_fleet_with_it_gets_the_ladder
     env = {e["name"]: e["value"] for e in container["env"]}
     assert env["FLEET_MAX_WAIT_SECONDS"] == str(6 * 3600)
     assert [s["localQueue"] for s in json.loads(env["FLEET_LADDER"])] == [FLEET_LOCAL_QUEUE]  # give-up only
-    assert "FLEET_MEMBERS" not in env  # no step before the last: no early path, no member read
+    assert json.loads(env["FLEET_MEMBERS"]) == {m: fleet_objects.kubeconfig_secret_name(m) for m in MEMBERS}
     assert "ladder" not in plan.outputs  # and the queues are as without it
 
 
@@ -606,7 +613,8 @@ def test_max_wait_rule_names_the_key(value):
 
 
 def _waiting(queue: str, check: dict | None, created: str = "2026-12-01T11:00:00Z", admitted: bool = False,
-             pods_ready: dict | None = None, active: bool = True) -> ladder_rules.LadderView:
+             pods_ready: dict | None = None, active: bool = True, cluster: str | None = None
+             ) -> ladder_rules.LadderView:
     conditions = [{"type": "QuotaReserved", "status": "True"}]
     if admitted:
         conditions.append({"type": "Admitted", "status": "True"})
@@ -616,7 +624,8 @@ def _waiting(queue: str, check: dict | None, created: str = "2026-12-01T11:00:00
         "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}],
                      "creationTimestamp": created},
         "spec": {"queueName": queue, "active": active},
-        "status": {"conditions": conditions, "admissionChecks": [check] if check else []}})
+        "status": {"conditions": conditions, "admissionChecks": [check] if check else [],
+                   **({"clusterName": cluster} if cluster else {})}})
 
 
 HOUR = datetime.timedelta(hours=1)
@@ -777,7 +786,7 @@ def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_i
     role = manifests(plan, "Role")["tpu-fallback-fleet-stockout-reader"]
     assert role["metadata"]["namespace"] == FLEET_NAMESPACE
     assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]
-    assert "tpu-fallback-fleet-stockout-reader" not in manifests(plan_for(W1), "Role")  # DWS only: as before
+    assert "tpu-fallback-fleet-stockout-reader" in manifests(plan_for(W1), "Role")  # DWS only too: a lost slice
     fleet = cached_ladder_plan()
     bindings = [m for m in fleet.kubernetes_manifests() if m["kind"] == "RoleBinding"
                 and m["roleRef"]["name"] == "tpu-fallback-fleet-stockout-reader"]
@@ -841,10 +850,64 @@ def test_a_slice_the_member_recorded_lost_moves_the_job_on_at_the_end_of_the_mem
     assert ladder_rules.decide(GRACE_LADDER, view, None, at_the_end, lost=back) is None
     earlier = dataclasses.replace(lost, at="2026-12-01T11:40:00Z", until="2026-12-01T11:45:00Z")
     assert ladder_rules.decide(GRACE_LADDER, view, None, at_the_end, lost=earlier) is None
-    # Only where a member admits it at a one-member step: the last step (DWS in every member) is not moved.
-    dws = _waiting("fleet-queue", {"name": "fleet-multikueue", "state": "Ready",
-                                   "lastTransitionTime": "2026-12-01T11:59:50Z"}, admitted=True)
-    assert ladder_rules.decide(GRACE_LADDER, dws, None, at_the_end, lost=lost) is None
+
+
+READY_DWS = {"name": "fleet-multikueue", "state": "Ready", "lastTransitionTime": "2026-12-01T11:59:50Z"}
+
+
+def test_a_slice_lost_at_the_last_step_requeues_the_job_there_once_the_running_members_wait_is_over():
+    """Issue 26 at the last step (DWS in every member): no step after it, so the job is requeued there (a move to
+    the same step): deactivated, its copy in the member that lost the slice goes, and MultiKueue asks every member
+    again. The loss counts only from the member MultiKueue runs it in (`status.clusterName`)."""
+    from failover.slices import LostSlice, RECOVERED
+
+    lost = LostSlice("dws", "2026-12-01T11:59:55Z", "host gke-tpu-0 is unreachable", "2026-12-01T12:00:25Z")
+    running = _waiting("fleet-queue", READY_DWS, admitted=True, cluster="w2")
+    assert ladder_rules.running_member(GRACE_LADDER.steps[-1], running) == "w2"
+    assert ladder_rules.decide(GRACE_LADDER, running, None, NOW, lost=lost) is None  # waiting for it to come back
+    assert ladder_rules.next_look(GRACE_LADDER, running, None, NOW, lost=lost) == pytest.approx(25.05)
+    at_the_end = NOW + datetime.timedelta(seconds=25)
+    action = ladder_rules.decide(GRACE_LADDER, running, None, at_the_end, lost=lost)
+    assert action.move == Move("fleet-queue", "fleet-queue", "fleet-queue", ladder_rules.MEMBER_SLICE_LOST,
+                               "2026-12-01T12:00:25Z", member="w2") and action.move.requeue
+    assert Move.from_json(action.move.to_json()) == action.move  # the member travels with the move (its message)
+    message = ladder_rules.move_message(action.move, "w2")
+    assert message.startswith("requeued at step fleet-queue") and "member w2 recorded that the job lost" in message
+    # No member named (MultiKueue has not said where it runs), a member of no step, a recovery, an earlier
+    # admission's loss: nothing to do.
+    unnamed = _waiting("fleet-queue", READY_DWS, admitted=True)
+    assert ladder_rules.running_member(GRACE_LADDER.steps[-1], unnamed) is None
+    assert ladder_rules.decide(GRACE_LADDER, unnamed, None, at_the_end, lost=lost) is None
+    stranger = _waiting("fleet-queue", READY_DWS, admitted=True, cluster="w9")
+    assert ladder_rules.decide(GRACE_LADDER, stranger, None, at_the_end, lost=lost) is None
+    back = dataclasses.replace(lost, state=RECOVERED, recovered_at="2026-12-01T12:00:10Z")
+    assert ladder_rules.decide(GRACE_LADDER, running, None, at_the_end, lost=back) is None
+    earlier = dataclasses.replace(lost, at="2026-12-01T11:40:00Z", until="2026-12-01T11:45:00Z")
+    assert ladder_rules.decide(GRACE_LADDER, running, None, at_the_end, lost=earlier) is None
+    # A member's eviction at the last step is MultiKueue's to redispatch, as before: no move.
+    evicted = _waiting("fleet-queue", {**READY_DWS, "state": "Pending", "retryCount": 2}, cluster="w2")
+    assert ladder_rules.decide(GRACE_LADDER, evicted, None, at_the_end) is None
+
+
+def test_a_requeue_takes_route_ds_steps_at_its_own_step_and_is_done_only_after_its_deactivation():
+    """A requeue relabels and repoints nothing: deactivated (the move on the Workload), recorded on the RayJob, the
+    quota released, the backoff cleared, active again; done once active with the record. Active without the record
+    is before the deactivation (the record is written only while inactive)."""
+    move = Move("fleet-queue", "fleet-queue", "fleet-queue", ladder_rules.MEMBER_SLICE_LOST, "2026-12-01T12:00:00Z")
+    world = _World()
+    world.workload["spec"]["queueName"] = "fleet-queue"
+    world.workload["status"]["admissionChecks"] = [{"name": "fleet-multikueue", "state": "Retry"}]
+    world.workload["status"]["requeueState"] = {"count": 1, "requeueAt": "2026-12-01T12:01:00Z"}
+    world.rayjob["metadata"]["labels"][decisions.QUEUE_LABEL] = "fleet-queue"
+    job_before = copy.deepcopy(world.rayjob)
+    active = ladder_rules.LadderView.from_object(world.workload)
+    assert ladder_rules.next_in_move(move, active, job_before, "fleet-multikueue") == ladder_rules.DEACTIVATE
+    steps = _route_d(world, move, "fleet-multikueue", running=True)
+    assert steps == [ladder_rules.RECORD, ladder_rules.MARK_SUSPENDED, ladder_rules.WAIT_FOR_QUOTA,
+                     ladder_rules.WAIT_FOR_QUOTA, ladder_rules.WAIT_FOR_BACKOFF_RESET, ladder_rules.REACTIVATE], steps
+    assert world.workload["spec"] == {"queueName": "fleet-queue", "active": True}
+    assert world.rayjob["metadata"]["labels"][decisions.QUEUE_LABEL] == "fleet-queue"
+    assert ladder_rules.WORKLOAD_MOVE_ANNOTATION not in (world.workload["metadata"].get("annotations") or {})
 
 
 def test_the_ladder_reads_a_members_loss_event_on_a_rayjob_and_its_stockouts_on_pods_only():

@@ -42,7 +42,8 @@ from tests.controlplane.fleet_tier import (PODS_READY_TIMEOUT_SECONDS, REACTION,
 from tests.controlplane.gke import UNREACHABLE_TAINT
 from tests.controlplane.kube import condition, wait_for
 from tests.controlplane.ladder_tier import (GRACE_SECONDS, LADDER_MEMBERS, OFFERED, ON_DEMAND_W1, ON_DEMAND_W2,
-                                            RECOVERY_SECONDS, RESERVED_W2, SPOT_W2, STEP_WAIT_SECONDS, W3, LadderFleet,
+                                            DWS_RECOVERY_SECONDS, RECOVERY_SECONDS, RESERVED_W2, SPOT_W2,
+                                            STEP_WAIT_SECONDS, W3, LadderFleet,
                                             Ledger, ladder_fleet_plan, ladder_member_plan)
 
 pytestmark = pytest.mark.controlplane
@@ -384,6 +385,68 @@ def test_a_slice_lost_in_a_member_moves_the_job_to_the_next_steps_member_at_the_
     assert fleet.member_failover.alive()
     print(f"\nfleet, lost slice: the loss recorded in member 1 {seen:.2f} s after GKE's signal; the job moved to "
           f"member 2 {took:.0f} s after the loss (member 1's wait {RECOVERY_SECONDS} s)")
+    fleet.finish(name)
+
+
+def test_a_slice_lost_at_the_last_step_is_requeued_there_and_the_next_provisioned_member_runs_it(fleet):
+    """Issue 26 at the fleet's last step (DWS in every member): the job runs on member 1's DWS slice and loses it (a
+    failed host; a flex-start slice that is gone does not come back: no ProvisioningRequest asks for it). Member 1's
+    failover controller records the loss on its RayJob; at the end of member 1's recovery wait the manager's ladder
+    requeues the job at the same step (no step after it): its copy in member 1 goes, MultiKueue asks every member
+    again, and the first provisioned, member 2, runs it. One requeue, one Event naming the loss, never two runs at
+    once, and no member admits a copy of the step twice (the ledger)."""
+    from failover import slices
+
+    name = "ladder-lost-dws"
+    workload = fleet.submit_to(name, FLEET_LOCAL_QUEUE)
+    with Ledger(fleet, name, workload) as ledger:
+        fleet.wait_requests_everywhere(workload)
+        fleet.provision_until_created(W1, workload, name)
+        kube = fleet.kubes[W1]
+        jobs.wait_pods_ready(kube, FLEET_NAMESPACE, name, REACTION)
+        assert fleet.running_in(name) == [W1]
+        gke = fleet.tier.members[W1].after.gke
+        (worker, *_) = jobs.pods_of(kube, FLEET_NAMESPACE, name)["worker"]
+        signal = gke.lose_slice(gke.slice_of(worker["spec"]["nodeName"]), grace_seconds=0,
+                                going_taint=UNREACHABLE_TAINT)
+
+        def recorded() -> slices.LostSlice | None:
+            run = fleet.rayjob_in(W1, name)
+            return slices.LostSlice.from_json(((run or {}).get("metadata", {}).get("annotations") or {}).get(
+                slices.SLICE_LOST_ANNOTATION))
+
+        lost = wait_for(recorded, REACTION, "the loss recorded on member 1's RayJob", interval=0.1)
+        seen = time.monotonic() - signal
+        assert lost.flavor == "dws", lost
+        runs_at_once: list[list[str]] = []
+
+        def asked_again() -> dict | None:
+            """Member 1's run gone (with its copy) and the job dispatched again: a new request in every member."""
+            runs_at_once.append(fleet.running_in(name))
+            if fleet.running_in(name):
+                return None
+            requests = {m: fleet.requests_in(m, workload) for m in fleet.members}
+            return requests if all(requests.values()) else None
+
+        wait_for(asked_again, DWS_RECOVERY_SECONDS + REACTION, "the job asked again in every member", interval=0.1)
+        (move,) = wait_for(lambda: fleet.moves(name), REACTION, "the requeue recorded")
+        assert (move.from_flavor, move.to_flavor, move.reason, move.requeue) == (
+            FLEET_LOCAL_QUEUE, FLEET_LOCAL_QUEUE, ladder_rules.MEMBER_SLICE_LOST, True)
+        took = (decisions.parse_time(move.at) - decisions.parse_time(lost.at)).total_seconds()
+        assert DWS_RECOVERY_SECONDS <= took <= DWS_RECOVERY_SECONDS + MOVE_SLACK_SECONDS, (took, move, lost)
+        fleet.provision_until_created(W2, workload, name)
+        jobs.wait_pods_ready(fleet.kubes[W2], FLEET_NAMESPACE, name, REACTION)
+        wait_for(lambda: fleet.running_in(name) == [W2], REACTION, "the other members' runs gone")
+    assert max(len(r) for r in runs_at_once) <= 1, runs_at_once  # never two runs at once
+    assert not ledger.asked_more_than_once(), ledger.story()
+    (event,) = wait_for(lambda: fleet.move_events(name), REACTION, "the requeue's Event")
+    assert event["message"].startswith(f"requeued at step {FLEET_LOCAL_QUEUE}"), event["message"]
+    assert f"member {W1} recorded that the job lost its slice" in event["message"]
+    job = fleet.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
+    assert job["metadata"]["labels"]["kueue.x-k8s.io/queue-name"] == FLEET_LOCAL_QUEUE
+    assert fleet.member_failover.alive()
+    print(f"\nfleet, lost DWS slice: the loss recorded in member 1 {seen:.2f} s after GKE's signal; requeued at the "
+          f"last step {took:.0f} s after the loss (member 1's wait {DWS_RECOVERY_SECONDS} s), then run in member 2")
     fleet.finish(name)
 
 

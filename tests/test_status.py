@@ -19,7 +19,7 @@ import yaml
 
 from failover.regional.controller import EVENT_REASON
 from failover.regional.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, MOVES_ANNOTATION, PODS_READY_TIMEOUT,
-                                QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, format_time, with_move_recorded)
+                                QUEUE_LABEL, SLICE_LOST, STOCKOUT, TPU_RESOURCE, Move, format_time, with_move_recorded)
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from ops.status import cli, health, jobs
@@ -433,6 +433,12 @@ def test_a_move_in_progress_and_the_moves_so_far():
                                                    NOW - datetime.timedelta(seconds=4))
     assert view.moves == () and view.move_in_progress.to_flavor == "dws" and view.rung == "dws"
     assert "autoscaler reported no TPU capacity" in view.detail
+    # A requeue on the last rung (a lost slice): no "from dws to dws".
+    requeue = Move("dws", "dws", "user-queue-dws", SLICE_LOST, ago(4))
+    requeued = rayjob("requeued", annotations={FAILOVER_ANNOTATION: requeue.to_json()})
+    view = one_job(requeued, workload(requeued, evicted("Deactivated", 3), active=False))
+    assert (view.state, view.words) == (jobs.MOVING, "being requeued on dws (the last rung or step: no next one)")
+    assert "it lost its slice" in view.detail
 
 
 def test_finished_keeps_the_rung_it_ran_on():
@@ -949,7 +955,7 @@ def test_a_fleet_manager_shows_its_members_and_its_watch():
     rows = {r["NAME"]: r for r in columns(text.split("connected)\n")[1].split("\n\n")[0])}
     assert (rows["w1"]["CONNECTED"], rows["w2"]["CONNECTED"], rows["w2"]["MESSAGE"]) == ("yes", "NO", "TLS timeout")
     assert report_dict(report)["fleet"]["members"][1]["reason"] == "ClientConnectionFailed"
-    # A DWS-only fleet without a maximum wait has no ladder controller: a state, not a problem.
+    # No ladder controller on the manager (a fleet stack from before every fleet had one): a state, not a problem.
     assert report.fleet.ladder.state == health.NOT_DEPLOYED and "FLEET LADDER" in text
     assert report.controller.words == "not deployed (a fleet's manager has none: see FLEET WATCH)"
     assert build_report(snapshot()).fleet is None  # not a manager: no section

@@ -1,6 +1,7 @@
 """The fleet's ladder controller (plan C, README "The fleet's ladder"): on a fleet's manager, moves a job to the next
-step of the ladder when the member of its step evicted it, reports a stockout for it, or its step is busy; and gives
-a job up when no step has admitted it within its maximum wait: `python -m failover.ladder`.
+step of the ladder when the member of its step evicted it, reports a stockout for it, or its step is busy, or the job
+lost its slice there (at the last step: requeues it there); and gives a job up when no step has admitted it within
+its maximum wait: `python -m failover.ladder`.
 
 A step is a manager LocalQueue whose ClusterQueue has its own MultiKueue check and config (one member's reservation,
 on-demand or Spot rung; the last step: DWS in every member). MultiKueue re-dispatches a job a member evicted to the
@@ -22,6 +23,13 @@ pods are named after it). Once the member's stockout grace period (published wit
 first such Event of this admission, the job moves on (reason MemberStockout), without waiting for the member's
 podsReadyTimeout. The member's own failover controller never touches the fleet's copies.
 
+A lost slice: the member running a job (a one-member step's member, or at the last step the one MultiKueue names
+in the Workload's `status.clusterName`) records on its RayJob that the job lost its slice (its own failover
+controller, failover/slices.py, with a Warning Event `SliceLost`). Once that member's recovery wait is over and the
+slice is not back, the job moves to the next step (reason MemberSliceLost); at the last step, where there is none,
+it is requeued there (a move to the same step, route D without relabel and repoint): its copy in that member goes
+with the deactivation, and MultiKueue asks every member again (DWS: a new ProvisioningRequest in each).
+
 Giving up (Kueue has none: kubernetes-sigs/kueue#8602): a job not admitted by any member `FLEET_MAX_WAIT_SECONDS`
 (or its RayJob's `tpu-fallback/max-wait`: a duration, or `none`) after its submission, or after it last ran, is
 deactivated (`spec.active=false` on the manager's Workload: MultiKueue deletes its copies and their
@@ -41,7 +49,8 @@ Configuration (environment, set by the fleet stack's Deployment, infra/fleet.py)
     FLEET_STEP_WAIT_SECONDS how long a job may wait at a step before the last without being admitted there (its
                             member's capacity is in use: a reservation or on-demand slice admits at once when free)
     FLEET_MAX_WAIT_SECONDS  how long a job may wait without any member admitting it before it is given up (unset: never)
-    FLEET_MEMBERS           JSON {member: its kubeconfig Secret}, FLEET_SECRETS_NAMESPACE (kueue-system): the early path
+    FLEET_MEMBERS           JSON {member: its kubeconfig Secret}, FLEET_SECRETS_NAMESPACE (kueue-system): the
+                            members read (every member: the early path's stockouts, a lost slice)
     FLEET_WATCH_SECONDS     how often the members' kubeconfigs are read again (a renewed token: new watches)
     LADDER_RESYNC_SECONDS   seconds between resyncs, the safety net (default 60)
     LADDER_WORKERS          jobs handled at once (default 2)

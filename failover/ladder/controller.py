@@ -19,9 +19,9 @@ from failover.ladder.decisions import (COMPONENT, DEACTIVATE, DONE, EVENT_REASON
                                        WAIT_FOR_BACKOFF_RESET, WAIT_FOR_CHECKS, WAIT_FOR_QUOTA,
                                        WORKLOAD_GIVE_UP_ANNOTATION, WORKLOAD_MOVE_ANNOTATION,
                                        FinishGiveUp, GiveUp, JobMeta, Ladder, LadderView, StartGiveUp, admitted_at,
-                                       deactivation, decide, dispatched, evicting_member, give_up_deactivation,
+                                       deactivation, decide, dispatched, give_up_deactivation,
                                        is_slice_lost_event, is_stockout_event, move_message, next_in_give_up,
-                                       next_in_move, next_look, stockout_in_member)
+                                       next_in_move, next_look, running_member, stockout_in_member)
 from failover.regional import decisions
 from failover.regional.decisions import FAILOVER_ANNOTATION, MOVED, QUEUE_LABEL, FinishMove, Move, StartMove
 from failover.runtime.informer import Informer, RawClient, Watched
@@ -190,24 +190,26 @@ class LadderController(GuardedWrites):
         return listed, changed
 
     def _queue_admitted_in(self, member: str) -> None:
-        """Queue the jobs a one-member step of `member` admits: a stockout there may be theirs."""
+        """Queue the jobs `member` runs (`running_member`): a stockout or a lost slice there may be theirs."""
         with self._lock:
             keys = [key for key, view in self._views.items()
-                    if (step := self.ladder.step_of(view.queue_name)) is not None and step.member == member
-                    and admitted_at(step, view) is not None]
+                    if (step := self.ladder.step_of(view.queue_name)) is not None
+                    and running_member(step, view) == member]
         for key in keys:
             self.queue.add(key)
 
     def _member_signals(self, view: LadderView) -> tuple[datetime.datetime | None, LostSlice | None]:
-        """What the member of the job's one-member step says about this admission, read in the member: since when
-        it reports no capacity for the job's pods (the autoscaler's Events about its RayCluster's pods), and the lost
-        slice its failover controller recorded on the member's RayJob (SLICE_LOST_ANNOTATION)."""
+        """What the member running the job (`running_member`: a one-member step's, or the last step's that admitted
+        it) says about this admission, read in the member: since when it reports no capacity for the job's pods (the
+        autoscaler's Events about its RayCluster's pods), and the lost slice its failover controller recorded on the
+        member's RayJob (SLICE_LOST_ANNOTATION)."""
         step = self.ladder.step_of(view.queue_name)
-        if step is None or step.member is None or view.rayjob is None:
+        running = running_member(step, view) if step is not None else None
+        if step is None or running is None or view.rayjob is None:
             return None, None
         since_admission = admitted_at(step, view)
         with self._lock:
-            member = self._members.get(step.member)
+            member = self._members.get(running)
             events = list(member.events.values()) if member is not None else []
             api = member.api if member is not None else None
             said_lost = member is not None and view.rayjob in member.lost_jobs
@@ -223,7 +225,7 @@ class LadderController(GuardedWrites):
         except Exception as error:  # noqa: BLE001 - cut off (a partition): it reports nothing, and the job is decided
             # on as it is (Kueue evicts it once it loses the member, and the ladder moves it on), not retried
             log.info("%s/%s: member %s does not answer (%s): nothing read there", view.namespace, view.rayjob,
-                     step.member, type(error).__name__)
+                     running, type(error).__name__)
             return None, None
         stockout = (stockout_in_member(events, (job.get("status") or {}).get("rayClusterName"), since_admission)
                     if events and step.stockout_grace is not None else None)
@@ -270,8 +272,7 @@ class LadderController(GuardedWrites):
         view, meta = LadderView.from_object(workload), JobMeta.of(job)
         action = self._decide(view, meta, stockout, self.clock(), dispatched_seen, lost)
         if isinstance(action, StartMove):
-            index = self.ladder.index(view.queue_name)
-            member = evicting_member(self.ladder.steps[index] if index is not None else None, view)
+            member = action.move.member or "?"
             log.info("%s/%s: starting a move from step %s to %s (%s, member %s)", key[0], view.rayjob,
                      action.move.from_flavor, action.move.to_flavor, action.move.reason, member)
             self._patch(self.workloads, workload, deactivation(action.move))  # the move and the deactivation: one write
@@ -280,8 +281,10 @@ class LadderController(GuardedWrites):
             return 1
         if isinstance(action, FinishMove):
             index = self.ladder.index(action.move.from_flavor)
-            self._finish(action.move, key[1], key[0], self.ladder.steps[index].members[0]
-                         if index is not None and len(self.ladder.steps[index].members) == 1 else "?")
+            # The member the move names; a move an older controller wrote names none: a one-member step's member.
+            self._finish(action.move, key[1], key[0], action.move.member or (
+                self.ladder.steps[index].members[0]
+                if index is not None and len(self.ladder.steps[index].members) == 1 else "?"))
             return 1
         if isinstance(action, StartGiveUp):
             log.info("%s/%s: giving up at step %s after %s (maximum %s, %s)", key[0], view.rayjob,

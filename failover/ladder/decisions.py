@@ -164,6 +164,7 @@ class LadderView:
     move: str | None = None  # WORKLOAD_MOVE_ANNOTATION: the move this deactivation is part of
     give_up: str | None = None  # WORKLOAD_GIVE_UP_ANNOTATION: the give-up this deactivation is
     requeue_state: bool = False  # status.requeueState is set (a requeue backoff Kueue clears while it is inactive)
+    cluster_name: str | None = None  # status.clusterName: the member MultiKueue runs it in (set once one admitted it)
 
     @classmethod
     def from_object(cls, obj: Mapping) -> LadderView:
@@ -190,7 +191,8 @@ class LadderView:
             nominated=tuple(status.get("nominatedClusterNames") or ()),
             move=(meta.get("annotations") or {}).get(WORKLOAD_MOVE_ANNOTATION),
             give_up=(meta.get("annotations") or {}).get(WORKLOAD_GIVE_UP_ANNOTATION),
-            requeue_state=status.get("requeueState") is not None)
+            requeue_state=status.get("requeueState") is not None,
+            cluster_name=status.get("clusterName") or None)
 
     def check(self, name: str) -> CheckState | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -245,6 +247,16 @@ def evicted_by_member(step: Step, view: LadderView) -> bool:
     lost while running it: MultiKueue set the step's check to Retry, and the eviction that follows counts it."""
     check = view.check(step.admission_check)
     return check is not None and (check.state == "Retry" or check.retry_count >= 1)
+
+
+def running_member(step: Step, view: LadderView) -> str | None:
+    """The member that admitted the job at `step`: a one-member step's member, or at the last step (every member) the
+    one MultiKueue names in `status.clusterName`; None while no member has admitted it there."""
+    if admitted_at(step, view) is None:
+        return None
+    if step.member is not None:
+        return step.member
+    return view.cluster_name if view.cluster_name in step.members else None
 
 
 def admitted_at(step: Step, view: LadderView) -> datetime.datetime | None:
@@ -321,10 +333,12 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     its pods have not been ready there and the member's podsReadyTimeout is about to end (`not_ready_deadline`: a
     stockout nobody reports, moved before the member evicts it); or (with `step_wait`) the step has not admitted it
     for that long since the job was sent there (`waiting_since`): its capacity is in use (a reservation or on-demand
-    slice that is free admits within a second). And a fifth, once the job runs: its member recorded that it lost its slice (`lost`, on the member's RayJob) and the slice
-    was not back by the end of the member's recovery wait (`lost_slice_over`); until then the member's stockout
-    reports do not count. The move in progress is the one the Workload carries (written with its deactivation), or
-    else the RayJob's (between the reactivation and the record; or started by an older controller, which wrote it
+    slice that is free admits within a second). And a fifth, once the job runs: the member running it recorded that
+    it lost its slice (`lost`, on the member's RayJob) and the slice was not back by the end of the member's recovery
+    wait (`lost_slice_over`); until then the member's stockout reports do not count. At the last step that fifth
+    cause requeues the job there (a move to the same step, `Move.requeue`). The move in progress is the one the
+    Workload carries (written with its deactivation), or else the RayJob's (between the reactivation and the record;
+    or started by an older controller, which wrote it there first).
     there first)."""
     for pending in (Move.from_json(view.move), Move.from_json(job_move)):
         if pending is not None and pending.state == MOVING:
@@ -343,9 +357,16 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     if giving is None and limit is not None and since is not None and now - since >= limit:
         return StartGiveUp(GiveUp(decisions.format_time(now), format_duration(limit), format_duration(now - since),
                                   view.queue_name, source))
+    step = ladder.steps[index]
     if index + 1 >= len(ladder.steps):
+        # No step after the last: a job whose slice the member recorded lost, and that did not come back within the
+        # member's recovery wait, is requeued here (a move to the same step): its copy in that member goes with the
+        # deactivation, and MultiKueue sends it to every member again, where DWS asks for a new slice.
+        if lost_slice_over(step, view, lost, now):
+            return StartMove(Move(step.local_queue, step.local_queue, step.local_queue, MEMBER_SLICE_LOST,
+                                  decisions.format_time(now), member=running_member(step, view) or ""))
         return None
-    step, after = ladder.steps[index], ladder.steps[index + 1]
+    after = ladder.steps[index + 1]
     if evicted_by_member(step, view):
         reason = MEMBER_EVICTED
     elif lost_slice_over(step, view, lost, now):
@@ -363,8 +384,8 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
         if step_wait is None or waiting is None or now - waiting < step_wait:
             return None
         reason = STEP_BUSY
-    return StartMove(Move(step.local_queue, after.local_queue, after.local_queue, reason,
-                          decisions.format_time(now)))
+    return StartMove(Move(step.local_queue, after.local_queue, after.local_queue, reason, decisions.format_time(now),
+                          member=running_member(step, view) or evicting_member(step, view)))
 
 
 def not_ready_deadline(step: Step, view: LadderView) -> datetime.datetime | None:
@@ -380,11 +401,12 @@ def not_ready_deadline(step: Step, view: LadderView) -> datetime.datetime | None
 
 
 def _loss_until(step: Step, view: LadderView, lost: LostSlice | None) -> datetime.datetime | None:
-    """The end of the recovery wait of a loss the member of a one-member step recorded for this admission and that
-    is not recovered; None when there is none."""
+    """The end of the recovery wait of a loss that the member running the job (`running_member`) recorded for this
+    admission and that is not recovered; None when there is none."""
     admitted = admitted_at(step, view)
     at, until = (parse_time(lost.at), waiting_until(lost)) if lost is not None else (None, None)
-    if step.member is None or admitted is None or at is None or until is None or at < admitted - STAMP_RESOLUTION:
+    if (running_member(step, view) is None or admitted is None or at is None or until is None
+            or at < admitted - STAMP_RESOLUTION):
         return None
     return until
 
@@ -416,8 +438,10 @@ def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | 
     since = unadmitted_since(view)
     if limit is not None and since is not None:
         moments.append(since + limit)
+    step = ladder.steps[index]
+    if (until := _loss_until(step, view, lost)) is not None:
+        moments.append(until)
     if index + 1 < len(ladder.steps):
-        step = ladder.steps[index]
         waiting = waiting_since(step, view, dispatched_seen)
         if step_wait is not None and waiting is not None:
             moments.append(waiting + step_wait)
@@ -425,8 +449,6 @@ def next_look(ladder: Ladder, view: LadderView, step_wait: datetime.timedelta | 
             moments.append(stockout + step.stockout_grace)
         if (deadline := not_ready_deadline(step, view)) is not None:
             moments.append(deadline)
-        if (until := _loss_until(step, view, lost)) is not None:
-            moments.append(until)
     if not moments:
         return None
     return max((min(moments) - now).total_seconds(), 0.0) + 0.05
@@ -456,7 +478,7 @@ RELABEL = "relabel"  # the RayJob's queue label to the new step's LocalQueue
 REPOINT = "repoint"  # the Workload's `spec.queueName` to it
 WAIT_FOR_CHECKS = "wait-for-checks"  # the Workload's checks are not exactly the new step's yet (§8.3)
 WAIT_FOR_BACKOFF_RESET = decisions.WAIT_FOR_BACKOFF_RESET  # Kueue has not cleared the requeue backoff yet (as there)
-REACTIVATE = "reactivate"  # active again, the move taken off the Workload
+REACTIVATE = decisions.REACTIVATE  # active again, the move taken off the Workload
 ANNOUNCE = "announce"  # give-up: its Event, then the done record on the RayJob
 UNMARK = "unmark"  # give-up recorded: its annotation taken off the Workload, which stays inactive
 
@@ -472,15 +494,21 @@ def quota_step(view: LadderView, job: Mapping) -> str | None:
 
 
 def next_in_move(move: Move, view: LadderView, job: Mapping, to_check: str | None) -> str:
-    """Route D (multikueue-ladder.md §8.8) for `move`, its new step's admission check `to_check`: the next step."""
+    """Route D (multikueue-ladder.md §8.8) for `move`, its new step's admission check `to_check`: the next step. A
+    requeue (`move.requeue`: the last step, to itself) takes the same steps but relabels and repoints nothing."""
     label = (job["metadata"].get("labels") or {}).get(decisions.QUEUE_LABEL)
     arrived = view.queue_name == move.to_local_queue
+    recorded = Move.from_json((job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION))
+    on_record = recorded is not None and (recorded.at, recorded.to_local_queue) == (move.at, move.to_local_queue)
+    if move.requeue and view.active:
+        # A requeue stays at its step: active again is done only after the deactivation, which the record on the
+        # RayJob follows (written while inactive, below), so an active Workload without it is still to deactivate.
+        return DONE if on_record else DEACTIVATE
     if arrived and label == move.to_local_queue and view.active:
         return DONE
     if not arrived and view.active:
         return DEACTIVATE
-    recorded = Move.from_json((job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION))
-    if recorded is None or (recorded.at, recorded.to_local_queue) != (move.at, move.to_local_queue):
+    if not on_record:
         return RECORD
     quota = quota_step(view, job)
     if quota is not None:
@@ -491,7 +519,7 @@ def next_in_move(move: Move, view: LadderView, job: Mapping, to_check: str | Non
         return REPOINT
     if [c.name for c in view.checks] != [to_check]:
         return WAIT_FOR_CHECKS
-    return WAIT_FOR_BACKOFF_RESET if view.requeue_state else REACTIVATE
+    return decisions.reactivation_step(view.requeue_state)
 
 
 def next_in_give_up(give_up: GiveUp, view: LadderView, job: Mapping) -> str:
@@ -530,6 +558,9 @@ def move_message(move: Move, member: str) -> str:
              MEMBER_SLICE_LOST: f"member {member} recorded that the job lost its slice there and the slice was not "
                                 "back within the member's recovery wait",
              }.get(move.reason, f"the step did not admit it in time (member {member}'s capacity there is in use)")
+    if move.requeue:
+        return (f"requeued at step {move.to_flavor} (LocalQueue {move.to_local_queue}), the last: {cause}; every "
+                "member of the step is asked again")
     return (f"moved from step {move.from_flavor} to step {move.to_flavor} (LocalQueue {move.from_flavor} -> "
             f"{move.to_local_queue}): {cause}")
 

@@ -150,12 +150,17 @@ class Move:
     # (Kueue slow to release the quota) sees the Workload repointed already. Empty in a ladder's move and in a record
     # an older controller wrote.
     from_local_queue: str = ""
+    # A fleet ladder's move: the member it is about (that evicted the job, reported the stockout, lost the slice), for
+    # the record's message: at a step of several members the Workload no longer names it once it is deactivated.
+    member: str = ""
 
     def to_json(self) -> str:
         fields = {"from": self.from_flavor, "to": self.to_flavor, "localQueue": self.to_local_queue,
                   "reason": self.reason, "at": self.at, "state": self.state}
         if self.from_local_queue:
             fields["fromLocalQueue"] = self.from_local_queue
+        if self.member:
+            fields["member"] = self.member
         return json.dumps(fields, sort_keys=True)
 
     @classmethod
@@ -165,7 +170,7 @@ class Move:
         try:
             data = json.loads(text)
             return cls(data["from"], data["to"], data["localQueue"], data["reason"], data["at"], data["state"],
-                       data.get("fromLocalQueue", ""))
+                       data.get("fromLocalQueue", ""), data.get("member", ""))
         except (ValueError, KeyError, TypeError):
             return None
 
@@ -309,6 +314,12 @@ REPOINT = "repoint"  # the Workload's `spec.queueName` to it
 REACTIVATE = "reactivate"  # always end active
 
 
+def reactivation_step(requeue_state: bool) -> str:
+    """A move's last step once the Workload is inactive where it should be (here and in the fleet's ladder): wait
+    until Kueue has cleared its requeue backoff (WAIT_FOR_BACKOFF_RESET), then reactivate."""
+    return WAIT_FOR_BACKOFF_RESET if requeue_state else REACTIVATE
+
+
 def next_in_move(move: Move, workload: WorkloadView, job: Mapping) -> str:
     """The next step of `move` for this Workload and its RayJob. A requeue (the last rung: no next one) is evicted
     from the admission that lost its slice by a deactivation, then queued again where it was."""
@@ -320,7 +331,7 @@ def next_in_move(move: Move, workload: WorkloadView, job: Mapping) -> str:
             return DEACTIVATE if on_old else DONE
         if not released:
             return WAIT_FOR_RELEASE
-        return WAIT_FOR_BACKOFF_RESET if workload.requeue_state else REACTIVATE
+        return reactivation_step(workload.requeue_state)
     label = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
     arrived = workload.queue_name == move.to_local_queue
     if arrived and label == move.to_local_queue and workload.active:
@@ -333,7 +344,7 @@ def next_in_move(move: Move, workload: WorkloadView, job: Mapping) -> str:
         return RELABEL
     if not arrived:
         return REPOINT
-    return WAIT_FOR_BACKOFF_RESET if workload.requeue_state else REACTIVATE
+    return reactivation_step(workload.requeue_state)
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,9 @@ def fleet_view(snapshot) -> FleetView | None:
                             scaled_to_zero="scaled to 0 replicas: no fleet job is watched")
     ladder = controller_view(snapshot.fleet_ladder, snapshot.fleet_ladder_pods, (), snapshot.readable("fleet_ladder"),
                              name=LADDER_NAME, namespace=NAMESPACE,
-                             absent="not deployed (no member offers a step before DWS, and no fleet.maxWait)",
-                             scaled_to_zero="scaled to 0 replicas: no fleet job moves to the next step or is given up")
+                             absent="not deployed (every fleet stack deploys it: run `pulumi up` on the fleet stack)",
+                             scaled_to_zero="scaled to 0 replicas: no fleet job moves to the next step, is requeued "
+                                            "after losing its slice, or is given up")
     return FleetView(tuple(member_view(c) for c in sorted(snapshot.multikueue_clusters, key=name_of)),
                      snapshot.readable("multikueue_clusters"), watch, ladder)
 

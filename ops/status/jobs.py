@@ -315,7 +315,9 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
                      kueue_message(finished))
     if move_in_progress is not None:
         move = move_in_progress
-        return State(MOVING, f"moving from {move.from_flavor} to {move.to_flavor}", parse_time(move.at),
+        words = (f"being requeued on {move.to_flavor} (the last rung or step: no next one)"
+                 if move.from_flavor == move.to_flavor else f"moving from {move.from_flavor} to {move.to_flavor}")
+        return State(MOVING, words, parse_time(move.at),
                      f"started by the failover controller ({move.reason}): {MOVE_WORDS.get(move.reason, move.reason)}")
     lost = slices.LostSlice.from_json(annotations(rayjob).get(slices.SLICE_LOST_ANNOTATION))
     if (view.admitted and view.pods_ready_since is not None and lost is not None and lost.state == slices.LOST

@@ -46,6 +46,7 @@ STEP_WAIT_SECONDS = 5  # the fleet's stepWait (the shortest allowed)
 GRACE_SECONDS = 4  # the members' stockoutGracePeriod: the early path
 MAX_WAIT = "10m"  # the fleet's maxWait: longer than any scenario; the give-up scenario sets its job's own
 RECOVERY_SECONDS = 30  # the members' sliceRecoveryWait for on-demand (the shortest allowed)
+DWS_RECOVERY_SECONDS = 30  # and for DWS (flexStart), the fleet's last step
 
 
 def on_the_tiers_clock(ladder: str) -> str:
@@ -63,7 +64,7 @@ def ladder_member_plan(member: str, offered: tuple[str, ...] | None = None) -> P
     reservation of one slice, a Spot pool of one."""
     offered = OFFERED[member] if offered is None else offered
     fallback = {"stockoutGracePeriod": f"{GRACE_SECONDS}s",  # podsReadyTimeout: the tier's (fleet_tier.member_values)
-                "sliceRecoveryWait": {"onDemand": f"{RECOVERY_SECONDS}s"}}
+                "sliceRecoveryWait": {"onDemand": f"{RECOVERY_SECONDS}s", "flexStart": f"{DWS_RECOVERY_SECONDS}s"}}
     config = {"fallback": fallback, "fleetMember": {"enabled": True, **({"rungs": list(offered)} if offered else {})}}
     if "reservation" in offered:
         config["reservation"] = {"reservations": [{"name": RESERVATION, "slices": 1}]}
