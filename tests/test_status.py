@@ -439,6 +439,11 @@ def test_a_move_in_progress_and_the_moves_so_far():
     view = one_job(requeued, workload(requeued, evicted("Deactivated", 3), active=False))
     assert (view.state, view.words) == (jobs.MOVING, "being requeued on dws (the last rung or step: no next one)")
     assert "it lost its slice" in view.detail
+    after = rayjob("requeued", queue="user-queue-dws", annotations={
+        FAILOVER_ANNOTATION: requeue.done().to_json(), MOVES_ANNOTATION: with_move_recorded(None, requeue)})
+    view = one_job(after, workload(after, evicted("Deactivated", 2, requeued=1)))
+    assert view.state == jobs.WAITING_FOR_QUOTA and view.detail.startswith(
+        "requeued here by the failover controller (it lost its slice"), view.detail
 
 
 def test_finished_keeps_the_rung_it_ran_on():

@@ -352,8 +352,11 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     # target, not by the Evicted condition: a pending Workload moved before Kueue reconciled its deactivation never
     # gets one (seen on the tier, where the status test once found no Evicted condition after a move).
     moved_here = last_move is not None and last_move.local_queue == view.queue_name
-    earlier = (f"moved here from {last_move.from_flavor} by the failover controller" if moved_here
-               else f"evicted earlier: {eviction_words(evicted.get('reason'))}" if evicted is not None else "")
+    requeued_here = moved_here and last_move.from_flavor == last_move.to_flavor
+    earlier = (f"requeued here by the failover controller ({MOVE_WORDS.get(last_move.reason, last_move.reason)})"
+               if requeued_here else f"moved here from {last_move.from_flavor} by the failover controller"
+               if moved_here else f"evicted earlier: {eviction_words(evicted.get('reason'))}" if evicted is not None
+               else "")
     if earlier:
         detail = earlier + (f"; {detail}" if detail else "")
     return State(WAITING_FOR_QUOTA, "waiting for quota", since or changed_at(pending) or created_at(workload), detail)
