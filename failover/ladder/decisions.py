@@ -338,8 +338,7 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     wait (`lost_slice_over`); until then the member's stockout reports do not count. At the last step that fifth
     cause requeues the job there (a move to the same step, `Move.requeue`). The move in progress is the one the
     Workload carries (written with its deactivation), or else the RayJob's (between the reactivation and the record;
-    or started by an older controller, which wrote it there first).
-    there first)."""
+    or started by an older controller, which wrote it there first)."""
     for pending in (Move.from_json(view.move), Move.from_json(job_move)):
         if pending is not None and pending.state == MOVING:
             return FinishMove(pending)
