@@ -332,6 +332,24 @@ def test_a_members_stockout_report_moves_the_job_within_its_grace_period_and_its
 MOVE_SLACK_SECONDS = 2  # issue 26: a move within the recovery wait + 2 s
 
 
+def fail_a_host_in_member_1(fleet: LadderFleet, name: str):
+    """A host of the job's slice in member 1 fails (unreachable, then gone: the whole slice goes, as on GKE); the loss
+    member 1's failover controller records on its RayJob, and the seconds from GKE's signal to that record."""
+    from failover import slices
+
+    gke = fleet.tier.members[W1].after.gke
+    (worker, *_) = jobs.pods_of(fleet.kubes[W1], FLEET_NAMESPACE, name)["worker"]
+    signal = gke.lose_slice(gke.slice_of(worker["spec"]["nodeName"]), grace_seconds=0, going_taint=UNREACHABLE_TAINT)
+
+    def recorded() -> slices.LostSlice | None:
+        run = fleet.rayjob_in(W1, name)
+        return slices.LostSlice.from_json(((run or {}).get("metadata", {}).get("annotations") or {}).get(
+            slices.SLICE_LOST_ANNOTATION))
+
+    lost = wait_for(recorded, REACTION, "the loss recorded on member 1's RayJob", interval=0.1)
+    return lost, time.monotonic() - signal
+
+
 def test_a_slice_lost_in_a_member_moves_the_job_to_the_next_steps_member_at_the_members_recovery_wait(fleet):
     """Issue 26 in a fleet: the job runs at member 1's on-demand step and loses its slice (a failed host: unreachable,
     then gone), and member 1 has no capacity to make it again. Member 1's failover controller records the loss on its
@@ -346,17 +364,7 @@ def test_a_slice_lost_in_a_member_moves_the_job_to_the_next_steps_member_at_the_
     kube = fleet.kubes[W1]
     jobs.wait_pods_ready(kube, FLEET_NAMESPACE, name, REACTION)
     fleet.stockout(W1, "on-demand")  # GKE cannot make the slice again
-    gke = fleet.tier.members[W1].after.gke
-    (worker, *_) = jobs.pods_of(kube, FLEET_NAMESPACE, name)["worker"]
-    signal = gke.lose_slice(gke.slice_of(worker["spec"]["nodeName"]), grace_seconds=0, going_taint=UNREACHABLE_TAINT)
-
-    def recorded() -> slices.LostSlice | None:
-        run = fleet.rayjob_in(W1, name)
-        return slices.LostSlice.from_json(((run or {}).get("metadata", {}).get("annotations") or {}).get(
-            slices.SLICE_LOST_ANNOTATION))
-
-    lost = wait_for(recorded, REACTION, "the loss recorded on member 1's RayJob", interval=0.1)
-    seen = time.monotonic() - signal
+    lost, seen = fail_a_host_in_member_1(fleet, name)
     # A failed host as the node lifecycle controller shows it: Ready Unknown, then the unreachable taint (gke.py
     # _fail_host); the loss counts from the first the controller sees, never from the pods' deletion after them.
     assert lost.flavor == "on-demand" and ("is not ready" in lost.cause or "is unreachable" in lost.cause), lost
@@ -395,28 +403,14 @@ def test_a_slice_lost_at_the_last_step_is_requeued_there_and_the_next_provisione
     requeues the job at the same step (no step after it): its copy in member 1 goes, MultiKueue asks every member
     again, and the first provisioned, member 2, runs it. One requeue, one Event naming the loss, never two runs at
     once, and no member admits a copy of the step twice (the ledger)."""
-    from failover import slices
-
     name = "ladder-lost-dws"
     workload = fleet.submit_to(name, FLEET_LOCAL_QUEUE)
     with Ledger(fleet, name, workload) as ledger:
         fleet.wait_requests_everywhere(workload)
         fleet.provision_until_created(W1, workload, name)
-        kube = fleet.kubes[W1]
-        jobs.wait_pods_ready(kube, FLEET_NAMESPACE, name, REACTION)
+        jobs.wait_pods_ready(fleet.kubes[W1], FLEET_NAMESPACE, name, REACTION)
         assert fleet.running_in(name) == [W1]
-        gke = fleet.tier.members[W1].after.gke
-        (worker, *_) = jobs.pods_of(kube, FLEET_NAMESPACE, name)["worker"]
-        signal = gke.lose_slice(gke.slice_of(worker["spec"]["nodeName"]), grace_seconds=0,
-                                going_taint=UNREACHABLE_TAINT)
-
-        def recorded() -> slices.LostSlice | None:
-            run = fleet.rayjob_in(W1, name)
-            return slices.LostSlice.from_json(((run or {}).get("metadata", {}).get("annotations") or {}).get(
-                slices.SLICE_LOST_ANNOTATION))
-
-        lost = wait_for(recorded, REACTION, "the loss recorded on member 1's RayJob", interval=0.1)
-        seen = time.monotonic() - signal
+        lost, seen = fail_a_host_in_member_1(fleet, name)
         assert lost.flavor == "dws", lost
         runs_at_once: list[list[str]] = []
 
