@@ -1,0 +1,76 @@
+"""Domain constants the settings are checked against: version floors, bounds, and the teams' fixed sizes.
+
+The configuration table (infra/settings/keys.py) states its ranges with these numbers, and the readers check with
+them, so a bound is written once.
+"""
+
+from __future__ import annotations
+
+NAMESPACE = "tpu-fallback"  # the Pulumi config namespace of every key here (the project's name)
+
+# --- Versions ---
+# Kueue 0.16 is the first release that stores v1beta2, the API version every object here is written in.
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/CHANGELOG/CHANGELOG-0.16.md
+MIN_KUEUE_VERSION = (0, 16, 0)
+# TPU flex-start with queued provisioning: "Use version 1.34 or later".
+# Ref: https://cloud.google.com/kubernetes-engine/docs/tutorials/ray-kueue-dws
+MIN_GKE_FOR_QUEUED_TPU = "1.34"
+# Ray Operator add-on. Ref: https://cloud.google.com/kubernetes-engine/docs/add-on/ray-on-gke/how-to/enable-ray-on-gke
+MIN_GKE_FOR_RAY_OPERATOR = "1.30.0-gke.1747000"
+
+# --- Sizes ---
+MAX_SLICES_PER_PLAN = 64  # a sanity bound: 64 multi-host slices is already 64 node pools
+MIN_SYSTEM_NODES, MAX_SYSTEM_NODES = 1, 100  # the CPU pool: Kueue and the Ray heads need at least one node
+SYSTEM_POOL_NAME = "default-pool"  # the seed's Kueue flavor and Ray head select this pool by name
+
+# --- Waits ---
+# Kueue evicts a job whose pods are not all ready this long after admission. A RayJob is PodsReady only once the Ray
+# head answered for the job its submitter pod submitted (kuberay-kwok tier: README), so the wait holds a slice's
+# creation from zero (a new node boots in 80-120 s: https://cloud.google.com/kubernetes-engine/docs/how-to/capacity-provisioning),
+# the Ray image's pull on the hosts and the CPU pool (0.9 GB compressed, 2.2 GB on disk: kubernetes-sigs/kueue#4917;
+# "several minutes to pull": GoogleCloudPlatform/ai-on-gke#520), Ray's start and `ray job submit`. Less than 5 min
+# would evict healthy jobs on GKE; the runtime env's pip install comes after (Ray's job is PENDING meanwhile,
+# bounded by Ray's own 15 min job start timeout). Over a day, a stocked-out job would hold a rung's quota for nothing.
+MIN_PODS_READY_TIMEOUT_SECONDS = 5 * 60
+MAX_PODS_READY_TIMEOUT_SECONDS = 24 * 3600
+DEFAULT_RUNG = "default"  # the entry of a per-rung wait (sliceRecoveryWait, pendingTooLong) for every rung not named
+# A lost slice's recovery wait (failover/slices.py): at least the time for the controller to see the loss and for
+# KubeRay to replace the pods; a wait past a day is no longer a wait.
+MIN_RECOVERY_WAIT_SECONDS, MAX_RECOVERY_WAIT_SECONDS = 30, 24 * 3600
+
+# --- Alerts (`monitoring.alerts`, infra/monitoring.py) ---
+# A wait alert needs a few 30 s scrapes to be more than a blip; a day is as long as a queued job is watched here.
+MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS = 5 * 60, 24 * 3600
+MAX_MOVES_PER_HOUR = 1000
+
+# --- Several teams (`teams`): see infra/teams.py for the Kueue objects they become ---
+# The rungs a team holds a guaranteed share of: capacity that exists while the team waits (Spot and DWS are shared
+# first come, first served on the root Cohort).
+GUARANTEED_RUNGS = ("reservation", "onDemand")
+# A team's share of the CPU pool per guaranteed slice: one job's Ray head at the workloads' default size (2 CPU,
+# 4Gi) plus the submitter pod set Kueue counts for a RayJob (KubeRay's default, 500m and 200Mi), rounded up. Held in
+# the team's own quota because a job that borrows any resource, this CPU included, cannot reclaim a lent share (seen
+# with Kueue 0.19.2 on the test control plane: "Workload requires preemption, but there are no candidate workloads
+# allowed for preemption").
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/scheduler/preemption/preemption.go
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/jobs/rayjob/rayjob_controller.go#L252-L263
+JOB_HEAD_CPU = 3
+JOB_HEAD_MEMORY_GIB = 5
+SUBMITTER_CPU, SUBMITTER_MEMORY_GIB = 0.5, 200 / 1024  # what Kueue counts for KubeRay's submitter pod set
+# Namespaces no team may take: Kubernetes' and GKE's own (kube-*, gke-*, GMP's), Kueue's and the failover
+# controller's (their objects and RBAC would be editable by the team's groups), and `default`, where the platform's
+# own chain keeps its LocalQueues under the same names a team's get.
+# Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/gke-managed-namespaces (GKE-managed namespaces)
+SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease", "kueue-system",
+                               "tpu-fallback-system", "gmp-system", "gmp-public"})
+SYSTEM_NAMESPACE_PREFIXES = ("kube-", "gke-")
+# GKE Google Groups for RBAC reads group membership through a group of exactly this name in the domain.
+# Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac
+SECURITY_GROUP_NAME = "gke-security-groups"
+# teamShareOrder: the ladder's order (the default) or a free share first (infra/teams.py FIRST_RUNG_FUNGIBILITY).
+SHARE_ORDER_LADDER, SHARE_ORDER_FREE_FIRST = "ladder", "freeFirst"
+SHARE_ORDERS = (SHARE_ORDER_LADDER, SHARE_ORDER_FREE_FIRST)
+
+# --- A fleet member (`fleetMember`) ---
+# A fleet step's queue name is a label value (kueue.x-k8s.io/queue-name on the job): at most 63 characters.
+MAX_STEP_NAME = 63

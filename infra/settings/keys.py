@@ -1,0 +1,184 @@
+"""The configuration table: every `tpu-fallback:` key the program reads, with its one default, type, range and
+description.
+
+This is the only place a key's default is written. The readers merge a stack's values over `DEFAULTS` (and the
+workloads' and the fleet's over theirs, below); Pulumi.yaml's `config:` block and docs/configuration.md are rendered
+from this table by `python -m infra.settings.table --write`, and tests/test_settings_table.py fails when either
+file, or a reader's checks, disagree with it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from infra.rungs import FLEX_START, ON_DEMAND, RUNG_KINDS, SPOT, RungKind
+from infra.settings.constants import (DEFAULT_RUNG, MAX_MOVES_PER_HOUR, MAX_PENDING_ALERT_SECONDS,
+                                      MAX_PODS_READY_TIMEOUT_SECONDS, MAX_RECOVERY_WAIT_SECONDS,
+                                      MAX_SLICES_PER_PLAN, MAX_SYSTEM_NODES, MIN_GKE_FOR_QUEUED_TPU,
+                                      MIN_GKE_FOR_RAY_OPERATOR, MIN_KUEUE_VERSION, MIN_PENDING_ALERT_SECONDS,
+                                      MIN_PODS_READY_TIMEOUT_SECONDS, MIN_RECOVERY_WAIT_SECONDS, MIN_SYSTEM_NODES,
+                                      SHARE_ORDERS, SYSTEM_NAMESPACE_PREFIXES, SYSTEM_NAMESPACES)
+from infra.settings.keys_roles import FLEET, PLATFORM_STACK, TEAM, WORKLOADS
+from infra.settings.schema import (BOOLEAN, DURATION, INTEGER, OBJECT, OBJECTS, PER_RUNG, REQUIRED, STRING,
+                                   STRINGS, UNSET, REGION, Bounds, Setting)
+from infra.tpu import MACHINE_TYPES
+
+S = Setting
+_RUNGS = ", ".join(RUNG_KINDS)
+_NODE_POOL_RULE = ("a GKE node pool name (lowercase letters, digits, hyphens; starts with a letter), at most 40 "
+                   "characters with its -N suffix; unique across rungs, and not default-pool")
+_SLICES = Bounds(0, MAX_SLICES_PER_PLAN)
+
+
+def _plan(kind: RungKind, description: str, max_slices: int) -> Setting:
+    """An on-demand, Spot or DWS rung: its pools' name and how many slices it may hold."""
+    return S(kind.key, OBJECT, description, fields=(
+        S("nodePool", STRING, "the rung's node pool (suffixed -1..-N for N multi-host slices)",
+          kind.default_node_pool, rule=_NODE_POOL_RULE),
+        S("maxSlices", INTEGER, "the most slices the rung holds at once; 0 turns it off (at least one rung must be on)",
+          max_slices, bounds=_SLICES)))
+
+
+_ROUTES = (
+    S("zone", STRING, "Zone of the zonal cluster and of every pool; the region is derived from it.", "us-east5-b",
+      rule="a zone such as us-east5-b that offers the TPU generation (and flex-start, with flexStart on) per "
+           "infra/tpu.py, unless tpu.allowUnlistedZone"),
+    S("clusterName", STRING, "GKE cluster name.", "tpu-cluster",
+      rule="1-40 lowercase letters, digits or hyphens; starts with a letter, ends alphanumeric"),
+    S("gkeVersion", STRING, "Minimum master version; TPU flex-start with queued provisioning (plan B) needs "
+                            f"{MIN_GKE_FOR_QUEUED_TPU} or later.", "1.34",
+      rule=f"a GKE version such as 1.34 or 1.34.1-gke.1829001, at least {MIN_GKE_FOR_RAY_OPERATOR} (the Ray Operator "
+           f"add-on) and the TPU generation's minimum; {MIN_GKE_FOR_QUEUED_TPU} or later with flexStart on"),
+    S("deletionProtection", BOOLEAN, "GKE deletion protection. pulumi-gcp defaults it to true, which makes "
+                                     "`pulumi destroy` fail.", False),
+    S("systemPool", OBJECT, "The cluster's CPU pool, named default-pool (Kueue, the Ray heads).", fields=(
+        S("machineType", STRING, "its machine type", "n2-standard-16",
+          rule="a predefined n2, n2d, e2, c3 or n4 shape, <family>-<standard|highmem|highcpu>-<vCPUs>"),
+        S("nodeCount", INTEGER, "its nodes", 3, bounds=Bounds(MIN_SYSTEM_NODES, MAX_SYSTEM_NODES)))),
+    S("tpu", OBJECT, "The slice shape every rung shares (infra/tpu.py: v6e, v5e, v5p).", fields=(
+        S("machineType", STRING, "the TPU VM's machine type", "ct6e-standard-4t", choices=tuple(MACHINE_TYPES)),
+        S("topology", STRING, "the slice's topology", "4x4", rule="one the machine type offers (infra/tpu.py)"),
+        S("allowUnlistedZone", BOOLEAN, "accept a zone the catalogue does not list yet", False))),
+    S("reservation", OBJECT, "Rung: TPUs you reserved (DWS calendar mode included), tried first by default; its pools "
+                             "consume them with SPECIFIC_RESERVATION. Off while the list is empty.", fields=(
+        S("nodePool", STRING, "the rung's node pool (suffixed -1..-N when there are several)",
+          RUNG_KINDS["reservation"].default_node_pool, rule=_NODE_POOL_RULE),
+        S("reservations", OBJECTS, "the reservations the rung consumes", [],
+          rule=f"each once, at most {MAX_SLICES_PER_PLAN} slices in all", fields=(
+              S("name", STRING, "a reservation in this project, or projects/<project>/reservations/<name> for a "
+                                "shared one", REQUIRED),
+              S("slices", INTEGER, "the reservation's size in slices (its Kueue quota)", REQUIRED,
+                bounds=Bounds(1, MAX_SLICES_PER_PLAN)))))),
+    _plan(ON_DEMAND, "Plan A: on-demand TPUs.", 1),
+    _plan(SPOT, "Rung: Spot TPUs (cheaper, interruptible; preemptible quota). Its pools are tainted "
+                "cloud.google.com/gke-spot=true:NoSchedule, tolerated through the Kueue flavor.", 0),
+    _plan(FLEX_START, "Plan B: DWS flex-start with queued provisioning, used when plan A's quota is taken.", 1),
+    S("rungOrder", STRINGS, "The order Kueue and the failover controller try the enabled rungs, e.g. [reservation, "
+                            "onDemand, spot, flexStart]; empty: that catalogue order.", [],
+      rule=f"exactly the enabled rungs ({_RUNGS}), each once"),
+    S("kueue", OBJECT, "The Kueue Helm chart and where it comes from.", fields=(
+        S("version", STRING, "the chart's version (no leading v)", "0.19.2",
+          rule=f"{'.'.join(map(str, MIN_KUEUE_VERSION))} or later, the first that stores v1beta2"),
+        S("chartRepository", STRING, "its repository (a mirror for air-gapped clusters)",
+          "oci://registry.k8s.io/kueue/charts", rule="oci://host/path or https://host/path"))),
+)
+
+_CONTROLLERS = (
+    S("fallback", OBJECT, "When a job counts as stocked out on a rung, or as having lost its slice.", fields=(
+        S("podsReadyTimeout", DURATION, "Kueue's waitForPodsReady timeout: a job whose pods are not all ready this "
+                                        "long after admission is evicted and requeued (a RayJob's start on GKE takes "
+                                        "minutes)", "15m",
+          bounds=Bounds(MIN_PODS_READY_TIMEOUT_SECONDS, MAX_PODS_READY_TIMEOUT_SECONDS, duration=True)),
+        S("stockoutGracePeriod", DURATION, "how long a failover controller waits before acting on clear stockout "
+                                           "signs", "3m", rule="0s up to, not including, podsReadyTimeout"),
+        S("sliceRecoveryWait", PER_RUNG, f"per rung config key ({_RUNGS}) or {DEFAULT_RUNG}, how long a running job "
+                                         "that lost its slice (a Spot preemption, a failed host, a maintenance, the "
+                                         "end of a DWS run) waits for it to be whole again before the failover "
+                                         "controller moves it to the next rung, or requeues it on the last; the "
+                                         "given entries are merged over the defaults",
+          {DEFAULT_RUNG: "10m", "spot": "2m", "flexStart": "2m"},
+          bounds=Bounds(MIN_RECOVERY_WAIT_SECONDS, MAX_RECOVERY_WAIT_SECONDS, duration=True)))),
+    S("failoverController", OBJECT, "Where the failover controller's pinned Python packages come from. Default (both "
+                                    "empty): PyPI, at each start. Not both.", fields=(
+        S("image", STRING, "a prebuilt image that has the pins (failover/Dockerfile); nothing is installed at start",
+          "", rule="pinned by tag or digest, never :latest"),
+        S("pipIndexUrl", STRING, "an index mirror instead of PyPI", "", rule="an https:// URL"))),
+    S("monitoring", OBJECT, "Metrics: GKE Managed Service for Prometheus on the cluster, PodMonitorings that scrape "
+                            "Kueue and the failover controller (a fleet's manager: Kueue and the fleet watch), a Cloud "
+                            "Monitoring dashboard and alert policies (infra/monitoring.py).", fields=(
+        S("enabled", BOOLEAN, "false declares none of them and leaves the cluster's monitoring to GKE's defaults",
+          True),
+        S("alerts", OBJECT, "the alert policies (fields merged over these defaults)", fields=(
+            S("enabled", BOOLEAN, "false declares no alert policy", True),
+            S("pendingTooLong", PER_RUNG, f"per rung config key ({_RUNGS}) or {DEFAULT_RUNG}, how long a job may "
+                                          "wait on that rung (pending, or holding quota while DWS or MultiKueue has "
+                                          "not admitted it) with nothing admitted there before an alert (a fleet's "
+                                          f"manager uses {DEFAULT_RUNG})", {DEFAULT_RUNG: "1h", "flexStart": "6h"},
+              bounds=Bounds(MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS, duration=True)),
+            S("movesPerHour", INTEGER, "the failover controller's moves down the ladder from one rung in an hour above "
+                                       "which an alert fires (a stockout)", 3, bounds=Bounds(0, MAX_MOVES_PER_HOUR)),
+            S("notificationChannels", STRINGS, "the Cloud Monitoring channels every policy notifies (none: incidents "
+                                               "in the console only)", [],
+              rule="projects/<project>/notificationChannels/<id>, each once"))))),
+)
+
+_TEAMS = (
+    S("teams", OBJECTS, "Teams sharing this cluster (a platform stack; empty: one team, the single chain).", [],
+      rule="each name and namespace once; a rung's shares add up to at most its slices, and the teams' Ray heads "
+           "(one per guaranteed slice) fit in systemPool", fields=(
+          S("name", STRING, "prefixes its ClusterQueues and Cohort", REQUIRED,
+            rule="1-30 lowercase letters, digits, hyphens; starts with a letter"),
+          S("namespace", STRING, "its own namespace", REQUIRED,
+            rule=f"a DNS label, no system namespace ({', '.join(sorted(SYSTEM_NAMESPACES))}, "
+                 f"{'*, '.join(SYSTEM_NAMESPACE_PREFIXES)}*)"),
+          S("groups", STRINGS, "Google group emails bound to the ClusterRole edit there", REQUIRED,
+            rule="at least one, each once"),
+          S("shares", OBJECT, "guaranteed slices per guaranteed rung, {reservation, onDemand}", REQUIRED,
+            rule=f"0 to {MAX_SLICES_PER_PLAN} per rung"),
+          S("borrowingLimit", INTEGER, "slices the team may use beyond its share on each rung (unset: no limit)",
+            UNSET, bounds=_SLICES),
+          S("lendingLimit", INTEGER, "slices of each share others may borrow (unset: all)", UNSET, bounds=_SLICES,
+            rule="at most the team's smallest share"))),
+    S("teamShareOrder", STRING, "With teams only: how a team's job takes its shares. ladder: in the ladder's order "
+                                "(rungOrder), reclaiming a share lent to another team before going down to its next "
+                                "rung, and borrowing only when no share of its own can serve it (a reservation is "
+                                "paid for whether used or not). freeFirst: a free share of its own on any rung before "
+                                "a reclaim (fewer restarts of borrowers, more cost).", SHARE_ORDERS[0],
+      choices=SHARE_ORDERS),
+    S("googleGroupsDomain", STRING, "Required with teams, only then: the domain whose gke-security-groups@<domain> "
+                                    "group holds the teams' groups (GKE Google Groups for RBAC, set on the cluster).",
+      "", rule="a domain such as example.com"),
+    S("fleetMember", OBJECT, "Plan C: this regional stack as a member of a fleet (a stack with tpu-fallback:fleet, "
+                             "roles/fleet.py). Not with teams.", fields=(
+        S("enabled", BOOLEAN, "declare the fleet's LocalQueue (namespace tpu-fleet, fleet-queue) and a ClusterRole "
+                              "with MultiKueue's worker RBAC (the fleet binds it to its manager's Google service "
+                              "account; no token is made here), and publish fleetMember (queue, capacity, endpoint "
+                              "and CA)", False),
+        S("startRung", STRING, "where fleet jobs start here (flexStart: admitted once DWS has provisioned a slice, "
+                               "so the first region with TPUs wins)", FLEX_START.key, rule="an enabled rung"),
+        S("rungs", STRINGS, "the rungs besides startRung the fleet may use here one member at a time, each a step of "
+                            "the fleet's ladder before DWS everywhere (empty: DWS only)", [],
+          rule="enabled rungs without an admission check (reservation, onDemand, spot), each once"))),
+)
+
+KEYS: tuple[Setting, ...] = (*_ROUTES, *_CONTROLLERS, *_TEAMS, WORKLOADS, FLEET, PLATFORM_STACK, TEAM)
+BY_NAME: Mapping[str, Setting] = {key.name: key for key in KEYS}
+
+# The defaults of every key a regional stack owns (a team or fleet stack refuses them when they differ). Object keys
+# are merged field by field, so a stack file sets only the fields it changes.
+DEFAULTS: Mapping[str, Any] = {key.name: key.value for key in KEYS if key.stacks == REGION}
+
+
+def key_default(name: str) -> Any:
+    """A key's default as its reader merges over it (e.g. workloads/settings.py WORKLOAD_DEFAULTS)."""
+    return BY_NAME[name].value
+
+
+def setting(path: str) -> Setting:
+    """The table's entry of a dotted path such as fallback.sliceRecoveryWait or teams[].name."""
+    for key in KEYS:
+        for found, entry in key.walk():
+            if found == path:
+                return entry
+    raise KeyError(path)

@@ -1,0 +1,73 @@
+"""The configuration table's keys besides a regional stack's own: the training jobs' (every stack that runs them),
+a fleet stack's and a team stack's (infra/settings/keys.py has the rest and the rules)."""
+
+from __future__ import annotations
+
+from infra.settings.schema import (BOOLEAN, DURATION, FLEET as FLEET_STACK, INTEGER, JOBS, OBJECT, REQUIRED, STRING,
+                                   STRINGS, TEAM as TEAM_STACK, Bounds, Setting)
+
+S = Setting
+_QUANTITY = "a quantity such as {example} that fits one {host}"
+
+WORKLOADS = S("workloads", OBJECT, "The training RayJobs (workloads/).", stacks=JOBS, fields=(
+    S("enabled", BOOLEAN, "false declares none (a platform only)", True),
+    S("jobs", INTEGER, "how many (the seed submits two: the first lands on plan A, the second falls back to plan B)",
+      2, bounds=Bounds(0, 50)),
+    S("namespace", STRING, "where they run (a LocalQueue is made there)", "default",
+      rule="a Kubernetes namespace name"),
+    S("namePrefix", STRING, "jobs are <prefix>-1..N (empty: rayjob-tpu-<generation>-<topology>, e.g. "
+                            "rayjob-tpu-v5e-4x4)", "", rule="job names that are DNS labels of at most 40 characters"),
+    S("headCpu", STRING, "CPU request per Ray head", "2",
+      rule=_QUANTITY.format(example="2 or 500m", host="systemPool node")),
+    S("headMemory", STRING, "memory request per Ray head", "4Gi",
+      rule=_QUANTITY.format(example="4Gi or 512Mi", host="systemPool node")),
+    S("workerCpu", STRING, "CPU request per TPU host", "8", rule=_QUANTITY.format(example="8", host="TPU VM")),
+    S("workerMemory", STRING, "memory request per TPU host", "16Gi",
+      rule=_QUANTITY.format(example="16Gi", host="TPU VM")),
+    S("checkpointEvery", INTEGER, "steps between checkpoints: a slice lost without notice costs up to this many (with "
+                                  "GKE's termination notice the workers' preStop hook has them save the step they "
+                                  "reached)", 100, bounds=Bounds(1, 100_000)),
+    S("trainingArgs", STRINGS, "flags for workloads/train.py; the default trains a ~100M-parameter model in bf16, "
+                               "real matmul work for a slice, still quick to compile",
+      ["--steps", "500", "--dtype", "bfloat16", "--lr", "1e-3", "--vocab", "8192", "--seq-len", "1024",
+       "--d-model", "1024", "--layers", "8", "--heads", "16", "--batch-size", "256"],
+      rule="flags train.py knows, none it derives from the platform (slice, bucket, job name, --checkpoint-every); "
+           "--batch-size a multiple of the slice's chips"),
+    S("maxRunDuration", INTEGER, "seconds a DWS request may run (plan B; DWS nodes run for up to seven days)", 86400,
+      bounds=Bounds(1, 7 * 24 * 3600)),
+    S("backoffLimit", INTEGER, "RayJob retries, each resuming from the checkpoint", 2, bounds=Bounds(1, 10)),
+    S("rayImageRepository", STRING, "where the pinned Ray image comes from (Docker Hub's by default; an air-gapped "
+                                    "cluster names its mirror)", "rayproject/ray",
+      rule="registry/path with no tag: the tag is the Ray pin"),
+))
+
+FLEET = S("fleet", OBJECT, "Makes this stack a fleet (plan C, roles/fleet.py): one queue over the member stacks, Kueue "
+                           "MultiKueue on a small manager cluster. A fleet stack also reads zone, clusterName, "
+                           "gkeVersion, deletionProtection, systemPool, kueue, failoverController, monitoring and "
+                           "workloads.", stacks=FLEET_STACK, fields=(
+    S("members", STRINGS, "the member stacks, each with fleetMember enabled", [],
+      rule="2 to 20 stacks, <organization>/<project>/<stack>, each once; a stack name is a DNS label"),
+    S("dispatcher", STRING, "how MultiKueue dispatches a job: to every member at once, or to a few at a time",
+      "AllAtOnce", choices=("AllAtOnce", "Incremental")),
+    S("workerLostTimeout", DURATION, "how long the manager waits for a member that stopped answering before it "
+                                     "dispatches the member's jobs again (Kueue's default; shorter re-dispatches "
+                                     "sooner, but makes two runs at once likelier after a short partition)", "15m",
+      bounds=Bounds(10, 24 * 3600, duration=True)),
+    S("checkpointLocation", STRING, "where the fleet's one checkpoint bucket is (empty: the first member's region)",
+      "", rule="a Cloud Storage location such as US, EU or us-east5"),
+    S("memberOrder", STRINGS, "the members again, in the order a rung's steps are tried (empty: the members' order)",
+      [], rule="each member once"),
+    S("rungOrder", STRINGS, "the order the fleet's ladder tries the members' rungs (empty: reservation, onDemand, "
+                            "spot); DWS everywhere is always the last step", [],
+      rule="reservation, onDemand, spot, each once"),
+    S("stepWait", DURATION, "how long a job waits at a busy step of the fleet's ladder (a free reservation or "
+                            "on-demand slice admits within a second)", "30s", bounds=Bounds(5, 3600, duration=True)),
+    S("maxWait", DURATION, "how long a job may wait with no member admitting it before it is given up (empty: never)",
+      "", bounds=Bounds(60, 720 * 3600, duration=True)),
+))
+
+PLATFORM_STACK = S("platformStack", STRING, "Makes this stack a team stack (roles/team.py): the platform stack whose "
+                                            "cluster the team uses.", REQUIRED, stacks=TEAM_STACK,
+                   rule="<organization>/<project>/<stack>, another stack")
+TEAM = S("team", STRING, "The team (of the platform stack's teams) a team stack deploys for.", REQUIRED,
+         stacks=TEAM_STACK, rule="a team name")
