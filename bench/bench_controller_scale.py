@@ -2,7 +2,7 @@
 what it costs while nothing happens. On the real tier, with the controller as deployed (its ServiceAccount's
 token, the Deployment's environment and resync) and a 30 s podsReadyTimeout.
 
-    .venv/bin/python bench/bench_controller_scale.py [--parked 2000] [--rounds 3] [--slices 4]
+    .venv/bin/python -m bench.bench_controller_scale [--parked 2000] [--rounds 3] [--slices 4]
 
 1. `--parked` RayJobs wait in a LocalQueue whose ClusterQueue has no quota (Kueue keeps their Workloads pending).
 2. The controller starts; the time until it answers /healthz (its first lists done) is printed.
@@ -15,7 +15,7 @@ token, the Deployment's environment and resync) and a 30 s podsReadyTimeout.
    "GCE out of resources" FailedScaleUp event on their TPU pods; latency = the move's first write seen - (the first
    event's firstTimestamp + the grace period).
 Goals (issue 14): p95 <= 1 s on both paths, CPU <= 5 % of a core, RSS <= 200 MiB.
-Binaries must be built (`python -m tests.controlplane build`).
+Binaries must be built (`python -m testbed build`).
 """
 
 from __future__ import annotations
@@ -25,21 +25,19 @@ import copy
 import datetime
 import os
 import statistics
-import sys
 import threading
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from failover.regional import decisions  # noqa: E402
-from failover.regional.controller import WATCHED_RAYJOBS, WATCHED_WORKLOADS  # noqa: E402
-from failover.runtime.informer import Informer  # noqa: E402
-from infra import failover as stack_failover  # noqa: E402
-from infra import kueue as stack_kueue  # noqa: E402
-from tests.controlplane import jobs  # noqa: E402
-from tests.controlplane.failover_tier import NAMESPACE, start_failover_tier  # noqa: E402
-from tests.controlplane.kube import poll_every, wait_for  # noqa: E402
+from failover.regional import decisions
+from failover.regional.controller import WATCHED_RAYJOBS, WATCHED_WORKLOADS
+from failover.runtime.informer import Informer
+from infra import failover as stack_failover
+from infra import kueue as stack_kueue
+from testbed import jobs
+from testbed.failover_tier import NAMESPACE, start_failover_tier
+from testbed.kube import poll_every, wait_for
 
 PARKED_QUEUE = "parked"
 

@@ -1,28 +1,25 @@
 """The real control plane: start time, and how fast Kueue decides on the dev stack's RayJobs.
 
-    .venv/bin/python bench/bench_controlplane.py [--runs 5]
+    .venv/bin/python -m bench.bench_controlplane [--runs 5]
 
 Per run: a fresh tier (etcd, kube-apiserver, kube-controller-manager, Kueue), the dev stack's objects applied in
 dependency order, then job 1 (to Workload Admitted on on-demand) and job 2 (to its DWS ProvisioningRequest),
 each timed from its RayJob's creation. Prints each run and the medians. Binaries must be built
-(`python -m tests.controlplane build`).
+(`python -m testbed build`).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.offline import PLACEHOLDER_PROJECT, run_program, stack_config  # noqa: E402
-from tests.controlplane import jobs  # noqa: E402
-from tests.controlplane.cluster import ControlPlane  # noqa: E402
-from tests.controlplane.kube import poll_every, wait_for  # noqa: E402
-from tests.controlplane.stack import creation_order, deploy, release_values  # noqa: E402
+from infra.offline import PLACEHOLDER_PROJECT, run_program, stack_config
+from testbed import jobs
+from testbed.cluster import ControlPlane
+from testbed.kube import poll_every, wait_for
+from testbed.stack import creation_order, deploy, release_values
 
 
 def one_run(plan) -> dict[str, float]:

@@ -1,6 +1,6 @@
 """Time to a running slice, on the real tier with real KubeRay, kube-scheduler and GKE-shaped nodes.
 
-    .venv/bin/python bench/bench_failover.py [--runs 3] [--timeout 30] [--grace 4] [--scale-up 0.5]
+    .venv/bin/python -m bench.bench_failover [--runs 3] [--timeout 30] [--grace 4] [--scale-up 0.5]
 
 Per run, on the dev stack's platform with its failover controller:
 - first rung: a RayJob submitted with on-demand capacity free: created -> all its pods Running and Ready on the
@@ -13,23 +13,20 @@ Per run, on the dev stack's platform with its failover controller:
 - eviction -> next rung: for both paths, Kueue's eviction from on-demand -> all the next run's pods Running on the
   DWS slice, DWS provisioning played at once (on GKE it takes what DWS takes: minutes to days).
 The controller passes every second here (the Deployment: on watch events, resync every 300 s).
-Binaries must be built (`python -m tests.controlplane build`).
+Binaries must be built (`python -m testbed build`).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.controlplane import jobs  # noqa: E402
-from tests.controlplane.failover_tier import NAMESPACE, RESYNC_SECONDS, start_failover_tier  # noqa: E402
-from failover.regional.decisions import parse_time  # noqa: E402
-from tests.controlplane.kube import condition, poll_every, wait_for  # noqa: E402
+from testbed import jobs
+from testbed.failover_tier import NAMESPACE, RESYNC_SECONDS, start_failover_tier
+from failover.regional.decisions import parse_time
+from testbed.kube import condition, poll_every, wait_for
 
 WAIT = 180
 

@@ -4,7 +4,7 @@ it to the member whose slice came first, and to report the winner's status back,
 stacks on two members, each etcd + kube-apiserver + kube-controller-manager + Kueue 0.19.2, and the fleet watch as
 deployed).
 
-    .venv/bin/python bench/bench_fleet.py [--rounds 5] [--pause 1.0] [--json samples.json]
+    .venv/bin/python -m bench.bench_fleet [--rounds 5] [--pause 1.0] [--json samples.json]
                                           [--scripts all|none|S1,S2,...] [--script-rounds 1] [--dws-seconds 10]
 
 Each round submits a new copy of the fleet plan's RayJob on the manager and times, from just before each call:
@@ -19,7 +19,7 @@ Then the job is deleted on the manager and the bench waits until nothing of it i
 
 Then the fleet's ladder (issue 18) side by side with that DWS-only fleet, on scripted capacity (which member has
 which capacity when; `SCRIPTS`): each script runs on today's fleet (DWS only, the tier above) and on a fleet whose
-members offer their on-demand rung (tests/controlplane/ladder_tier.py: a tier of its own, started after the first
+members offer their on-demand rung (testbed/ladder_tier.py: a tier of its own, started after the first
 is stopped, with the ladder controller as deployed; stepWait 5 s, members' stockoutGracePeriod 4 s and
 podsReadyTimeout 30 s). Per script and fleet: submission -> the RayJob in the member that has the capacity (the job
 can start; both tiers run real KubeRay, the scheduler and each member's pools: also -> its pods ready there), and the cost of each failed step: the member's autoscaler stand-in's "GCE out of resources" Event on
@@ -41,7 +41,7 @@ patch), cross-region latency between the manager and the members (here all on 12
 Ray's start (KWOK makes them Running at once), and GKE API servers' latency under load. The three
 control planes share this machine's cores with the bench (and with whatever else runs): the load average at start
 is printed; compare runs on a quiet machine.
-Binaries must be built (`python -m tests.controlplane build`).
+Binaries must be built (`python -m testbed build`).
 """
 
 from __future__ import annotations
@@ -58,18 +58,17 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from failover.ladder.decisions import PODS_READY_LEAD  # noqa: E402
-from infra.fleet_member import FLEET_NAMESPACE  # noqa: E402
-from tests.controlplane import jobs  # noqa: E402
-from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,  # noqa: E402
-                                           MANAGER, WORKLOAD, FleetStacks, FleetTier, applied_fleet, fleet_plan,
-                                           member_plan, member_values)
-from tests.controlplane.ladder_tier import (GRACE_SECONDS, ON_DEMAND_ONLY, ON_DEMAND_W1, ON_DEMAND_W2,  # noqa: E402
-                                            LadderFleet, ladder_fleet_plan, ladder_member_plan)
-from tests.controlplane.kube import poll_every, wait_for  # noqa: E402
-from tests.controlplane.stack import release_values  # noqa: E402
+from failover.ladder.decisions import PODS_READY_LEAD
+from infra.fleet_member import FLEET_NAMESPACE
+from testbed import jobs
+from testbed.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
+                                MANAGER, WORKLOAD, FleetStacks, FleetTier, applied_fleet, fleet_plan,
+                                member_plan, member_values)
+from testbed.kube import poll_every, wait_for
+from testbed.ladder_tier import (GRACE_SECONDS, ON_DEMAND_ONLY, ON_DEMAND_W1, ON_DEMAND_W2,
+                                 LadderFleet, ladder_fleet_plan, ladder_member_plan)
+from testbed.stack import release_values
 
 GOAL_SECONDS = 5.0
 NOT_READY_SECONDS = PODS_READY_TIMEOUT_SECONDS - PODS_READY_LEAD.total_seconds()  # when the ladder moves a silent one

@@ -1,7 +1,7 @@
 """The fleet watch at scale (failover/watch/): its steady CPU with 500 fleet jobs across 3 members, and how long a
 member's change takes to show on the manager's RayJob (annotation `tpu-fallback/fleet`).
 
-    .venv/bin/python bench/bench_fleet_watch.py [--jobs 500] [--members 3] [--samples 40] [--steady 60]
+    .venv/bin/python -m bench.bench_fleet_watch [--jobs 500] [--members 3] [--samples 40] [--steady 60]
 
 A lighter setup than the fleet tier: four real API servers on 127.0.0.1 (etcd + kube-apiserver 1.36 with Kueue's,
 KubeRay's and the ProvisioningRequest CRDs, no Kueue, no controllers): a manager and `--members` members. The bench
@@ -18,7 +18,7 @@ its own process, with the admin's credentials.
    or created again (Running); the time from the member's write returning to the manager RayJob's annotation
    changing, seen through a watch on the manager's RayJobs in this process; goal p95 <= 2 s.
 The CPUs are shared with the API servers (and whatever else runs): the load average is printed.
-Binaries must be built (`python -m tests.controlplane build`).
+Binaries must be built (`python -m testbed build`).
 """
 
 from __future__ import annotations
@@ -37,15 +37,14 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
 
-from kubernetes import client, config, watch  # noqa: E402
+from kubernetes import client, config, watch
 
-from failover.regional.decisions import MULTIKUEUE_ORIGIN_LABEL  # noqa: E402
-from failover.watch.decisions import FLEET_ANNOTATION  # noqa: E402
-from tests.controlplane import build, pki  # noqa: E402
-from tests.controlplane.cluster import ControlPlane  # noqa: E402
-from tests.controlplane.kube import poll_every, wait_for  # noqa: E402
+from failover.regional.decisions import MULTIKUEUE_ORIGIN_LABEL
+from failover.watch.decisions import FLEET_ANNOTATION
+from testbed import build, pki
+from testbed.cluster import ControlPlane
+from testbed.kube import poll_every, wait_for
 
 NAMESPACE, ORIGIN = "tpu-fleet", "tpu-fallback-fleet"
 KUEUE_GV, RAY_GV = ("kueue.x-k8s.io", "v1beta2"), ("ray.io", "v1")
@@ -56,8 +55,8 @@ class BarePlane(ControlPlane):
     """etcd, kube-apiserver and the CRDs: what the watch reads, without Kueue or controllers."""
 
     def _start(self) -> None:
-        from tests.controlplane import chart
-        from tests.controlplane.processes import free_port
+        from testbed import chart
+        from testbed.processes import free_port
 
         binaries = build.build_all()
         self.ca = pki.Authority(self.workdir / "pki")
@@ -68,7 +67,7 @@ class BarePlane(ControlPlane):
         self._start_etcd(binaries["etcd"])
         self._start_apiserver(binaries["kube-apiserver"], serving)
         self.kubeconfig = self._write_kubeconfig("admin", admin)
-        from tests.controlplane.kube import Kube
+        from testbed.kube import Kube
         self.kube = Kube(self.kubeconfig)
         self.webhook_port = free_port()
         self._install_crds()

@@ -1,9 +1,9 @@
 """A running job that loses its slice, on the real tier (Kueue, KubeRay, kube-scheduler, KWOK nodes shaped like the
 plan's pools) with the failover controller: how long until it runs again.
 
-    .venv/bin/python bench/bench_lost_slice.py [--runs 3] [--wait 30]
+    .venv/bin/python -m bench.bench_lost_slice [--runs 3] [--wait 30]
 
-Per run, per fault (tests/controlplane/gke.py `lose_slice` plays GKE: the whole multi-host slice goes, its pods
+Per run, per fault (testbed/gke.py `lose_slice` plays GKE: the whole multi-host slice goes, its pods
 terminated with the VM's grace period):
 - Spot preemption, capacity back: GKE's signal -> the loss recorded by the controller; -> the job Running again on
   Spot (KubeRay's new pods on the recreated slice, which the stand-in adds 0.5 s after the scheduler found no node);
@@ -11,23 +11,20 @@ terminated with the VM's grace period):
   on Spot, the next rung.
 On GKE add what the tier does not have: a new slice takes minutes (a node boots in 80-120 s, then the Ray image's
 pull), and Spot capacity that was just reclaimed seldom comes back at once.
-Binaries must be built (`python -m tests.controlplane build`).
+Binaries must be built (`python -m testbed build`).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from failover.regional import decisions  # noqa: E402
-from tests.controlplane import jobs  # noqa: E402
-from tests.controlplane.failover_tier import NAMESPACE, start_failover_tier  # noqa: E402
-from tests.controlplane.kube import poll_every, wait_for  # noqa: E402
+from failover.regional import decisions
+from testbed import jobs
+from testbed.failover_tier import NAMESPACE, start_failover_tier
+from testbed.kube import poll_every, wait_for
 
 WAIT = 240
 SPOT_GRACE_SECONDS = 15

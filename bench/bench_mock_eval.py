@@ -1,6 +1,6 @@
 """Benchmark: how long the mock evaluation of the program takes, and how it grows with slices per plan.
 
-    .venv/bin/python bench/bench_mock_eval.py [--repeat 5]
+    .venv/bin/python -m bench.bench_mock_eval [--repeat 5]
 
 Runs the real __main__.py under the recording engine (what the tests and the offline plan do) for the dev
 stack, then with 1, 2, 4, 8 and 16 multi-host 4x4 slices in each plan (one node pool per slice), and
@@ -12,13 +12,10 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from infra.offline import PLACEHOLDER_PROJECT, OfflineEngine, stack_config  # noqa: E402
+from infra.offline import PLACEHOLDER_PROJECT, OfflineEngine, stack_config
 
 
 def evaluate(config: dict[str, str], repeat: int) -> tuple[int, list[float]]:

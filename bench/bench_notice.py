@@ -1,7 +1,7 @@
 """What a lost slice costs the training: steps lost with and without GKE's termination notice, and the time from the
 loss to the first new step, with real Ray Train and JAX on the CPU (2 workers, as two TPU hosts).
 
-    .venv/bin/python bench/bench_notice.py [--runs 3] [--steps 30] [--checkpoint-every 10]
+    .venv/bin/python -m bench.bench_notice [--runs 3] [--steps 30] [--checkpoint-every 10]
 
 One fit per run with two faults, as tests/test_train.py: the notice (the file the workers' preStop hook creates on
 GKE) after step 5, then a worker killed without notice after step 15. Ray Train restarts the worker group after
@@ -17,13 +17,11 @@ import argparse
 import json
 import os
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from workloads import train  # noqa: E402
+from workloads import train
 
 NOTICE_AT, FAIL_AT = 5, 15
 

@@ -1,6 +1,6 @@
 """What Kueue's PodsReady waits for with real KubeRay: each step from admission to PodsReady, on the tier.
 
-    .venv/bin/python bench/bench_pods_ready.py [--runs 3] [--scale-up 0.5] [--submit-delay 0]
+    .venv/bin/python -m bench.bench_pods_ready [--runs 3] [--scale-up 0.5] [--submit-delay 0]
 
 The dev stack's first job on its plan-A rung, with a free slice after `--scale-up` seconds. Steps, from the
 Workload's admission: the RayCluster created; its head and workers Running and Ready; the RayCluster `ready`;
@@ -8,24 +8,21 @@ KubeRay's submitter Job created (K8sJobMode, the default the jobs use); its pod 
 for the job (`--submit-delay`: how long `ray job submit` takes to reach the head after the submitter starts); and
 Kueue's PodsReady. On the tier no image is pulled and no container starts; on GKE each "Running" also waits for the
 node to come up, the image pull (rayproject/ray, streamed) and Ray's start, and the submitter adds its own pod start.
-Binaries must be built (`python -m tests.controlplane build`).
+Binaries must be built (`python -m testbed build`).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.conftest import plan_for  # noqa: E402
-from tests.controlplane import jobs  # noqa: E402
-from tests.controlplane.cluster import ControlPlane  # noqa: E402
-from tests.controlplane.kube import condition  # noqa: E402
-from tests.controlplane.stack import deploy, release_values  # noqa: E402
+from testbed import jobs
+from testbed.cluster import ControlPlane
+from testbed.kube import condition
+from testbed.plans import plan_for
+from testbed.stack import deploy, release_values
 
 NAMESPACE = "default"
 STEPS = ("RayCluster created", "head and workers Running", "RayCluster ready", "submitter Job created",

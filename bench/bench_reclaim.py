@@ -1,28 +1,25 @@
 """Reclaim time: from the owner's RayJob submitted to the borrower's eviction, and to the owner's admission, on the
 real tier with the teams of tests/test_teams_controlplane.py.
 
-    .venv/bin/python bench/bench_reclaim.py [--runs 5]
+    .venv/bin/python -m bench.bench_reclaim [--runs 5]
 
 Each run: team C (no share) takes the unowned on-demand slice, team B its share and team A's idle one; then A
 submits. Kueue evicts one borrower (InCohortReclamation) and suspends its RayJob; the bench plays KubeRay at once
 (status Suspended, which frees the quota) and times A's admission on on-demand. Playing KubeRay costs a few API
 calls; on GKE, KubeRay deletes the RayCluster first (seconds to minutes), which adds to the second number.
-Binaries must be built (`python -m tests.controlplane build`).
+Binaries must be built (`python -m testbed build`).
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from tests.controlplane import jobs  # noqa: E402
-from tests.controlplane.kube import poll_every, wait_for  # noqa: E402
-from tests.test_teams_controlplane import (TEAM_A, TEAM_B, TEAM_C, TEAMS, evictions, flavor,  # noqa: E402
+from testbed import jobs
+from testbed.kube import poll_every, wait_for
+from tests.test_teams_controlplane import (TEAM_A, TEAM_B, TEAM_C, TEAMS, evictions, flavor,
                                            start_teams_tier, submit)
 
 

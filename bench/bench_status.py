@@ -1,13 +1,13 @@
 """`python -m ops status` with many jobs: the time of one call against the real tier (goal: 1,000 Workloads in the
 namespace under 3 s on 2 cores).
 
-    .venv/bin/python bench/bench_status.py [--jobs 1000] [--calls 5]
+    .venv/bin/python -m bench.bench_status [--jobs 1000] [--calls 5]
 
 A tier with the status tests' ladder (reservation, on-demand, Spot, two DWS slices); `--jobs` RayJobs submitted to
 the chain's first LocalQueue (Kueue admits the first few and queues the rest: one Workload each); then `--calls`
 calls of the command as a user runs it (a new process: imports, kubeconfig, discovery, every list, the report, the
 table) and of the same read in this process, to tell the start-up from the work. Prints each call, then p50 and max.
-Binaries must be built (`python -m tests.controlplane build`).
+Binaries must be built (`python -m testbed build`).
 """
 
 from __future__ import annotations
@@ -22,17 +22,16 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from ops.status.render import render_table  # noqa: E402
-from ops.status.report import build_report  # noqa: E402
-from ops.status.snapshot import ClusterReader  # noqa: E402
-from tests.controlplane import jobs  # noqa: E402
-from tests.controlplane.cluster import ControlPlane  # noqa: E402
-from tests.controlplane.failover_tier import FailoverTier  # noqa: E402
-from tests.controlplane.kube import poll_every, wait_for  # noqa: E402
-from tests.controlplane.stack import release_values  # noqa: E402
-from tests.controlplane.status_states import NAMESPACE, ladder_plan  # noqa: E402
+from ops.status.render import render_table
+from ops.status.report import build_report
+from ops.status.snapshot import ClusterReader
+from testbed import jobs
+from testbed.cluster import ControlPlane
+from testbed.failover_tier import FailoverTier
+from testbed.kube import poll_every, wait_for
+from testbed.stack import release_values
+from testbed.status_states import NAMESPACE, ladder_plan
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -16,8 +16,8 @@ MFU = achieved model TFLOP/s per device / peak. Known peak dense bf16 TFLOP/s pe
     NVIDIA H100 SXM 989, H200 SXM 989 (same GH100 compute), TPU v6e 918, TPU v5p 459, TPU v5e 197.
 
 Examples:
-    python bench/bench_train_step.py                          # CPU: 1, 2, 4 forced host devices
-    python bench/bench_train_step.py --devices 1 --d-model 1024 --layers 8 --heads 16 --seq-len 1024 \\
+    python -m bench.bench_train_step                          # CPU: 1, 2, 4 forced host devices
+    python -m bench.bench_train_step --devices 1 --d-model 1024 --layers 8 --heads 16 --seq-len 1024 \\
         --batch-size 32 --peak-tflops-per-device 989          # one H200, bf16 (--dtype auto)
 """
 
@@ -29,11 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-TRAIN_PY = Path(__file__).resolve().parents[1] / "workloads" / "train.py"
+REPO = Path(__file__).resolve().parents[1]
 
 
 def load_train():
-    sys.path.insert(0, str(TRAIN_PY.parents[1]))
+    # Imported only in a child, after its XLA_FLAGS has fixed the device count.
     from workloads import train
 
     return train
@@ -110,8 +110,8 @@ def main(argv=None):
     for n in (int(x) for x in args.devices.split(",")):
         env = dict(os.environ, XLA_FLAGS=(os.environ.get("XLA_FLAGS", "")
                                          + f" --xla_force_host_platform_device_count={n}").strip())
-        out = subprocess.run([sys.executable, __file__, *(argv if argv is not None else sys.argv[1:]),
-                              "--child", str(n)], env=env, capture_output=True, text=True, check=True)
+        out = subprocess.run([sys.executable, "-m", "bench.bench_train_step", *(argv if argv is not None else sys.argv[1:]),
+                              "--child", str(n)], cwd=REPO, env=env, capture_output=True, text=True, check=True)
         rows.append(json.loads(out.stdout.strip().splitlines()[-1]))
 
     base = next((r for r in rows if r["devices"] == 1 and "skipped" not in r), None)

@@ -1,9 +1,9 @@
 """The real control plane by hand.
 
-    python -m tests.controlplane build [NAME...]   build what is missing (all by default) into the cache
-    python -m tests.controlplane up [STACK]        start the tier (Kueue configured as STACK's release, dev
-                                                   by default), print how to reach it, stop on Ctrl-C
-    python -m tests.controlplane wrappers          regenerate tests/controlplane/gomod/* after a version bump
+    python -m testbed build [NAME...]   build what is missing (all by default) into the cache
+    python -m testbed up [STACK]        start the tier (Kueue configured as STACK's release, dev
+                                        by default), print how to reach it, stop on Ctrl-C
+    python -m testbed wrappers          regenerate testbed/gomod/* after a version bump
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ import signal
 import sys
 import time
 
-from tests.controlplane import build
+from testbed import build
 
 
 def up(stack: str = "dev") -> int:
     from infra.offline import PLACEHOLDER_PROJECT, run_program, stack_config
-    from tests.controlplane.cluster import ControlPlane
-    from tests.controlplane.stack import release_values
+    from testbed.cluster import ControlPlane
+    from testbed.stack import release_values
 
     config = {"gcp:project": PLACEHOLDER_PROJECT, **stack_config(stack)}
     plane = ControlPlane(release_values(run_program(config, stack)))  # Kueue as this stack's release configures it

@@ -16,7 +16,7 @@ from pathlib import Path
 import yaml
 
 from infra.kueue import MANAGER_CONFIG_KEY, NAMESPACE, RELEASE_NAME
-from tests.controlplane import build
+from testbed import build
 
 CONFIG_KEY = MANAGER_CONFIG_KEY  # the chart's ConfigMap key
 # libyaml's loader: the chart's and KubeRay's CRDs are megabytes of YAML, and PyYAML's pure-Python scanner spent

@@ -28,11 +28,11 @@ import yaml
 from failover import credentials
 from infra import kueue as stack_kueue
 from infra.offline import Plan
-from tests import upstream
-from tests.controlplane import build, chart, pki, versions
-from tests.controlplane.kube import Kube, wait_for
-from tests.controlplane.processes import Process, StartError, Supervisor, free_port, http_ok
-from tests.controlplane.runtime import AfterAdmission
+from testbed import upstream
+from testbed import build, chart, pki, versions
+from testbed.kube import Kube, wait_for
+from testbed.processes import Process, StartError, Supervisor, free_port, http_ok
+from testbed.runtime import AfterAdmission
 
 # Kueue opens this pair whenever its internal cert management is off, metrics or not (cmd/kueue/main.go).
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
@@ -50,7 +50,7 @@ SERVICE_CIDR = "10.0.0.0/24"
 # And what real nodes need (../shared/notes/kuberay-kwok.md): `job` runs KubeRay's submitter Job, `podgc` deletes
 # the pods of a node that is gone, `nodelifecycle` lifts the not-ready taint every new node is created with.
 # The node lifecycle controller marks a node whose heartbeats stopped for this long Unknown, and its pods NotReady.
-# The tier plays a failed host itself (tests/controlplane/gke.py _fail_host); a gap in heartbeats is only ever ours: a
+# The tier plays a failed host itself (testbed/gke.py _fail_host); a gap in heartbeats is only ever ours: a
 # partition played by freezing the API server (`freeze`). At the default 50 s the controller tried to mark a member's
 # nodes during a ~70 s partition (its log: "Error updating node"), and once the member answered again a Ray head just
 # started there stayed NotReady (KWOK, unlike a kubelet, never reports a pod Ready again) until its job was evicted at
@@ -61,7 +61,7 @@ NODE_MONITOR_GRACE = "10m"
 # HTTP/2 health check: a connection idle for HTTP2_READ_IDLE_TIMEOUT_SECONDS (default 30) is pinged, and closed when
 # the ping is unanswered for HTTP2_PING_TIMEOUT_SECONDS (15); the next request then spends the TLS handshake timeout
 # (10 s) on the frozen server: a partition scenario waited ~55 s for Kueue to lose the member. On the tier's clock, as
-# podsReadyTimeout (tests/controlplane/stack.py): 10 + 5, so ~25 s. On GKE the defaults apply.
+# podsReadyTimeout (testbed/stack.py): 10 + 5, so ~25 s. On GKE the defaults apply.
 # Ref: k8s.io/apimachinery/pkg/util/net/http.go readIdleTimeoutSeconds, pingTimeoutSeconds (kubernetes/kubernetes#95981)
 KUEUE_CLIENT_ENV = {"HTTP2_READ_IDLE_TIMEOUT_SECONDS": "10", "HTTP2_PING_TIMEOUT_SECONDS": "5"}
 CONTROLLERS = ("garbagecollector", "namespace", "serviceaccount-token", "clusterrole-aggregation", "job", "podgc",

@@ -18,12 +18,12 @@ from failover import slices
 from failover.regional import decisions
 from infra import failover as stack_failover
 from infra.offline import Plan
-from tests.conftest import REPO, plan_for
-from tests.controlplane import jobs
-from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.kube import Kube, wait_for
-from tests.controlplane.processes import Process, start_serving
-from tests.controlplane.stack import deploy, release_values
+from testbed import jobs
+from testbed.cluster import ControlPlane
+from testbed.kube import Kube, wait_for
+from testbed.plans import REPO, plan_for
+from testbed.processes import Process, start_serving
+from testbed.stack import deploy, release_values
 
 # Kueue's waitForPodsReady on the tier's clock (stack.release_values): a slice appears here within seconds, so
 # 30 s still leaves a healthy job on a busy machine several times what it needs to be PodsReady.
@@ -95,7 +95,7 @@ class FailoverTier:
 
     @property
     def gke(self):
-        """The autoscaler stand-in over the plan's pools (tests/controlplane/gke.py)."""
+        """The autoscaler stand-in over the plan's pools (testbed/gke.py)."""
         return self.plane.after.gke
 
     def pools_of(self, flavor: str) -> list[str]:

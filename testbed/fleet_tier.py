@@ -31,13 +31,13 @@ from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_NAMESPACE
 from infra.kueue import KUEUE_API_VERSION
 from infra.offline import OfflineEngine, Plan, StackOutputs
-from tests.conftest import REPO, config_with, plan_for
-from tests.controlplane import jobs
-from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.google import FakeGoogle
-from tests.controlplane.kube import Kube, Rejected, condition, server_seconds, wait_for
-from tests.controlplane.processes import Process, free_port
-from tests.controlplane.stack import Step, deploy, release_configuration, release_values
+from testbed import jobs
+from testbed.cluster import ControlPlane
+from testbed.google import FakeGoogle
+from testbed.kube import Kube, Rejected, condition, server_seconds, wait_for
+from testbed.plans import REPO, config_with, plan_for
+from testbed.processes import Process, free_port
+from testbed.stack import Step, deploy, release_configuration, release_values
 
 MANAGER = "manager"
 

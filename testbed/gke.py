@@ -5,7 +5,7 @@ carrying what GKE puts on that pool's nodes; nothing here is written per test. T
 cluster autoscaler and DWS over those templates: it grows a pool when a pod the scheduler could not place fits the
 pool's template (a multi-host slice appears whole), creates a queued pool's slice once its ProvisioningRequest is
 Provisioned, says "GCE out of resources" about a pod when a stockout is scripted, and removes a slice once no pod
-runs on it. Nodes are KWOK's (tests/controlplane/runtime.py): they become Ready, pods on them Running, no container
+runs on it. Nodes are KWOK's (testbed/runtime.py): they become Ready, pods on them Running, no container
 runs.
 
 What GKE puts on a node, with where each comes from:
@@ -47,7 +47,7 @@ from types import MappingProxyType
 from infra import tpu as catalogue
 from infra.cpu import lookup_cpu_machine
 from infra.offline import Plan
-from tests.controlplane.kube import Kube, condition
+from testbed.kube import Kube, condition
 
 CLUSTER_TYPE = "gcp:container/cluster:Cluster"
 NODE_POOL_TYPE = "gcp:container/nodePool:NodePool"

@@ -27,7 +27,7 @@ import yaml
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import padding, rsa
 
-from tests.controlplane import pki
+from testbed import pki
 
 AUDIENCE = "tpu-fallback-tier-members"
 KEY_ID = "tier-google"

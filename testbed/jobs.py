@@ -8,10 +8,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from infra.kueue import KUEUE_API_VERSION
-from tests.conftest import plan_for
-from tests.controlplane.stack import Step
+from testbed.plans import plan_for
+from testbed.stack import Step
 from workloads.rayjob import QUEUE_LABEL
-from tests.controlplane.kube import Kube, condition, condition_reason, wait_for
+from testbed.kube import Kube, condition, condition_reason, wait_for
 
 RAYJOB = ("ray.io/v1", "RayJob")
 RAYCLUSTER = ("ray.io/v1", "RayCluster")

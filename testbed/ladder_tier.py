@@ -24,12 +24,12 @@ from infra import fleet as stack_fleet
 from infra.fleet_member import FLEET_NAMESPACE
 from infra.offline import OfflineEngine, StackOutputs
 from infra.offline import Plan
-from tests.conftest import REPO, config_with, plan_for
-from tests.controlplane import jobs
-from tests.controlplane.fleet_tier import (MEMBER_STACKS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
-                                           WORKER_LOST_SECONDS, FleetStacks)
-from tests.controlplane.kube import condition, wait_for
-from tests.controlplane.processes import Process, start_serving
+from testbed import jobs
+from testbed.fleet_tier import (MEMBER_STACKS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2,
+                                WORKER_LOST_SECONDS, FleetStacks)
+from testbed.kube import condition, wait_for
+from testbed.plans import REPO, config_with, plan_for
+from testbed.processes import Process, start_serving
 
 W3 = "member-us-east5-b"  # a third member: W1's stack in another zone, offering DWS only (the default)
 # The ladder tier's members: three (the issue's fleet), or the first two with TPU_FALLBACK_LADDER_MEMBERS=2 (measured
@@ -77,7 +77,7 @@ def ladder_member_plan(member: str, offered: tuple[str, ...] | None = None) -> P
 
 
 def ladder_fleet_plan(members: dict):
-    """The shipped fleet over these members, as tests/controlplane/fleet_tier.py's, with the shortest step wait."""
+    """The shipped fleet over these members, as testbed/fleet_tier.py's, with the shortest step wait."""
     stacks = {m: MEMBER_STACKS.get(m, f"my-org/tpu-fallback/{m}") for m in members}
     references = {stacks[m]: StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
                   for m, plan in members.items()}

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from tests.controlplane.kube import Kube
+from testbed.kube import Kube
 
 RAYJOB = ("ray.io/v1", "RayJob")
 DASHBOARD_PORT = 8265

@@ -17,9 +17,9 @@ from pathlib import Path
 import yaml
 
 from infra.offline import Plan
-from tests.controlplane import build, gke
-from tests.controlplane.processes import Process, Supervisor, free_port, http_ok
-from tests.controlplane.ray_head import EXIT_CODE_ANNOTATION, RayHead
+from testbed import build, gke
+from testbed.processes import Process, Supervisor, free_port, http_ok
+from testbed.ray_head import EXIT_CODE_ANNOTATION, RayHead
 
 # KWOK's own stages (its module's kustomize/stage): nodes become Ready and keep a heartbeat, pods become Running and
 # Ready on their node, deleted pods go. Its pod-complete stage is left out: it completes every Job-owned pod at once,

@@ -17,7 +17,7 @@ import yaml
 
 from infra import kueue as stack_kueue
 from infra.offline import Plan, Recorded
-from tests.controlplane.kube import Kube, condition, wait_for
+from testbed.kube import Kube, condition, wait_for
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 WAIT_FOR = "pulumi.com/waitFor"

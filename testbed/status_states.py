@@ -18,9 +18,9 @@ from failover.regional.controller import COMPONENT, EVENT_REASON
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from infra.offline import Plan
-from tests.controlplane import jobs
-from tests.controlplane.failover_tier import FailoverTier, platform_plan
-from tests.controlplane.kube import Kube, condition, wait_for
+from testbed import jobs
+from testbed.failover_tier import FailoverTier, platform_plan
+from testbed.kube import Kube, condition, wait_for
 
 NAMESPACE = "default"
 OTHER_NAMESPACE = "research"  # a second team's namespace: shown with -A only

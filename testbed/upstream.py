@@ -1,7 +1,7 @@
 """Files of pinned upstream Go modules that ../shared/schemas does not hold (GMP's PodMonitoring CRD, Kueue's metric
 definitions), read at test time and never committed.
 
-The module comes from the Go module proxy at its version in tests/controlplane/versions.py (`go mod download`);
+The module comes from the Go module proxy at its version in testbed/versions.py (`go mod download`);
 only the file is kept, under versions.cache_dir()/upstream/<module>-<version>/, so later runs need neither Go nor
 the network. Test workers started in parallel wait for one download (a lock), and a killed copy never looks done.
 """
@@ -12,7 +12,7 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from tests.controlplane import build, versions
+from testbed import build, versions
 
 
 class Unavailable(LookupError):

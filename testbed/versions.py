@@ -61,7 +61,7 @@ BINARIES = {
     "kube-controller-manager": KUBERNETES,
     "kueue": KUEUE,
     "helm": HELM,
-    # After admission (tests/controlplane/runtime.py): the scheduler, KWOK's nodes and KubeRay's operator.
+    # After admission (testbed/runtime.py): the scheduler, KWOK's nodes and KubeRay's operator.
     "kube-scheduler": KUBERNETES,
     "kwok": KWOK,
     "kuberay-operator": KUBERAY,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
 from pathlib import Path
@@ -10,10 +9,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from infra.offline import PLACEHOLDER_PROJECT, OfflineEngine, Plan, config_value, namespaced, stack_config
+from infra.offline import namespaced
+from testbed.plans import REPO, base_config, config_with, plan_for  # noqa: F401 (the tests import them from here)
 from tests.k8s_schema import SCHEMAS_ENV, schemas_dir
 
-REPO = Path(__file__).resolve().parent.parent
 _STACK_FILES = {p.name[len("Pulumi."):-len(".yaml")]: p for p in REPO.glob("Pulumi.*.yaml")}
 # A stack has one role (__main__.py): team stacks name their platform stack and declare no cluster, so every test of
 # the cluster, pools, Kueue and the controller runs over the platform stacks; tests/test_team_stack.py and
@@ -33,36 +32,6 @@ SHIPPED_STACKS = sorted(set(_STACK_FILES) - set(TEAM_STACKS) - set(FLEET_STACKS)
 FLEET_MEMBER_STACKS = _stacks_setting("fleetMember")
 
 
-def base_config(stack: str = "dev") -> dict[str, str]:
-    """A shipped stack's config as the CLI would pass it, with the project a user sets by hand."""
-    config = stack_config(stack)
-    config.setdefault("gcp:project", PLACEHOLDER_PROJECT)
-    return config
-
-
-@functools.cache
-def _cached_plan(stack: str) -> Plan:
-    return OfflineEngine(stack).run(base_config(stack))
-
-
-def config_with(overrides: dict[str, object], stack: str = "dev") -> dict[str, str]:
-    """A shipped stack's config with keys replaced; values are given as YAML would give them."""
-    config = base_config(stack)
-    for key, value in overrides.items():
-        if value is None:
-            config.pop(namespaced(key), None)
-        else:
-            config[namespaced(key)] = config_value(value)
-    return config
-
-
-def plan_for(stack: str = "dev", overrides: dict[str, object] | None = None) -> Plan:
-    """The recorded graph of a stack (cached when not overridden)."""
-    if not overrides:
-        return _cached_plan(stack)
-    return OfflineEngine(stack).run(config_with(overrides, stack))
-
-
 @pytest.fixture(scope="session")
 def crd_schemas() -> Path:
     folder = schemas_dir()
@@ -74,7 +43,7 @@ def crd_schemas() -> Path:
     return folder
 
 
-# ---- the real control plane (tests/controlplane/) ----------------------------------------------------------------
+# ---- the real control plane (testbed/) -------------------------------------------------------------------------------
 CONTROLPLANE_MARK = "controlplane"
 
 
@@ -136,9 +105,9 @@ class _SharedPlane:
     def get(self):
         import shutil
 
-        from tests.controlplane import build
-        from tests.controlplane.cluster import ControlPlane
-        from tests.controlplane.stack import release_values
+        from testbed import build
+        from testbed.cluster import ControlPlane
+        from testbed.stack import release_values
 
         if self.plane is None:
             missing = build.missing()

@@ -1,7 +1,7 @@
 """Strict validation of Kubernetes custom resources against upstream CRD schemas, like `kubectl --validate=strict`.
 
 The CRDs stay in ../shared/schemas (data, never copied into this repo), or, for one not there, come as a file
-from its upstream module (tests/upstream.py). Unknown fields are errors: every
+from its upstream module (testbed/upstream.py). Unknown fields are errors: every
 object schema that lists properties and neither allows additional properties nor preserves unknown fields
 gets `additionalProperties: false`. CEL rules (x-kubernetes-validations) are not evaluated here; the rules
 that matter to us are asserted by the tests themselves.

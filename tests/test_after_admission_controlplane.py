@@ -1,5 +1,5 @@
 """After admission, for real: the dev stack's jobs run to their end on real KubeRay, kube-scheduler and KWOK nodes
-shaped like the plan's GKE pools (tests/controlplane/runtime.py, gke.py).
+shaped like the plan's GKE pools (testbed/runtime.py, gke.py).
 
 What is played: GCE capacity (the autoscaler stand-in grows a pool for a pod the scheduler could not place; a DWS
 slice appears when the test marks its ProvisioningRequest Provisioned) and the Ray head's Jobs API (the test ends a
@@ -19,11 +19,11 @@ import pytest
 
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
+from testbed import gke, jobs
+from testbed.cluster import ControlPlane
+from testbed.kube import condition, wait_for
+from testbed.stack import creation_order, deploy, destroy, release_values
 from tests.conftest import plan_for
-from tests.controlplane import gke, jobs
-from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.kube import condition, wait_for
-from tests.controlplane.stack import creation_order, deploy, destroy, release_values
 
 pytestmark = pytest.mark.controlplane
 

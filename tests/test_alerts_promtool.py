@@ -1,5 +1,5 @@
 """The alert policies the plans render, judged by Prometheus's own rule engine (`promtool test rules`, Prometheus
-v0.316.0 built from Go modules like the tier's binaries, tests/controlplane/versions.py).
+v0.316.0 built from Go modules like the tier's binaries, testbed/versions.py).
 
 Each policy becomes one alerting rule: its PromQL condition as `expr`, its duration as `for`, evaluated every 30 s
 (the PodMonitorings' scrape interval and Cloud Monitoring's evaluation). The input series are shaped as the
@@ -39,7 +39,7 @@ CONTROLLER_TARGET = {**CLUSTER, "namespace": "tpu-fallback-system", "job": "fail
 @pytest.fixture(scope="module")
 def promtool() -> str:
     from tests.conftest import _tier_unavailable_or_fail
-    from tests.controlplane import build
+    from testbed import build
 
     if "promtool" in build.missing() and shutil.which("go") is None:
         _tier_unavailable_or_fail("promtool is not built and Go is not installed")

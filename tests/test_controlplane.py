@@ -1,4 +1,4 @@
-"""Every stack's Kubernetes objects on a real kube-apiserver 1.36 and Kueue 0.19.2 (tests/controlplane/).
+"""Every stack's Kubernetes objects on a real kube-apiserver 1.36 and Kueue 0.19.2 (testbed/).
 
 For each shipped stack and two made-up configs: the objects apply in the program's dependency order with strict
 field validation; the queues go Active; each RayJob lands where the plans say (plan A while its slices last,
@@ -18,10 +18,10 @@ from infra.offline import Plan, namespaced
 from infra.rungs import RUNG_KINDS
 from infra.settings import DEFAULTS
 from infra.tpu import TPU_RESOURCE, lookup_slice
+from testbed import jobs
+from testbed.kube import condition, wait_for
+from testbed.stack import Deployed, deploy, destroy
 from tests.conftest import FLEET_MEMBER_STACKS, SHIPPED_STACKS, config_with, plan_for
-from tests.controlplane import jobs
-from tests.controlplane.kube import condition, wait_for
-from tests.controlplane.stack import Deployed, deploy, destroy
 from tests.test_workloads import MAX_RAY_WORKER_GROUPS
 from workloads.settings import WORKLOAD_DEFAULTS
 
@@ -229,7 +229,7 @@ def test_our_rayjob_passes_the_real_webhooks(control_plane):
 
 @pytest.mark.parametrize("case", sorted(BROKEN_RAYJOBS))
 def test_broken_rayjob_is_rejected_with_the_webhooks_message(control_plane, case):
-    from tests.controlplane.kube import Rejected
+    from testbed.kube import Rejected
 
     breaks, message = BROKEN_RAYJOBS[case]
     job = jobs.dev_rayjob()
@@ -240,7 +240,7 @@ def test_broken_rayjob_is_rejected_with_the_webhooks_message(control_plane, case
 
 
 def test_cluster_queue_missing_a_covered_resource_is_rejected_by_the_server(control_plane):
-    from tests.controlplane.kube import Rejected
+    from testbed.kube import Rejected
 
     (queue,) = [m for m in plan_for().kubernetes_manifests()
                 if m["kind"] == "ClusterQueue" and m["metadata"]["name"] == stack_kueue.CLUSTER_QUEUE]

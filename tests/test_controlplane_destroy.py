@@ -13,11 +13,11 @@ import time
 import pytest
 
 from infra import kueue as stack_kueue
+from testbed import jobs
+from testbed.cluster import ControlPlane
+from testbed.kube import wait_for
+from testbed.stack import HELM_RELEASE, deletion_policy, deploy, destroy, release_values
 from tests.conftest import plan_for
-from tests.controlplane import jobs
-from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.kube import wait_for
-from tests.controlplane.stack import HELM_RELEASE, deletion_policy, deploy, destroy, release_values
 
 pytestmark = pytest.mark.controlplane
 

@@ -1,10 +1,10 @@
-"""The tier's polling helper (tests/controlplane/kube.py wait_for): the pace of its polls, without a server."""
+"""The tier's polling helper (testbed/kube.py wait_for): the pace of its polls, without a server."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.controlplane import kube
+from testbed import kube
 
 
 @pytest.fixture

@@ -16,13 +16,13 @@ import pytest
 from failover.regional import decisions
 from infra import kueue as stack_kueue
 from infra.tpu_pool import PLAN_LABEL_KEY
-from tests.controlplane import jobs
-from tests.controlplane.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS, RESYNC_SECONDS,
-                                              controller_running, start_failover_tier)
+from testbed import jobs
+from testbed.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS, RESYNC_SECONDS,
+                                   controller_running, start_failover_tier)
 from ops.status import jobs as status_jobs
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
-from tests.controlplane.kube import condition, server_seconds, wait_for
+from testbed.kube import condition, server_seconds, wait_for
 
 pytestmark = pytest.mark.controlplane
 

@@ -11,7 +11,7 @@ import pytest
 from kubernetes import client
 
 from failover.runtime.informer import RawClient, release
-from tests.controlplane.google import JsonHandler
+from testbed.google import JsonHandler
 
 BIG = "x" * 200_000  # a Workload's whole status with its managedFields, as an apply answers it
 

@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 
 from failover.regional import decisions
-from tests.controlplane import jobs
-from tests.controlplane.failover_tier import NAMESPACE, start_failover_tier
-from tests.controlplane.kube import wait_for
+from testbed import jobs
+from testbed.failover_tier import NAMESPACE, start_failover_tier
+from testbed.kube import wait_for
 
 pytestmark = pytest.mark.controlplane
 

@@ -21,9 +21,9 @@ from infra.fleet_member import (FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NA
 from infra.offline import SECRET_MARK, OfflineEngine, Plan, StackOutputs, referenced_stacks, render_tree
 from infra.offline import main as offline_main
 from infra.settings import MAX_PODS_READY_TIMEOUT_SECONDS, SettingsError
+from testbed import upstream
+from testbed import versions
 from tests.conftest import FLEET_STACKS, REPO, config_with, namespaced, plan_for
-from tests import upstream
-from tests.controlplane import versions
 from tests.k8s_schema import validation_errors
 
 FLEET = "fleet"

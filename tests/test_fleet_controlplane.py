@@ -3,9 +3,9 @@ kube-controller-manager + Kueue 0.19.2, configured and populated from the stacks
 
 The members are the shipped member stacks (fallback timings shortened); the fleet is the shipped fleet stack, its
 StackReferences answered by the members' plans, `workerLostTimeout` shortened, and each member's kubeconfig Secret
-rewritten by the fleet's own renewer with the manager's short-lived token (tests/controlplane/google.py plays
+rewritten by the fleet's own renewer with the manager's short-lived token (testbed/google.py plays
 Google: the tokens last 60 s here). Every plane runs real KubeRay, kube-scheduler and nodes shaped like its own
-plan's pools (tests/controlplane/runtime.py): a member's KubeRay runs the copy MultiKueue creates there, once GKE's
+plan's pools (testbed/runtime.py): a member's KubeRay runs the copy MultiKueue creates there, once GKE's
 DWS is played by marking the member's ProvisioningRequest Provisioned; a slice that never comes is a stocked-out
 pool (`stockout`); the Ray head's job status is played.
 Ref: ../shared/notes/multikueue.md
@@ -35,14 +35,14 @@ from ops.status import health
 from ops.status.render import render_table
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
+from testbed import jobs
+from testbed.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS,
+                                FleetStacks, Timeline, applied_fleet, fleet_plan,
+                                loaded_configuration, member_plan)
+from testbed.kube import Kube, Rejected, condition, server_seconds, wait_for
+from testbed.processes import Process
+from testbed.stack import creation_order as deploy_steps, destroy
 from tests.conftest import REPO, plan_for
-from tests.controlplane import jobs
-from tests.controlplane.fleet_tier import (MEMBERS, PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS,
-                                           FleetStacks, Timeline, applied_fleet, fleet_plan,
-                                           loaded_configuration, member_plan)
-from tests.controlplane.kube import Kube, Rejected, condition, server_seconds, wait_for
-from tests.controlplane.processes import Process
-from tests.controlplane.stack import creation_order as deploy_steps, destroy
 
 DWS_FLAVOR = FLEX_START.flavor  # the members' fleet queue starts at DWS (the default start rung)
 pytestmark = pytest.mark.controlplane

@@ -2,7 +2,7 @@
 1.36 + kube-controller-manager + Kueue 0.19.2, from the stacks' own plans. Member 1 offers its on-demand rung to the
 fleet, member 2 its reservation, its on-demand rung and Spot, member 3 DWS only (the default): the ladder is member
 2's reservation, on-demand in member 1, on-demand in member 2, Spot in member 2, then DWS in all three
-(tests/controlplane/ladder_tier.py). The ladder controller runs as deployed (`python -m failover.ladder`, its own
+(testbed/ladder_tier.py). The ladder controller runs as deployed (`python -m failover.ladder`, its own
 ServiceAccount's Role). Every plane runs real KubeRay, kube-scheduler and KWOK nodes shaped like its plan's pools
 (runtime.py); the tests script only GCE capacity: a step stocked out silently is a pod no node ever takes, moved on by
 the ladder just before the member's podsReadyTimeout (30 s, the tier's clock: fleet_tier.member_values) would evict it
@@ -12,7 +12,7 @@ kubeconfig Secret). Member 1's own failover controller runs as deployed (its Ser
 member's own jobs on its own ladder.
 
 A fleet of its own (the shared one of tests/test_fleet_controlplane.py is not touched), shared by the scenarios
-(tests/controlplane/ladder_tier.py, which bench/bench_fleet.py runs too).
+(testbed/ladder_tier.py, which bench/bench_fleet.py runs too).
 """
 
 from __future__ import annotations
@@ -36,15 +36,15 @@ from ops.status import health
 from ops.status.render import render_table
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
-from tests.controlplane import jobs
-from tests.controlplane.fleet_tier import (PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS, Timeline,
-                                           applied_fleet)
-from tests.controlplane.gke import UNREACHABLE_TAINT
-from tests.controlplane.kube import condition, wait_for
-from tests.controlplane.ladder_tier import (GRACE_SECONDS, LADDER_MEMBERS, OFFERED, ON_DEMAND_W1, ON_DEMAND_W2,
-                                            DWS_RECOVERY_SECONDS, RECOVERY_SECONDS, RESERVED_W2, SPOT_W2,
-                                            STEP_WAIT_SECONDS, W3, LadderFleet,
-                                            Ledger, ladder_fleet_plan, ladder_member_plan)
+from testbed import jobs
+from testbed.fleet_tier import (PODS_READY_TIMEOUT_SECONDS, REACTION, W1, W2, WORKER_LOST_SECONDS, Timeline,
+                                applied_fleet)
+from testbed.gke import UNREACHABLE_TAINT
+from testbed.kube import condition, wait_for
+from testbed.ladder_tier import (GRACE_SECONDS, LADDER_MEMBERS, OFFERED, ON_DEMAND_W1, ON_DEMAND_W2,
+                                 DWS_RECOVERY_SECONDS, RECOVERY_SECONDS, RESERVED_W2, SPOT_W2,
+                                 STEP_WAIT_SECONDS, W3, LadderFleet,
+                                 Ledger, ladder_fleet_plan, ladder_member_plan)
 
 pytestmark = pytest.mark.controlplane
 # What a failed on-demand step may cost here: one podsReadyTimeout of the member, never a second one (a re-dispatch to

@@ -1,4 +1,4 @@
-"""The tier's GKE stand-in (tests/controlplane/gke.py): node templates derived from each plan, and, over them, the
+"""The tier's GKE stand-in (testbed/gke.py): node templates derived from each plan, and, over them, the
 scheduler's own tests for every pod a stack's jobs make, on every rung its queues offer.
 
 The tier runs these pods for real on the dev stack (tests/test_after_admission_controlplane.py); here every shipped
@@ -17,8 +17,8 @@ import pytest
 from infra import tpu as catalogue
 from infra.kueue import DEFAULT_FLAVOR, KUEUE_API_VERSION
 from infra.offline import OfflineEngine, Plan, platform_outputs_for, referenced_stacks
+from testbed import gke
 from tests.conftest import SHIPPED_STACKS, TEAM_STACKS, base_config, plan_for
-from tests.controlplane import gke
 from workloads.rayjob import QUEUE_LABEL
 
 TPU = catalogue.TPU_RESOURCE

@@ -15,8 +15,8 @@ import yaml
 from infra.kueue import COVERED_RESOURCES, FEATURE_GATES, MANAGER_CONFIG_BASE
 from infra.rungs import RUNG_KINDS
 from infra.settings import DEFAULTS
+from testbed import upstream
 from tests.conftest import SHIPPED_STACKS, plan_for
-from tests import upstream
 from tests.k8s_schema import validation_errors
 
 RELEASE = "kubernetes:helm.sh/v3:Release"

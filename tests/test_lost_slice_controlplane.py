@@ -1,7 +1,7 @@
 """A running job that loses its slice comes back (issue 26), on the failover tier: real Kueue, KubeRay,
 kube-scheduler and KWOK nodes shaped like the plan's pools, the failover controller with its ServiceAccount's rights.
 
-What is played is GKE: a slice lost as GKE loses one (tests/controlplane/gke.py `lose_slice`: a multi-host slice is
+What is played is GKE: a slice lost as GKE loses one (testbed/gke.py `lose_slice`: a multi-host slice is
 one unit, so the whole node group goes; the kubelets terminate its pods with the VM's grace period; then the slice is
 recreated when capacity allows). The rest judges: KubeRay makes the pods again, the scheduler places them, Kueue keeps
 or releases the quota, and the controller reads the loss from the nodes and pods, and decides.
@@ -20,10 +20,10 @@ import pytest
 from failover import slices
 from failover.regional import decisions
 from failover.regional.controller import LOSS_EVENT_REASON, RECOVERY_EVENT_REASON
-from tests.controlplane import jobs
-from tests.controlplane.failover_tier import NAMESPACE, controller_running, start_failover_tier
-from tests.controlplane.gke import UNREACHABLE_TAINT
-from tests.controlplane.kube import wait_for
+from testbed import jobs
+from testbed.failover_tier import NAMESPACE, controller_running, start_failover_tier
+from testbed.gke import UNREACHABLE_TAINT
+from testbed.kube import wait_for
 
 pytestmark = pytest.mark.controlplane
 

@@ -22,7 +22,7 @@ from infra.failover import METRICS_PORT
 from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
 from infra.offline import OfflineEngine
 from infra.settings import SettingsError
-from tests import upstream
+from testbed import upstream
 from tests.conftest import REPO, SHIPPED_STACKS, config_with, plan_for
 from tests.gcp_schema import check_resource
 from tests.k8s_schema import validation_errors
@@ -659,8 +659,8 @@ def _review(kube, user: str, **attributes) -> bool:
 def test_on_the_tier_the_objects_apply_the_token_reads_metrics_only_and_the_collector_that_token_only(
         control_plane):
     from infra.offline import Plan
-    from tests.controlplane.kube import Rejected, wait_for
-    from tests.controlplane.stack import deploy, destroy
+    from testbed.kube import Rejected, wait_for
+    from testbed.stack import deploy, destroy
 
     plan = plan_for()
     component = plan.only(COMPONENT).urn
@@ -725,7 +725,7 @@ def test_on_the_tier_the_objects_apply_the_token_reads_metrics_only_and_the_coll
 
 @pytest.mark.controlplane
 def test_the_kueue_monitoring_selects_the_charts_manager_pod_and_its_metrics_port(control_plane):
-    """Against the chart rendered with the stack's values (tests/controlplane/chart.py)."""
+    """Against the chart rendered with the stack's values (testbed/chart.py)."""
     (manager,) = [d for d in control_plane.chart.of_kind("Deployment")
                   if d["metadata"]["name"].endswith("controller-manager")]
     template = manager["spec"]["template"]

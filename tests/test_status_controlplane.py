@@ -2,7 +2,7 @@
 
 One tier for the file: the dev stack's platform with the whole ladder (reservation, on-demand, Spot, two DWS slices),
 its objects deployed as `pulumi up` creates them, the failover controller's Deployment included but not run (nothing
-here moves: the moves are written as the controller writes them). tests/controlplane/status_states.py puts each job
+here moves: the moves are written as the controller writes them). testbed/status_states.py puts each job
 in its state; every expectation below is read back from the tier or from the scenario, never from the report.
 """
 
@@ -27,15 +27,15 @@ from ops.status import jobs as states
 from ops.status.ladder import FROM_CLUSTER_QUEUES, FROM_CONTROLLER, chain_of_controller
 from ops.status.report import Report, build_report
 from ops.status.snapshot import ClusterReader
+from testbed import jobs
+from testbed.cluster import ControlPlane
+from testbed.failover_tier import FailoverTier
+from testbed.kube import wait_for
+from testbed.stack import release_values
+from testbed.status_states import (NAMESPACE, OTHER_NAMESPACE, PODS_READY_TIMEOUT_SECONDS, REACTION_TIMEOUT,
+                                   create_every_state, install_kueue_config_map, ladder_plan,
+                                   play_a_healthy_controller)
 from tests.conftest import REPO
-from tests.controlplane import jobs
-from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.failover_tier import FailoverTier
-from tests.controlplane.kube import wait_for
-from tests.controlplane.stack import release_values
-from tests.controlplane.status_states import (NAMESPACE, OTHER_NAMESPACE, PODS_READY_TIMEOUT_SECONDS, REACTION_TIMEOUT,
-                                              create_every_state, install_kueue_config_map, ladder_plan,
-                                              play_a_healthy_controller)
 
 pytestmark = pytest.mark.controlplane
 
@@ -324,7 +324,7 @@ def one_error_line(run: subprocess.CompletedProcess) -> str:
 
 
 def test_a_server_that_is_down_frozen_or_rejects_the_token_and_a_bad_kubeconfig(tier, tmp_path):
-    from tests.controlplane.processes import free_port
+    from testbed.processes import free_port
 
     admin = yaml.safe_load(tier.plane.kubeconfig.read_text())
 

@@ -1,6 +1,6 @@
 """Three teams on one real kube-apiserver 1.36 + Kueue 0.19.2, with the stack's Cohorts and per-team chains and the
 failover controller (its ServiceAccount's rights), over real KubeRay, kube-scheduler and nodes shaped like the plan's
-pools (tests/controlplane/runtime.py). The tests play only GCE capacity (a stocked-out pool, a provisioned DWS
+pools (testbed/runtime.py). The tests play only GCE capacity (a stocked-out pool, a provisioned DWS
 request). What a team's Google group may do is asked of the real RBAC authorizer (SubjectAccessReviews), on the Kueue
 chart's ClusterRoles aggregated into `edit` as on GKE.
 
@@ -25,12 +25,12 @@ from infra import fleet as stack_fleet
 from infra import kueue as stack_kueue
 from ops.status import cli as status_cli
 from ops.status import health
-from tests.controlplane import jobs
-from tests.controlplane.cluster import ControlPlane
-from tests.controlplane.failover_tier import FailoverTier, controller_running, platform_plan
-from tests.controlplane.kube import condition, condition_reason, wait_for
-from tests.controlplane.stack import release_values
-from tests.controlplane.status_states import install_kueue_config_map
+from testbed import jobs
+from testbed.cluster import ControlPlane
+from testbed.failover_tier import FailoverTier, controller_running, platform_plan
+from testbed.kube import condition, condition_reason, wait_for
+from testbed.stack import release_values
+from testbed.status_states import install_kueue_config_map
 
 pytestmark = pytest.mark.controlplane
 
