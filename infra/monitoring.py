@@ -388,11 +388,21 @@ def waiting_query(pending_queues: Sequence[str], check_queues: Sequence[str], se
     Kueue exports no job's age, only counts: a queue that never empties but admits is busy, not stuck. A wait for
     an admission check is judged by the checked rung's threshold whichever ClusterQueue holds the quota (a job of
     the first rung's queue may wait for a DWS slice it borrowed)."""
-    held = [_held(_total(KUEUE_PENDING, pending_queues, settings), seconds)] if pending_queues else []
-    if check_queues:
-        held.append(_held(_checks_waiting(check_queues, settings), seconds))
     queues = sorted({*pending_queues, *check_queues})
-    return f"({' or '.join(held)}) unless on (cluster_queue) ({_admitted_within(queues, seconds, settings)})"
+    return (f"{_held(_waiting(pending_queues, check_queues, settings), seconds)} "
+            f"unless on (cluster_queue) ({_admitted_within(queues, seconds, settings)})")
+
+
+def _waiting(pending_queues: Sequence[str], check_queues: Sequence[str], settings: PlatformSettings) -> str:
+    """Per ClusterQueue, the jobs that wait: pending, plus holding quota while their admission check waits. One
+    sum, so a wait that goes from one state to the other is one wait: held apart, a job pending 2 h and then
+    waiting 2 h for its ProvisioningRequest restarted the clock and fired a 4 h threshold at 6 h."""
+    parts = ([_total(KUEUE_PENDING, pending_queues, settings)] if pending_queues else []) + (
+        [_checks_waiting(check_queues, settings)] if check_queues else [])
+    if len(parts) == 1:
+        return parts[0]
+    pending, checking = parts
+    return f"(({pending} + {checking}) or {pending} or {checking})"
 
 
 def _duration(seconds: int) -> str:

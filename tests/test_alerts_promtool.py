@@ -181,6 +181,17 @@ def test_a_dws_wait_in_the_first_rungs_queue_is_judged_by_the_dws_threshold(prom
          Expect(20, "waiting_flexstart", ({"cluster_queue": ON_DEMAND_QUEUE},))])])
 
 
+def test_a_wait_that_goes_from_pending_to_its_admission_check_is_one_wait(promtool, tmp_path):
+    """A job pending in the DWS queue from minute 5, then holding quota from minute 12 while its ProvisioningRequest
+    waits: one wait since minute 5, so DWS's 20 minutes fire at 25m (two clocks fired at 32m)."""
+    run(promtool, tmp_path, plan_for(overrides=WAITS), [case(
+        [kueue(mon.KUEUE_PENDING, DWS_QUEUE, timeline(40, {5: 1, 12: 0}), status="active"),
+         kueue(mon.KUEUE_RESERVING, DWS_QUEUE, timeline(40, {12: 1}))],
+        [Expect(24.5, "waiting_flexstart"),
+         Expect(25, "waiting_flexstart", ({"cluster_queue": DWS_QUEUE},)),
+         Expect(35, "waiting_flexstart", ({"cluster_queue": DWS_QUEUE},))])])
+
+
 # ---- moves ------------------------------------------------------------------------------------------------------
 
 def moves(values: list, from_flavor: str = "on-demand", reason: str = "Stockout",
