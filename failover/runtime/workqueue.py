@@ -76,14 +76,17 @@ class WorkQueue:
 
 
 def work(queue: WorkQueue, reconcile: Callable[[Hashable], object], stopping: threading.Event, log: logging.Logger,
-         on_error: Callable[[], object] = lambda: None) -> None:
+         on_error: Callable[[], object] = lambda: None, api_error_delay: float = 1.0,
+         after: Callable[[float], object] = lambda _seconds: None) -> None:
     """A controller's worker: reconcile queued (namespace, name) keys until `stopping` is set. A key the API answered
     404 (gone) or 409 (someone wrote first) comes back in 0.2 s, the watch brings the change; another API error in
-    1 s, any other failure in 5 s, both logged and counted (`on_error`): one bad object must not end the worker."""
+    `api_error_delay` (1 s), any other failure in 5 s, both logged and counted (`on_error`): one bad object must not
+    end the worker. `after` is told each key's seconds once it is done."""
     while not stopping.is_set():
         key = queue.get(timeout=1.0)
         if key is None:
             continue
+        began = time.monotonic()
         try:
             reconcile(key)
         except ApiException as error:
@@ -92,10 +95,11 @@ def work(queue: WorkQueue, reconcile: Callable[[Hashable], object], stopping: th
             else:
                 on_error()
                 log.warning("%s/%s: %s; queued again", *key, error)
-                queue.add(key, delay=1.0)
+                queue.add(key, delay=api_error_delay)
         except Exception:  # noqa: BLE001 - one bad object must not end the worker
             on_error()
             log.exception("%s/%s: reconcile failed; queued again", *key)
             queue.add(key, delay=5.0)
         finally:
             queue.done(key)
+        after(time.monotonic() - began)

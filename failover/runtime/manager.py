@@ -1,0 +1,129 @@
+"""The manager every program of this package runs (`python -m failover.regional`, `.watch`, `.ladder`): one shared
+cache of the program's own cluster (cache.py) and, on a fleet's manager, the members' caches (members.py); the
+controllers registered on it (controller.py), each with its queue and workers; the periodic resyncs and ticks;
+/healthz (health.py) and /metrics (metrics.py). As controller-runtime's Manager: it starts the cache, waits until
+every informer has listed, then starts the workers.
+Ref: https://pkg.go.dev/sigs.k8s.io/controller-runtime/pkg/manager
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from failover.runtime.cache import Cache, Change
+from failover.runtime.controller import Reconciler, Watch
+from failover.runtime.health import Health
+from failover.runtime.members import MemberCaches
+from failover.runtime.workqueue import work
+
+log = logging.getLogger("tpu-fallback.runtime")
+LOOP_SECONDS = 1.0  # the main loop's beat: the liveness tick, due resyncs and ticks
+
+
+class Manager:
+    """`add` controllers, then `run` (or `start`, and `step` from a loop of one's own). `metrics` is served at
+    /metrics on `metrics_port` and /healthz on `health_port` (0: not served); `on_event` (a resource name) and
+    `on_error` are told of each watched event and each failed watch of the program's own cluster."""
+
+    def __init__(self, api_client, *, metrics=None, health_port: int = 0, metrics_port: int = 0,
+                 members: MemberCaches | None = None, on_event: Callable[[str], object] = lambda _resource: None,
+                 on_error: Callable[[Exception], object] = lambda _error: None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.cache = Cache(api_client, on_event=on_event, on_error=on_error)
+        self.members = members
+        self.metrics, self.health_port, self.metrics_port = metrics, health_port, metrics_port
+        self.controllers: list[Reconciler] = []
+        self.health = Health([])
+        self.stopping = threading.Event()
+        self._clock = clock
+        self._due: dict[tuple[int, str], float] = {}  # (controller, "resync" | "tick") -> when next
+
+    def add(self, controller: Reconciler) -> Reconciler:
+        """Register a controller: its watches on the shared cache, each change mapped to keys on its queue."""
+        for watch in controller.watches():
+            self.cache.store(watch.watched, watch.transform, watch.indexers)
+            self.cache.subscribe(watch.watched, _enqueuer(controller, watch))
+        self.controllers.append(controller)
+        return controller
+
+    # ---- running -----------------------------------------------------------------------------------------------
+    def start(self) -> None:
+        """Bind /healthz (a port that is taken fails the start at once) and serve /metrics; start the cache and the
+        first ticks (a fleet's members); once every informer has listed, the workers (a half-done move is only seen
+        with its RayJob's annotation), then /healthz: a probe that answers finds the program at work."""
+        server = self.health.bind(self.health_port) if self.health_port else None
+        if self.metrics is not None and self.metrics_port:
+            self.metrics.serve(self.metrics_port)
+        self.health.informers = list(self.cache.informers.values())
+        self.cache.start()
+        now = self._clock()
+        for number, controller in enumerate(self.controllers):
+            if controller.period_seconds is not None:
+                self._tick(controller)
+                self._due[(number, "tick")] = now + controller.period_seconds
+        self.cache.wait_synced()
+        for number, controller in enumerate(self.controllers):
+            for worker in range(controller.workers):
+                threading.Thread(target=self._work, args=(controller,), name=f"{controller.name}-worker-{worker}",
+                                 daemon=True).start()
+        if server is not None:
+            self.health.serve(server)
+        now = self._clock()
+        for number, controller in enumerate(self.controllers):
+            controller.started()
+            if controller.resync_seconds is not None:
+                if controller.resync_at_start:
+                    controller.resync()
+                self._due[(number, "resync")] = now + controller.resync_seconds
+        self.health.last_tick = time.monotonic()
+
+    def step(self) -> None:
+        """One beat of the main loop: the liveness tick, and each controller's due tick and resync."""
+        now = self._clock()
+        self.health.last_tick = time.monotonic()  # Health's own clock
+        for number, controller in enumerate(self.controllers):
+            if now >= self._due.get((number, "tick"), float("inf")):
+                self._tick(controller)
+                self._due[(number, "tick")] = self._clock() + controller.period_seconds
+            if now >= self._due.get((number, "resync"), float("inf")):
+                self._due[(number, "resync")] = now + controller.resync_seconds
+                controller.resync()
+
+    def run(self) -> None:
+        self.start()
+        while not self.stopping.is_set():
+            self.stopping.wait(LOOP_SECONDS)
+            self.step()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for controller in self.controllers:
+            controller.queue.close()
+        self.cache.stop()
+        if self.members is not None:
+            self.members.stop()
+
+    def _tick(self, controller: Reconciler) -> None:
+        try:
+            controller.tick()
+        except Exception:  # noqa: BLE001 - the manager unreachable for a period: try again next one
+            controller.failed()
+            controller.log.exception("%s: its periodic work failed", controller.name)
+
+    def _work(self, controller: Reconciler) -> None:
+        work(controller.queue, controller.reconcile, self.stopping, controller.log, on_error=controller.failed,
+             api_error_delay=controller.api_error_delay, after=controller.reconciled)
+
+
+def _enqueuer(controller: Reconciler, watch: Watch) -> Callable[[list[Change], bool], None]:
+    """The handler that puts what `watch` maps each change to on the controller's queue."""
+    def handle(changes: list[Change], listed: bool) -> None:
+        if listed and watch.listed is not None:
+            controller.enqueue(watch.listed(changes))
+            return
+        for change in changes:
+            controller.enqueue(watch.map(change))
+    return handle
