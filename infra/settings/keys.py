@@ -36,8 +36,8 @@ def _plan(kind: RungKind, description: str, max_slices: int) -> Setting:
     return S(kind.key, OBJECT, description, fields=(
         S("nodePool", STRING, "the rung's node pool (suffixed -1..-N for N multi-host slices)",
           kind.default_node_pool, rule=_NODE_POOL_RULE),
-        S("maxSlices", INTEGER, "the most slices the rung holds at once; 0 turns it off (at least one rung must be on)",
-          max_slices, bounds=_SLICES)))
+        S("maxSlices", INTEGER, "the most slices the rung holds at once, 0 to turn it off (at least one rung must "
+                                "be on)", max_slices, bounds=_SLICES)))
 
 
 _ROUTES = (
@@ -95,13 +95,13 @@ _CONTROLLERS = (
         S("sliceRecoveryWait", PER_RUNG, f"per rung config key ({_RUNGS}) or {DEFAULT_RUNG}, how long a running job "
                                          "that lost its slice (a Spot preemption, a failed host, a maintenance, the "
                                          "end of a DWS run) waits for it to be whole again before the failover "
-                                         "controller moves it to the next rung, or requeues it on the last; the "
-                                         "given entries are merged over the defaults",
+                                         "controller moves it to the next rung, or requeues it on the last (the "
+                                         "given entries are merged over the defaults)",
           {DEFAULT_RUNG: "10m", "spot": "2m", "flexStart": "2m"},
           bounds=Bounds(MIN_RECOVERY_WAIT_SECONDS, MAX_RECOVERY_WAIT_SECONDS, duration=True)))),
     S("failoverController", OBJECT, "Where the failover controller's pinned Python packages come from. Default (both "
                                     "empty): PyPI, at each start. Not both.", fields=(
-        S("image", STRING, "a prebuilt image that has the pins (failover/Dockerfile); nothing is installed at start",
+        S("image", STRING, "a prebuilt image that has the pins (failover/Dockerfile): nothing is installed at start",
           "", rule="pinned by tag or digest, never :latest"),
         S("pipIndexUrl", STRING, "an index mirror instead of PyPI", "", rule="an https:// URL"))),
     S("monitoring", OBJECT, "Metrics: GKE Managed Service for Prometheus on the cluster, PodMonitorings that scrape "

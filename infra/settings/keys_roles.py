@@ -27,17 +27,17 @@ WORKLOADS = S("workloads", OBJECT, "The training RayJobs (workloads/).", stacks=
     S("checkpointEvery", INTEGER, "steps between checkpoints: a slice lost without notice costs up to this many (with "
                                   "GKE's termination notice the workers' preStop hook has them save the step they "
                                   "reached)", 100, bounds=Bounds(1, 100_000)),
-    S("trainingArgs", STRINGS, "flags for workloads/train.py; the default trains a ~100M-parameter model in bf16, "
-                               "real matmul work for a slice, still quick to compile",
+    S("trainingArgs", STRINGS, "flags for workloads/train.py (the default trains a ~100M-parameter model in bf16, "
+                               "real matmul work for a slice, still quick to compile)",
       ["--steps", "500", "--dtype", "bfloat16", "--lr", "1e-3", "--vocab", "8192", "--seq-len", "1024",
        "--d-model", "1024", "--layers", "8", "--heads", "16", "--batch-size", "256"],
       rule="flags train.py knows, none it derives from the platform (slice, bucket, job name, --checkpoint-every); "
            "--batch-size a multiple of the slice's chips"),
-    S("maxRunDuration", INTEGER, "seconds a DWS request may run (plan B; DWS nodes run for up to seven days)", 86400,
+    S("maxRunDuration", INTEGER, "seconds a DWS request may run (plan B: DWS nodes run for up to seven days)", 86400,
       bounds=Bounds(1, 7 * 24 * 3600)),
     S("backoffLimit", INTEGER, "RayJob retries, each resuming from the checkpoint", 2, bounds=Bounds(1, 10)),
-    S("rayImageRepository", STRING, "where the pinned Ray image comes from (Docker Hub's by default; an air-gapped "
-                                    "cluster names its mirror)", "rayproject/ray",
+    S("rayImageRepository", STRING, "where the pinned Ray image comes from (Docker Hub's by default, or the "
+                                    "mirror of an air-gapped cluster)", "rayproject/ray",
       rule="registry/path with no tag: the tag is the Ray pin"),
 ))
 
@@ -50,7 +50,7 @@ FLEET = S("fleet", OBJECT, "Makes this stack a fleet (plan C, roles/fleet.py): o
     S("dispatcher", STRING, "how MultiKueue dispatches a job: to every member at once, or to a few at a time",
       "AllAtOnce", choices=("AllAtOnce", "Incremental")),
     S("workerLostTimeout", DURATION, "how long the manager waits for a member that stopped answering before it "
-                                     "dispatches the member's jobs again (Kueue's default; shorter re-dispatches "
+                                     "dispatches the member's jobs again (Kueue's default: shorter re-dispatches "
                                      "sooner, but makes two runs at once likelier after a short partition)", "15m",
       bounds=Bounds(10, 24 * 3600, duration=True)),
     S("checkpointLocation", STRING, "where the fleet's one checkpoint bucket is (empty: the first member's region)",
@@ -58,7 +58,7 @@ FLEET = S("fleet", OBJECT, "Makes this stack a fleet (plan C, roles/fleet.py): o
     S("memberOrder", STRINGS, "the members again, in the order a rung's steps are tried (empty: the members' order)",
       [], rule="each member once"),
     S("rungOrder", STRINGS, "the order the fleet's ladder tries the members' rungs (empty: reservation, onDemand, "
-                            "spot); DWS everywhere is always the last step", [],
+                            "spot), DWS everywhere always being the last step", [],
       rule="reservation, onDemand, spot, each once"),
     S("stepWait", DURATION, "how long a job waits at a busy step of the fleet's ladder (a free reservation or "
                             "on-demand slice admits within a second)", "30s", bounds=Bounds(5, 3600, duration=True)),

@@ -22,7 +22,7 @@ PYTHON_TYPES = {STRING: str, DURATION: str, INTEGER: int, BOOLEAN: bool, STRINGS
 
 # Which stacks read a key (roles/): every regional stack (a platform, the keys whose defaults are DEFAULTS), every
 # stack that runs the training jobs, a fleet stack only, a team stack only. Keys of the last two have no project
-# default: setting one gives a stack that role (roles/__init__.py).
+# default: setting one gives a stack that role (__main__.py picks it).
 REGION, JOBS, FLEET, TEAM = "region", "jobs", "fleet", "team"
 
 
