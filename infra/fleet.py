@@ -26,12 +26,10 @@ from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_CLUST
 from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
                          install_release, values_for)
 from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIMEOUT_SECONDS, ConfigReader,
-                            PlatformSettings, duration_seconds)
+                            PlatformSettings, duration_seconds, key_default)
 
 FLEET_KEY = "fleet"
-FLEET_DEFAULTS: Mapping = {"members": [], "dispatcher": "AllAtOnce", "workerLostTimeout": "15m",
-                           "checkpointLocation": "", "memberOrder": [], "rungOrder": [], "stepWait": "30s",
-                           "maxWait": ""}
+FLEET_DEFAULTS: Mapping = key_default(FLEET_KEY)  # the table's (infra/settings/keys_roles.py): one default a knob
 # The fleet's ladder (README "The fleet's ladder"): the steps the members offer (fleetMember.rungs), rung by rung in
 # this order (what is paid for first, then on-demand, then Spot), each rung member by member in `memberOrder`; then
 # DWS in every member at once, the last step, which is the fleet queue as before.
@@ -102,10 +100,11 @@ class FleetSettings:
     checkpoint_location: str  # "" : the first member's region
     origin: str  # the value of kueue.x-k8s.io/multikueue-origin on the copies this manager makes
     service_account_id: str  # the manager's Google service account (account_id: 6-30 of [a-z0-9-])
-    member_order: tuple[str, ...] = ()  # cluster names, the order of a rung's steps; () : the members' order
-    rung_order: tuple[str, ...] = LADDER_RUNGS  # config keys, the order of the ladder's rungs
-    step_wait_seconds: int = 30  # how long a job may wait at a step before the last without being admitted
-    max_wait_seconds: int = 0  # how long a job may wait with no member admitting it before it is given up; 0: never
+    # The fleet's ladder, read from `fleet` (no defaults here: the table's, infra/settings/keys_roles.py, are the only)
+    member_order: tuple[str, ...]  # cluster names, the order of a rung's steps
+    rung_order: tuple[str, ...]  # config keys, the order of the ladder's rungs
+    step_wait_seconds: int  # how long a job may wait at a step before the last without being admitted
+    max_wait_seconds: int  # how long a job may wait with no member admitting it before it is given up; 0: never
 
     @property
     def cluster_names(self) -> tuple[str, ...]:

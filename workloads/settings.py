@@ -8,30 +8,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from infra.settings import ConfigReader, PlatformSettings
+from infra.settings import ConfigReader, PlatformSettings, key_default
 from workloads import train
 
-WORKLOAD_DEFAULTS: Mapping[str, Any] = {
-    "enabled": True,
-    "jobs": 2,  # the seed submits two jobs: the first lands on plan A, the second falls back to plan B
-    "namespace": "default",
-    "namePrefix": "",  # empty: derived from the slice shape (default_name_prefix)
-    "headCpu": "2",
-    "headMemory": "4Gi",
-    "workerCpu": "8",
-    "workerMemory": "16Gi",
-    # A ~100M-parameter model in bf16: real matmul work for a slice, still quick to compile.
-    # Steps between checkpoints: a slice lost without notice costs at most this many (train.py, README "A job that
-    # loses its slice"); with GKE's notice, none.
-    "checkpointEvery": 100,
-    "trainingArgs": ["--steps", "500", "--dtype", "bfloat16", "--lr", "1e-3",
-                     "--vocab", "8192", "--seq-len", "1024", "--d-model", "1024", "--layers", "8",
-                     "--heads", "16", "--batch-size", "256"],
-    "maxRunDuration": 86400,
-    "backoffLimit": 2,
-    # Docker Hub's; an air-gapped cluster names its mirror (registry/path, no tag: the tag is the Ray pin).
-    "rayImageRepository": "rayproject/ray",
-}
+# The table's (infra/settings/keys_roles.py): each field's one default, its range and why, in one place.
+WORKLOAD_DEFAULTS: Mapping[str, Any] = key_default("workloads")
 
 # Flags the workloads module derives from the platform; a user value would contradict the slice.
 DERIVED_FLAGS = ("--use-tpu", "--topology", "--accelerator-type", "--num-workers", "--chips-per-host",
