@@ -4,7 +4,8 @@ chart the stack installs.
 Given a plan, the parts after admission run too (runtime.py): kube-scheduler, KWOK nodes shaped like the plan's
 pools, the KubeRay operator, and GKE's autoscaler and the Ray head played. Without one, nothing runs a pod: TPU pods
 never become ready (a natural stockout) and RayJobs are judged by Kueue's and KubeRay's CRDs and webhooks only.
-Ref: ../shared/notes/real-control-plane.md, ../shared/notes/kuberay-kwok.md
+Ref: https://kubernetes.io/docs/reference/command-line-tools-reference/kube-apiserver/,
+https://kueue.sigs.k8s.io/docs/installation/ (the chart), https://kwok.sigs.k8s.io/docs/user/kwok-out-of-cluster/
 """
 
 from __future__ import annotations
@@ -37,8 +38,8 @@ from testbed.runtime import AfterAdmission
 # Kueue opens this pair whenever its internal cert management is off, metrics or not (cmd/kueue/main.go).
 KUEUE_METRICS_CERTS = Path("/etc/kueue/metrics/certs")
 # RayService's too: the KubeRay operator watches all three kinds and does not start without them.
-RAY_CRDS = ("ray.io_rayjobs.yaml", "ray.io_rayclusters.yaml", "ray.io_rayservices.yaml")
-PROVISIONING_REQUEST_CRD = "autoscaling.x-k8s.io_provisioningrequests.yaml"
+RAY_CRDS = tuple(upstream.crd("ray.io", plural) for plural in ("rayjobs", "rayclusters", "rayservices"))
+PROVISIONING_REQUEST_CRD = upstream.crd("autoscaling.x-k8s.io", "provisioningrequests")
 SERVICE_CIDR = "10.0.0.0/24"
 # What deletion needs (the garbage collector removes `foregroundDeletion` finalizers and cascades to dependents; the
 # namespace controller empties and removes deleted namespaces), and what fills a `kubernetes.io/service-account-token`
@@ -47,8 +48,9 @@ SERVICE_CIDR = "10.0.0.0/24"
 # rules) from the ClusterRoles labelled to aggregate into them, the Kueue chart's among them, as on GKE.
 # Ref: https://kubernetes.io/docs/reference/access-authn-authz/rbac/#aggregated-clusterroles
 # Measured: no slower to start (the controller-manager step 0.24 s either way, median of 4 interleaved starts).
-# And what real nodes need (../shared/notes/kuberay-kwok.md): `job` runs KubeRay's submitter Job, `podgc` deletes
-# the pods of a node that is gone, `nodelifecycle` lifts the not-ready taint every new node is created with.
+# And what real nodes need: `job` runs KubeRay's submitter Job, `podgc` deletes the pods of a node that is gone,
+# `nodelifecycle` lifts the not-ready taint every new node is created with.
+# Ref: https://kubernetes.io/docs/reference/command-line-tools-reference/kube-controller-manager/ (--controllers)
 # The node lifecycle controller marks a node whose heartbeats stopped for this long Unknown, and its pods NotReady.
 # The tier plays a failed host itself (testbed/gke.py _fail_host); a gap in heartbeats is only ever ours: a
 # partition played by freezing the API server (`freeze`). At the default 50 s the controller tried to mark a member's
@@ -362,12 +364,8 @@ class ControlPlane:
 def shared_crds() -> tuple[dict, ...]:
     """The CRDs that are the same in every plane: KubeRay's, the ProvisioningRequest, GMP's PodMonitoring. Parsed
     once per process (about 1 MiB of YAML), not at each plane's start; never changed by a caller."""
-    ray_dir = build.module_dir("kuberay") / "config" / "crd" / "bases"
-    crds = [chart.load_yaml((ray_dir / name).read_text()) for name in RAY_CRDS]
-    autoscaler_dir = build.module_dir("autoscaler") / "config" / "crd"
-    crds.append(chart.load_yaml((autoscaler_dir / PROVISIONING_REQUEST_CRD).read_text()))
-    crds.append(chart.load_yaml(upstream.path(upstream.PODMONITORING_CRD).read_text()))
-    return tuple(crds)
+    return tuple(chart.load_yaml(upstream.path(item).read_text())
+                 for item in (*RAY_CRDS, PROVISIONING_REQUEST_CRD, upstream.PODMONITORING_CRD))
 
 
 def seeded_etcd(binaries: dict[str, Path]) -> Path:

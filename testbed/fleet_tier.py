@@ -5,7 +5,7 @@ with Kueue configured from the Helm values its stack's release passes. The manag
 MultiKueue does on GKE: a kubeconfig Secret with the member's server, its CA inline and a short-lived token that the
 fleet's renewer (failover/credentials.py) writes and rewrites; the token is a Google-like identity token minted by
 `google.FakeGoogle`, which every member's kube-apiserver trusts as GKE trusts Google's.
-Ref: ../shared/notes/multikueue.md
+Ref: https://kueue.sigs.k8s.io/docs/concepts/multikueue/, https://kueue.sigs.k8s.io/docs/tasks/manage/setup_multikueue/
 """
 
 from __future__ import annotations

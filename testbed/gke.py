@@ -19,7 +19,8 @@ What GKE puts on a node, with where each comes from:
 - Spot nodes: the label `cloud.google.com/gke-spot=true` (GKE adds no Spot taint: a pool that wants one declares
   it, and it is then on the template from the pool's own `nodeConfig.taints`);
   Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms#scheduling-workloads
-- flex-start nodes: the label `cloud.google.com/gke-flex-start=true` (../shared/notes/gke-tpu.md §3);
+- flex-start nodes: the label `cloud.google.com/gke-flex-start=true`, which a workload selects to run on them;
+  Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/dws-flex-start-training (its nodeSelector);
 - queued-provisioning nodes: the taint `cloud.google.com/gke-queued` (NoSchedule) and, per ProvisioningRequest, the
   label `autoscaling.gke.io/provisioning-request=<ResizeRequestName>` that Kueue's podSetUpdates select.
   Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest ("tolerate the

@@ -5,7 +5,8 @@ of the plan's pools Ready and the pods on them Running (no container runs), Kube
 pods and submitter Jobs (all namespaces, `spec.managedBy` and Kueue's suspend honoured, as upstream always does), and
 kube-controller-manager's job, podgc and nodelifecycle controllers do what they do on GKE. Played: GCE capacity
 (gke.Autoscaler, over the plan's node templates) and the Ray head's Jobs API (ray_head.RayHead).
-Ref: ../shared/notes/kuberay-kwok.md
+Ref: https://kwok.sigs.k8s.io/docs/user/kwok-out-of-cluster/,
+https://github.com/ray-project/kuberay/blob/v1.6.2/ray-operator/controllers/ray/rayjob_controller.go
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
-"""Files of pinned upstream Go modules that ../shared/schemas does not hold (GMP's PodMonitoring CRD, Kueue's metric
-definitions), read at test time and never committed.
+"""Files of pinned upstream Go modules, read at test time and never committed: the CRDs our custom resources are
+judged by (Kueue's, KubeRay's, the ProvisioningRequest API's, GMP's PodMonitoring), at the versions the tier builds
+and installs, and Kueue's metric definitions.
 
-The module comes from the Go module proxy at its version in testbed/versions.py (`go mod download`);
-only the file is kept, under versions.cache_dir()/upstream/<module>-<version>/, so later runs need neither Go nor
-the network. Test workers started in parallel wait for one download (a lock), and a killed copy never looks done.
+The module comes from the Go module proxy at its version in testbed/versions.py (`go mod download`); only the file
+is kept, under versions.cache_dir()/upstream/<module>-<version>/, so later runs need neither Go nor the network. Test
+workers started in parallel wait for one download (a lock), and a killed copy never looks done.
 """
 
 from __future__ import annotations
@@ -35,13 +36,33 @@ class UpstreamFile:
         return versions.cache_dir() / "upstream" / f"{self.module}-{version}" / self.path
 
 
-# Google Cloud Managed Service for Prometheus: the CRD GKE's managed collection installs (v1 served and stored).
-PODMONITORING_CRD = UpstreamFile("prometheus-engine",
-                                 "charts/operator/crds/monitoring.googleapis.com_podmonitorings.yaml")
-# Kueue's Cohort CRD (v1beta2), which ../shared/schemas does not hold: the teams' root and team Cohorts.
-KUEUE_COHORT_CRD = UpstreamFile("kueue", "config/components/crd/bases/kueue.x-k8s.io_cohorts.yaml")
-# MultiKueue's (plan C): not among ../shared/schemas either.
-KUEUE_MULTIKUEUE_CRDS = {kind: UpstreamFile("kueue", f"config/components/crd/bases/kueue.x-k8s.io_{kind.lower()}s.yaml")
+# Where each API group's generated CRDs lie in its module, as `<group>_<plural>.yaml` (controller-gen's names).
+# Kueue: the bases its Helm chart templates (same schemas). KubeRay: the operator's module, whose CRDs its chart ships.
+# The ProvisioningRequest API: the version Kueue's go.mod requires, which GKE serves for queued provisioning. Google
+# Cloud Managed Service for Prometheus: the PodMonitoring CRD GKE's managed collection installs (v1 served and stored).
+# Ref: https://github.com/kubernetes-sigs/kueue/tree/v0.19.2/config/components/crd/bases
+# Ref: https://github.com/ray-project/kuberay/tree/v1.6.2/ray-operator/config/crd/bases
+# Ref: https://github.com/kubernetes/autoscaler/tree/adfbe7e45277/cluster-autoscaler/apis/config/crd
+# Ref: https://github.com/GoogleCloudPlatform/prometheus-engine/tree/v0.17.2/charts/operator/crds
+CRD_FOLDERS = {
+    "kueue.x-k8s.io": ("kueue", "config/components/crd/bases"),
+    "ray.io": ("kuberay", "config/crd/bases"),
+    "autoscaling.x-k8s.io": ("autoscaler", "config/crd"),
+    "monitoring.googleapis.com": ("prometheus-engine", "charts/operator/crds"),
+}
+
+
+def crd(group: str, plural: str) -> UpstreamFile:
+    """The CRD of `plural.group` in its pinned module."""
+    module, folder = CRD_FOLDERS[group]
+    return UpstreamFile(module, f"{folder}/{group}_{plural}.yaml")
+
+
+PODMONITORING_CRD = crd("monitoring.googleapis.com", "podmonitorings")
+# The teams' root and team Cohorts (v1beta2).
+KUEUE_COHORT_CRD = crd("kueue.x-k8s.io", "cohorts")
+# MultiKueue's (plan C).
+KUEUE_MULTIKUEUE_CRDS = {kind: crd("kueue.x-k8s.io", f"{kind.lower()}s")
                          for kind in ("MultiKueueCluster", "MultiKueueConfig")}
 # Kueue's metric names and labels, for the dashboard's queries.
 KUEUE_METRICS = UpstreamFile("kueue", "pkg/metrics/metrics.go")

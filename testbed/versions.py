@@ -17,8 +17,8 @@ KUBERNETES = "v1.36.3"
 KUBERNETES_STAGING = "v0.36.3"  # k8s.io/kubernetes' staging modules share the tag with major 0
 ETCD = "v3.6.16"
 HELM = "v3.22.0"
-# ../shared/schemas holds KubeRay 1.7.0's CRDs; the Go proxy does not serve 1.7.0, so the tier installs the
-# newest 1.6 it serves, the one Kueue 0.19.2's go.mod requires, and a fleet's manager installs the same (its chart).
+# KubeRay: the Go proxy does not serve 1.7.0, so the tier installs the newest 1.6 it serves, the one Kueue 0.19.2's
+# go.mod requires, and a fleet's manager installs the same (its chart). The tests judge RayJobs by this version's CRDs.
 # The tier also runs this version's operator: `go list -m -versions` names only v1.4.0 and v1.5.0, yet the proxy
 # serves v1.6.2 and everything it requires, so the operator the tests run is the one a fleet's manager installs.
 KUBERAY = "v" + KUBERAY_VERSION

@@ -1,7 +1,7 @@
 """Strict validation of Kubernetes custom resources against upstream CRD schemas, like `kubectl --validate=strict`.
 
-The CRDs stay in ../shared/schemas (data, never copied into this repo), or, for one not there, come as a file
-from its upstream module (testbed/upstream.py). Unknown fields are errors: every
+The CRDs come from their pinned upstream modules at the versions the tier installs (testbed/upstream.py: the Go
+module cache, copied once into the tier's cache; never into this repo). Unknown fields are errors: every
 object schema that lists properties and neither allows additional properties nor preserves unknown fields
 gets `additionalProperties: false`. CEL rules (x-kubernetes-validations) are not evaluated here; the rules
 that matter to us are asserted by the tests themselves.
@@ -10,7 +10,6 @@ that matter to us are asserted by the tests themselves.
 from __future__ import annotations
 
 import functools
-import os
 import re
 from pathlib import Path
 from typing import Any
@@ -18,14 +17,9 @@ from typing import Any
 import jsonschema
 import yaml
 
-REPO = Path(__file__).resolve().parent.parent
-SCHEMAS_ENV = "TPU_FALLBACK_SCHEMAS"
-DEFAULT_SCHEMAS = REPO.parent / "shared" / "schemas"
+from testbed import upstream
+
 _DNS_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-
-
-def schemas_dir() -> Path:
-    return Path(os.environ.get(SCHEMAS_ENV, str(DEFAULT_SCHEMAS)))
 
 
 def _strict(node: Any) -> Any:
@@ -48,13 +42,14 @@ def _strict(node: Any) -> Any:
 
 @functools.cache
 def crd_schema(api_version: str, kind: str, crd_file: Path | None = None) -> dict:
-    """The strict JSON schema of a served version of a CRD: `crd_file`, or the one found under the schemas folder."""
+    """The strict JSON schema of a served version of a CRD: `crd_file`, or its group's in the pinned upstream module
+    (upstream.Unavailable where neither cached nor obtainable)."""
     group, version = api_version.split("/")
-    plural = kind.lower() + "s"
-    matches = [crd_file] if crd_file else list(schemas_dir().glob(f"*/{group}_{plural}.yaml"))
-    if not matches:
-        raise LookupError(f"no CRD for {group}/{kind} under {schemas_dir()}")
-    crd = yaml.load(matches[0].read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    if crd_file is None:
+        if group not in upstream.CRD_FOLDERS:
+            raise LookupError(f"no upstream module holds the CRDs of {group} (testbed/upstream.py CRD_FOLDERS)")
+        crd_file = upstream.path(upstream.crd(group, kind.lower() + "s"))
+    crd = yaml.load(crd_file.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     assert crd["spec"]["names"]["kind"] == kind
     for served in crd["spec"]["versions"]:
         if served["name"] == version and served.get("served", False):
