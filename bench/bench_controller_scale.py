@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 
-from failover.regional import decisions
+from failover.api import FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, WorkloadView
 from failover.regional.controller import WATCHED_RAYJOBS, WATCHED_WORKLOADS
 from failover.runtime.informer import Informer
 from infra import failover as stack_failover
@@ -58,13 +58,13 @@ class Observer:
             informer.synced.wait(120)
 
     def _workload(self, _type: str, obj: dict) -> None:
-        view = decisions.WorkloadView.from_object(obj)
-        if view.rayjob and view.evicted_reason == decisions.PODS_READY_TIMEOUT:
+        view = WorkloadView.from_object(obj)
+        if view.rayjob and view.evicted_reason == PODS_READY_TIMEOUT:
             with self.lock:
                 self.evicted.setdefault(view.rayjob, time.time())
 
     def _rayjob(self, _type: str, obj: dict) -> None:
-        if (obj["metadata"].get("annotations") or {}).get(decisions.FAILOVER_ANNOTATION):
+        if (obj["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION):
             with self.lock:
                 self.moving.setdefault(obj["metadata"]["name"], time.time())
 

@@ -25,7 +25,7 @@ import time
 
 from testbed import jobs
 from testbed.failover_tier import NAMESPACE, RESYNC_SECONDS, start_failover_tier
-from failover.regional.decisions import parse_time
+from failover.api import parse_time
 from testbed.kube import condition, poll_every, wait_for
 
 WAIT = 180

@@ -40,8 +40,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 from kubernetes import client, config, watch
 
-from failover.regional.decisions import MULTIKUEUE_ORIGIN_LABEL
-from failover.watch.decisions import FLEET_ANNOTATION
+from failover.api import FLEET_ANNOTATION, MULTIKUEUE_ORIGIN_LABEL
 from testbed import build, pki
 from testbed.cluster import ControlPlane
 from testbed.kube import poll_every, wait_for

@@ -21,7 +21,7 @@ import statistics
 import time
 
 
-from failover.regional import decisions
+from failover import api
 from testbed import jobs
 from testbed.failover_tier import NAMESPACE, start_failover_tier
 from testbed.kube import poll_every, wait_for
@@ -68,7 +68,7 @@ def main() -> None:
             signal, _ = tier.lose_slice_of(job, grace_seconds=0, going_taint=UNREACHABLE)
             wait_for(lambda: tier.lost_of(job), WAIT, "the loss recorded", interval=0.02)
             results.setdefault("failed host: signal -> loss recorded", []).append(time.monotonic() - signal)
-            wait_for(lambda: (m := tier.move_of(job)) and m.reason == decisions.SLICE_LOST, WAIT + args.wait,
+            wait_for(lambda: (m := tier.move_of(job)) and m.reason == api.SLICE_LOST, WAIT + args.wait,
                      "the move", interval=0.05)
             results.setdefault(f"failed host, no capacity: signal -> move started (wait {args.wait} s)", []).append(
                 time.monotonic() - signal)

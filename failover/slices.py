@@ -1,9 +1,11 @@
 """A running job that loses its slice: what the failover controller decides, as pure functions (no I/O here).
 
 Kueue does not see it. Its RayJob integration reads PodsReady from the RayCluster's `state`, which KubeRay never moves
-back from `ready`, so `waitForPodsReady.recoveryTimeout` never fires for a RayJob (../shared/notes/kuberay-kwok.md,
-measured on the tier); a job whose slice is gone holds its quota for good. And on GKE a multi-host slice is
-recreated whole, so one lost host stops every worker of the job.
+back from `ready`, so `waitForPodsReady.recoveryTimeout` never fires for a RayJob (measured on the tier); a job whose
+slice is gone holds its quota for good. And on GKE a multi-host slice is recreated whole, so one lost host stops
+every worker of the job.
+Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/jobs/rayjob/rayjob_controller.go#L229-L231
+Ref: https://github.com/ray-project/kuberay/blob/v1.5.0/ray-operator/controllers/ray/raycluster_controller.go#L1444-L1448
 
 So the controller reads GKE's own signals on the job's TPU hosts, where they appear first: a node tainted as going (a
 Spot VM's termination notice, the autoscaler's removal, a TPU maintenance), a node NotReady or deleted, a TPU pod
@@ -11,24 +13,17 @@ being deleted or no longer ready, fewer TPU pods than the job's hosts. The first
 written on the RayJob (`LostSlice`, for `ops status` and for a restart), and the job waits its rung's recovery wait
 for its slice to be whole again (GKE recreates the slice: on-demand and reserved capacity usually comes back, a
 reclaimed Spot or an ended DWS slice seldom does). Whole again: the loss is marked recovered. Still broken at the
-deadline: the job moves to the next rung (reason decisions.SLICE_LOST), or, on the last rung, is requeued there (a DWS job gets
-a new ProvisioningRequest), so it never holds quota on a broken slice for longer than the wait.
+deadline: the job moves to the next rung (reason failover.api.SLICE_LOST), or, on the last rung, is requeued there
+(a DWS job gets a new ProvisioningRequest), so it never holds quota on a broken slice for longer than the wait.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from failover.regional.decisions import format_time, parse_time
-
-# On the RayJob: the slice it lost this admission (JSON, see LostSlice).
-SLICE_LOST_ANNOTATION = "tpu-fallback/slice-lost"
-# The Events on the RayJob (a fleet ladder on the manager reads the loss Event in the member: failover/ladder/)
-LOSS_EVENT_REASON, RECOVERY_EVENT_REASON = "SliceLost", "SliceRecovered"
-LOST, RECOVERED = "lost", "recovered"
+from failover.api import LOST, RECOVERED, LostSlice, format_time, parse_time
 
 # Node taints that say a host is going, with why. GKE adds the first during a Spot VM's (or preemptible VM's)
 # termination notice; the cluster autoscaler adds the second before it deletes a node; the node lifecycle controller
@@ -129,33 +124,6 @@ def slice_loss(hosts_needed: int, hosts: Iterable[HostView], nodes: Mapping[str,
         signals.append(Loss(now, f"{len(hosts)} of its {hosts_needed} TPU pods exist"))
     first = min(signals, key=lambda loss: loss.at)
     return replace(first, at=min(first.at, now))
-
-
-@dataclass(frozen=True)
-class LostSlice:
-    """The RayJob's SLICE_LOST_ANNOTATION: the loss of this admission, and its end."""
-
-    flavor: str
-    at: str  # RFC 3339: the first signal
-    cause: str
-    until: str  # at + the rung's recovery wait
-    state: str = LOST
-    recovered_at: str = ""
-
-    def to_json(self) -> str:
-        return json.dumps({"flavor": self.flavor, "at": self.at, "cause": self.cause, "until": self.until,
-                           "state": self.state, "recoveredAt": self.recovered_at}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | None) -> LostSlice | None:
-        if not text:
-            return None
-        try:
-            data = json.loads(text)
-            return cls(data["flavor"], data["at"], data["cause"], data["until"], data["state"],
-                       data.get("recoveredAt", ""))
-        except (ValueError, KeyError, TypeError):
-            return None
 
 
 @dataclass(frozen=True)

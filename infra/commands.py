@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from failover.api import MOVE_EVENT_REASON
 from infra import failover
 from infra.kueue import LOCAL_QUEUE_NAMESPACE, queue_chain
 from infra.settings import PlatformSettings
@@ -19,7 +20,7 @@ def next_steps(settings: PlatformSettings, job_names: list[str]) -> list[str]:
     ]
     if len(chain) > 1:  # the failover controller: one log line per move, and the Events it records
         steps.append(f"kubectl logs -n {failover.NAMESPACE} deploy/{failover.NAME}")
-        steps.append(f"kubectl get events -n {LOCAL_QUEUE_NAMESPACE} --field-selector reason=MovedToNextRung")
+        steps.append(f"kubectl get events -n {LOCAL_QUEUE_NAMESPACE} --field-selector reason={MOVE_EVENT_REASON}")
     if settings.flex_start is not None:
         for pool in settings.flex_start.pool_names(settings.tpu):
             steps.append(f"gcloud container node-pools describe {pool} --cluster={settings.cluster_name} "

@@ -14,9 +14,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from failover.api import TPU_RESOURCE
 from infra.rungs import SPOT_LABEL_KEY
 from infra.settings import PlanSettings, PlatformSettings
-from infra.tpu import TPU_RESOURCE
 from infra.tpu_pool import PLAN_LABEL_KEY
 
 KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"

@@ -33,12 +33,12 @@ from collections.abc import Sequence
 import pulumi
 import pulumi_kubernetes as k8s
 
+from failover.api import TPU_RESOURCE
 from infra import failover as fo
 from infra import kueue as kq
 from infra.kueue import DEFAULT_FLAVOR, MANAGER_CONFIG_MAP, QueueRung, queue_chain
 from infra.settings import (GUARANTEED_RUNGS, JOB_HEAD_CPU, JOB_HEAD_MEMORY_GIB, SHARE_ORDER_FREE_FIRST,
                             SHARE_ORDER_LADDER, PlatformSettings, TeamSettings)
-from infra.tpu import TPU_RESOURCE
 
 COHORT_KIND = "Cohort"
 NAMESPACE_LABEL = "kubernetes.io/metadata.name"  # set by the API server on every namespace

@@ -147,7 +147,6 @@ MACHINE_TYPES: MappingProxyType[str, TpuMachineType] = MappingProxyType({
 # Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/tpus
 ACCELERATOR_LABEL_KEY = "cloud.google.com/gke-tpu-accelerator"
 TOPOLOGY_LABEL_KEY = "cloud.google.com/gke-tpu-topology"
-TPU_RESOURCE = "google.com/tpu"
 
 
 def lookup_slice(machine_type: str, topology: str) -> TpuSlice:

@@ -14,8 +14,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from failover import slices
-from failover.regional import decisions
+from failover import api
 from infra import failover as stack_failover
 from infra.offline import Plan
 from testbed import jobs
@@ -143,11 +142,11 @@ class FailoverTier:
             self.gke.remove_idle()
             assert not any(self.gke.nodes_of(t.pool) for t in self.gke.templates if t.tpu), "a TPU slice left"
 
-    def move_of(self, job: str) -> decisions.Move | None:
+    def move_of(self, job: str) -> api.Move | None:
         """The move the controller recorded on the RayJob (its annotation)."""
         rayjob = self.kube.get(*jobs.RAYJOB, job, NAMESPACE)
-        return decisions.Move.from_json((rayjob["metadata"].get("annotations") or {}).get(
-            decisions.FAILOVER_ANNOTATION))
+        return api.Move.from_json((rayjob["metadata"].get("annotations") or {}).get(
+            api.FAILOVER_ANNOTATION))
 
     def queues_of(self, job: str) -> tuple[str, str]:
         """(the RayJob's queue label, its Workload's spec.queueName): a move changes both."""
@@ -156,11 +155,11 @@ class FailoverTier:
         return rayjob["metadata"]["labels"][jobs.QUEUE_LABEL], workload["spec"]["queueName"]
 
     # ---- a running job that loses its slice (failover/slices.py) ------------------------------------------------
-    def lost_of(self, job: str) -> slices.LostSlice | None:
+    def lost_of(self, job: str) -> api.LostSlice | None:
         """The loss the controller recorded on the RayJob."""
         rayjob = self.kube.get(*jobs.RAYJOB, job, NAMESPACE)
-        return slices.LostSlice.from_json((rayjob["metadata"].get("annotations") or {}).get(
-            slices.SLICE_LOST_ANNOTATION))
+        return api.LostSlice.from_json((rayjob["metadata"].get("annotations") or {}).get(
+            api.SLICE_LOST_ANNOTATION))
 
     def running_on(self, job: str, flavor: str) -> bool:
         """Every pod of the job's run Running and Ready, its workers on one slice of this rung."""

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
-from failover.regional.decisions import parse_time
+from failover.api import parse_time
 from kubernetes import config as kube_config
 from kubernetes import dynamic
 from kubernetes.client import ApiException, AuthenticationV1TokenRequest, CoreV1Api, V1TokenRequestSpec

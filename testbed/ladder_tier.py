@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 
-from failover.regional import decisions
+from failover import api
 from failover.ladder import decisions as ladder_rules
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
@@ -157,9 +157,9 @@ class LadderFleet(FleetStacks):
     def no_requests_anywhere(self) -> bool:
         return not any(self.all_requests(m) for m in self.members)
 
-    def moves(self, name: str) -> list[decisions.Move]:
+    def moves(self, name: str) -> list[api.Move]:
         job = self.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
-        return decisions.move_history(job["metadata"].get("annotations"))
+        return api.move_history(job["metadata"].get("annotations"))
 
     def move_events(self, name: str) -> list[dict]:
         return self.events_of(name, ladder_rules.EVENT_REASON)

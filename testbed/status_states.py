@@ -13,8 +13,9 @@ from __future__ import annotations
 import datetime
 from dataclasses import dataclass
 
-from failover.regional import decisions
-from failover.regional.controller import COMPONENT, EVENT_REASON
+from failover import api
+from failover.regional.controller import COMPONENT
+from failover.api import MOVE_EVENT_REASON
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from infra.offline import Plan
@@ -58,7 +59,7 @@ def ladder_plan() -> Plan:
 
 
 def now_text() -> str:
-    return decisions.format_time(datetime.datetime.now(datetime.timezone.utc))
+    return api.format_time(datetime.datetime.now(datetime.timezone.utc))
 
 
 def submit(kube: Kube, name: str, queue: str | None, namespace: str = NAMESPACE) -> Placed:
@@ -91,21 +92,21 @@ def record_admitted_flavor(kube: Kube, placed: Placed) -> None:
     """What the controller writes on a Workload while it is admitted (Kueue clears status.admission on eviction)."""
     workload = jobs.workload_of(kube, placed.namespace, placed.name)
     kube.patch(*jobs.WORKLOAD, workload["metadata"]["name"], {"metadata": {"annotations": {
-        decisions.ADMITTED_FLAVOR_ANNOTATION: jobs.tpu_flavor(workload)}}}, namespace=placed.namespace)
+        api.ADMITTED_FLAVOR_ANNOTATION: jobs.tpu_flavor(workload)}}}, namespace=placed.namespace)
 
 
-def annotate_moves(kube: Kube, placed: Placed, history: list[decisions.Move], latest: decisions.Move) -> None:
+def annotate_moves(kube: Kube, placed: Placed, history: list[api.Move], latest: api.Move) -> None:
     """The controller's record on the RayJob: its latest move (`tpu-fallback/failover`) and the completed ones."""
     recorded = None
     for move in history:
-        recorded = decisions.with_move_recorded({decisions.MOVES_ANNOTATION: recorded} if recorded else None, move)
-    annotations = {decisions.FAILOVER_ANNOTATION: latest.to_json()}
+        recorded = api.with_move_recorded({api.MOVES_ANNOTATION: recorded} if recorded else None, move)
+    annotations = {api.FAILOVER_ANNOTATION: latest.to_json()}
     if recorded:
-        annotations[decisions.MOVES_ANNOTATION] = recorded
+        annotations[api.MOVES_ANNOTATION] = recorded
     kube.patch(*jobs.RAYJOB, placed.name, {"metadata": {"annotations": annotations}}, namespace=placed.namespace)
 
 
-def move_by_hand(kube: Kube, placed: Placed, move: decisions.Move) -> None:
+def move_by_hand(kube: Kube, placed: Placed, move: api.Move) -> None:
     """The controller's move route (README, "How the fallback works"): intent, deactivate, relabel the RayJob, repoint
     the Workload, reactivate, record the move done."""
     annotate_moves(kube, placed, [], move)
@@ -164,8 +165,8 @@ def create_every_state(tier: FailoverTier) -> dict[str, Placed]:
     wait_released(kube, evicted.holds)
     # Moving: admitted where the last one was (its quota is free again), then a move the controller began.
     moving = keep(submit(kube, "st-moving", "user-queue"))
-    annotate_moves(kube, moving, [], decisions.Move(moving.holds, "dws", "user-queue-dws", decisions.STOCKOUT,
-                                                    now_text()))
+    annotate_moves(kube, moving, [], api.Move(moving.holds, "dws", "user-queue-dws", api.STOCKOUT,
+                                              now_text()))
     deactivate(kube, moving)
     wait_released(kube, moving.holds)
     # Another namespace's job takes that rung once more (it borrows: its quota lives in the rung's own queue).
@@ -176,8 +177,8 @@ def create_every_state(tier: FailoverTier) -> dict[str, Placed]:
     keep(submit(kube, "st-other-team", "user-queue", namespace=OTHER_NAMESPACE))
     # Waiting for a DWS slice, after two moves: quota reserved on dws, its ProvisioningRequest accepted by GKE.
     walked = keep(submit(kube, "st-dws-wait", "user-queue-dws"))
-    hops = [decisions.Move("on-demand", "spot", "user-queue-spot", decisions.STOCKOUT, now_text()),
-            decisions.Move("spot", "dws", "user-queue-dws", decisions.PODS_READY_TIMEOUT, now_text())]
+    hops = [api.Move("on-demand", "spot", "user-queue-spot", api.STOCKOUT, now_text()),
+            api.Move("spot", "dws", "user-queue-dws", api.PODS_READY_TIMEOUT, now_text())]
     annotate_moves(kube, walked, hops, hops[-1].done())
     jobs.mark_accepted(kube, jobs.wait_provisioning_request(kube, NAMESPACE, walked.name, REACTION_TIMEOUT))
     # Provisioned: the second DWS slice came; Kueue admits it.
@@ -189,7 +190,7 @@ def create_every_state(tier: FailoverTier) -> dict[str, Placed]:
     keep(submit(kube, "st-waiting", "user-queue-dws"))
     # Moved, waiting: found no quota on any rung of user-queue, then moved down the chain by the controller's route.
     moved = keep(submit(kube, "st-moved-waiting", "user-queue"))
-    move_by_hand(kube, moved, decisions.Move("on-demand", "dws", "user-queue-dws", decisions.STOCKOUT, now_text()))
+    move_by_hand(kube, moved, api.Move("on-demand", "dws", "user-queue-dws", api.STOCKOUT, now_text()))
     placed[moved.name] = Placed(moved.name, moved.namespace, "user-queue-dws", moved.holds)
     # Not queued: no queue label, so Kueue leaves it alone.
     keep(submit(kube, "st-no-queue", None))
@@ -221,5 +222,5 @@ def play_a_healthy_controller(kube: Kube, restarts: int, moved: Placed, message:
                  "metadata": {"name": f"{moved.name}.tier-move", "namespace": moved.namespace},
                  "involvedObject": {"apiVersion": jobs.RAYJOB[0], "kind": jobs.RAYJOB[1], "name": moved.name,
                                     "namespace": moved.namespace, "uid": rayjob["metadata"]["uid"]},
-                 "reason": EVENT_REASON, "message": message, "type": "Normal", "count": 1,
+                 "reason": MOVE_EVENT_REASON, "message": message, "type": "Normal", "count": 1,
                  "firstTimestamp": now, "lastTimestamp": now, "source": {"component": COMPONENT}})

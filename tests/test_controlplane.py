@@ -13,11 +13,12 @@ from dataclasses import dataclass
 
 import pytest
 
+from failover.api import TPU_RESOURCE
 from infra import kueue as stack_kueue
 from infra.offline import Plan, namespaced
 from infra.rungs import RUNG_KINDS
 from infra.settings import DEFAULTS
-from infra.tpu import TPU_RESOURCE, lookup_slice
+from infra.tpu import lookup_slice
 from testbed import jobs
 from testbed.kube import condition, wait_for
 from testbed.stack import Deployed, deploy, destroy

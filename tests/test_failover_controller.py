@@ -7,15 +7,15 @@ import datetime
 
 import pytest
 
-from failover.regional import decisions
-from failover.regional.controller import EVENT_REASON, Controller
-from failover.regional.decisions import FAILOVER_ANNOTATION, Move
+from failover import api
+from failover.regional.controller import Controller
+from failover.api import FAILOVER_ANNOTATION, MOVE_EVENT_REASON, Move
 from failover.runtime.metrics import Metrics
 from tests.killed_controller import Events, Killed, KilledAfter, merge_patch
 
 NOW = datetime.datetime(2026, 12, 3, 6, 0, tzinfo=datetime.timezone.utc)
-MOVE = Move("on-demand", "dws", "user-queue-dws", decisions.PODS_READY_TIMEOUT, "2026-12-03T05:59:00Z",
-            decisions.MOVING)
+MOVE = Move("on-demand", "dws", "user-queue-dws", api.PODS_READY_TIMEOUT, "2026-12-03T05:59:00Z",
+            api.MOVING)
 
 
 class _Server:
@@ -53,6 +53,6 @@ def test_a_moves_end_says_it_once_whatever_write_the_controller_is_killed_after(
 
     annotations = server.job["metadata"]["annotations"]
     assert Move.from_json(annotations[FAILOVER_ANNOTATION]) == MOVE.done()
-    assert decisions.MOVES_ANNOTATION in annotations
+    assert api.MOVES_ANNOTATION in annotations
     # One Event, never none (the record written first and a kill lost it) and never two.
-    assert server.events == [EVENT_REASON], server.events
+    assert server.events == [MOVE_EVENT_REASON], server.events

@@ -13,6 +13,7 @@ import time
 
 import pytest
 
+from failover import api
 from failover.regional import decisions
 from infra import kueue as stack_kueue
 from infra.tpu_pool import PLAN_LABEL_KEY
@@ -65,7 +66,7 @@ def test_the_controllers_objects_are_accepted_and_its_rbac_is_enough(tier):
 def test_the_controller_serves_every_move_series_the_moves_alert_reads(tier):
     # Scraped as GMP would (issue 27): each (from, to, reason) a move can have exists from the start, so the first
     # move of each is an increase the alert sees (tests/test_alerts_promtool.py).
-    chain = decisions.Chain.from_json(tier.controller_env()["FAILOVER_CHAIN"])
+    chain = api.Chain.from_json(tier.controller_env()["FAILOVER_CHAIN"])
     for upper, lower, reason in decisions.possible_moves(chain):
         assert tier.samples("tpu_fallback_moves_total", from_flavor=upper, to_flavor=lower, reason=reason), \
             (upper, lower, reason)
@@ -100,7 +101,7 @@ def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
     assert waited >= PODS_READY_TIMEOUT_SECONDS - 1, waited
     assert request["spec"]["provisioningClassName"] == stack_kueue.PROVISIONING_CLASS
     assert tier.queues_of("stockout-timeout") == ("user-queue-dws", "user-queue-dws")
-    move = wait_for(lambda: (m := tier.move_of("stockout-timeout")) and m.state == decisions.MOVED and m, 10,
+    move = wait_for(lambda: (m := tier.move_of("stockout-timeout")) and m.state == api.MOVED and m, 10,
                     "the move recorded")
     assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", "PodsReadyTimeout")
     # The Event comes before the done mark (failover/regional/controller.py _record_done); waited for all the same.
@@ -135,7 +136,7 @@ def test_early_path_moves_on_the_autoscalers_stockout_before_the_timeout(clean):
     # measure (bench/bench_failover.py: grace + 1.7 s); on a loaded suite submission -> request took 15.4 s once.
     assert time_to_plan_b < PODS_READY_TIMEOUT_SECONDS
     # The done mark is written after the reactivation that lets Kueue create the request: wait for it.
-    move = wait_for(lambda: (m := tier.move_of("stockout-early")) and m.state == decisions.MOVED and m,
+    move = wait_for(lambda: (m := tier.move_of("stockout-early")) and m.state == api.MOVED and m,
                     REACTION_TIMEOUT, "the move marked done")
     assert move.reason == "Stockout"
     workload = jobs.workload_of(tier.kube, NAMESPACE, "stockout-early")
@@ -181,9 +182,9 @@ def test_a_restart_mid_move_finishes_the_move(clean):
     tier.stockout("on-demand")
     tier.submit("restart")
     # What a controller that crashed after its first two writes leaves: the intent, and the Workload inactive.
-    move = decisions.Move("on-demand", "dws", "user-queue-dws", "Stockout", "2026-11-30T00:00:00Z")
+    move = api.Move("on-demand", "dws", "user-queue-dws", "Stockout", "2026-11-30T00:00:00Z")
     tier.kube.patch(*jobs.RAYJOB, "restart", {"metadata": {"annotations": {
-        decisions.FAILOVER_ANNOTATION: move.to_json()}}}, namespace=NAMESPACE)
+        api.FAILOVER_ANNOTATION: move.to_json()}}}, namespace=NAMESPACE)
     workload = jobs.workload_of(tier.kube, NAMESPACE, "restart")
     tier.kube.patch(*jobs.WORKLOAD, workload["metadata"]["name"], {"spec": {"active": False}}, namespace=NAMESPACE)
     wait_for(lambda: jobs.suspended(tier.kube.get(*jobs.RAYJOB, "restart", NAMESPACE)), REACTION_TIMEOUT,
@@ -255,8 +256,8 @@ def watch_only(clean):
     tier.stop_controller()
 
 
-def _moved(tier, job: str) -> decisions.Move:
-    return wait_for(lambda: (m := tier.move_of(job)) and m.state == decisions.MOVED and m, REACTION_TIMEOUT,
+def _moved(tier, job: str) -> api.Move:
+    return wait_for(lambda: (m := tier.move_of(job)) and m.state == api.MOVED and m, REACTION_TIMEOUT,
                     f"{job}'s move recorded")
 
 
@@ -268,13 +269,13 @@ def test_the_early_path_acts_when_the_grace_period_ends_without_a_resync(watch_o
     # the Workload for that moment.
     jobs.wait_provisioning_request(tier.kube, NAMESPACE, "watch-early", timeout=GRACE_SECONDS + REACTION_TIMEOUT)
     move = _moved(tier, "watch-early")
-    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", decisions.STOCKOUT)
+    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", api.STOCKOUT)
     assert tier.metric("tpu_fallback_resyncs_total") == 0
     assert tier.metric("tpu_fallback_moves_total", from_flavor="on-demand", to_flavor="dws",
-                       reason=decisions.STOCKOUT) == 1
+                       reason=api.STOCKOUT) == 1
     # Seconds from the stockout signal to the move's first write: at least the grace period.
-    assert tier.metric("tpu_fallback_move_delay_seconds_count", reason=decisions.STOCKOUT) == 1
-    assert tier.metric("tpu_fallback_move_delay_seconds_sum", reason=decisions.STOCKOUT) >= GRACE_SECONDS - 1
+    assert tier.metric("tpu_fallback_move_delay_seconds_count", reason=api.STOCKOUT) == 1
+    assert tier.metric("tpu_fallback_move_delay_seconds_sum", reason=api.STOCKOUT) >= GRACE_SECONDS - 1
     assert tier.metric("tpu_fallback_watch_events_total", resource="events") >= 1
 
 
@@ -288,17 +289,17 @@ def test_a_podsready_eviction_is_moved_without_a_resync(watch_only):
     request = jobs.wait_provisioning_request(tier.kube, NAMESPACE, "watch-timeout",
                                              timeout=PODS_READY_TIMEOUT_SECONDS + REACTION_TIMEOUT)
     move = _moved(tier, "watch-timeout")
-    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", decisions.PODS_READY_TIMEOUT)
+    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "dws", api.PODS_READY_TIMEOUT)
     assert tier.queues_of("watch-timeout") == ("user-queue-dws", "user-queue-dws")
     assert tier.metric("tpu_fallback_resyncs_total") == 0
-    assert tier.metric("tpu_fallback_moves_total", reason=decisions.PODS_READY_TIMEOUT) == 1
+    assert tier.metric("tpu_fallback_moves_total", reason=api.PODS_READY_TIMEOUT) == 1
     # From admission to the move: Kueue's timeout, at least.
     assert tier.metric("tpu_fallback_move_delay_seconds_sum",
-                       reason=decisions.PODS_READY_TIMEOUT) >= PODS_READY_TIMEOUT_SECONDS - 1
+                       reason=api.PODS_READY_TIMEOUT) >= PODS_READY_TIMEOUT_SECONDS - 1
     # Quota reserved on on-demand, then (after the move) on dws: one wait each.
     assert tier.metric("tpu_fallback_admission_wait_seconds_count", flavor="on-demand") == waits_before["on-demand"] + 1
-    history = decisions.move_history(tier.kube.get(*jobs.RAYJOB, "watch-timeout", NAMESPACE)["metadata"]
-                                     .get("annotations"))
+    history = api.move_history(tier.kube.get(*jobs.RAYJOB, "watch-timeout", NAMESPACE)["metadata"]
+                               .get("annotations"))
     assert history == [move]
 
     # GKE provisions the DWS slice: the check's result is counted once.

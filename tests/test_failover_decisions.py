@@ -7,10 +7,12 @@ import json
 
 import pytest
 
+from failover import api
 from failover.regional import decisions
-from failover.regional.decisions import (FinishMove, Move, RecordFlavor, StartMove, WorkloadView, decide, stockout_since)
+from failover.regional.decisions import RecordFlavor, decide
+from failover.api import FinishMove, Move, StartMove, WorkloadView, stockout_since
 
-CHAIN = decisions.Chain.from_json(json.dumps([
+CHAIN = api.Chain.from_json(json.dumps([
     {"flavor": "on-demand", "clusterQueue": "cluster-queue", "localQueue": "user-queue", "admissionCheck": False},
     {"flavor": "dws", "clusterQueue": "cluster-queue-dws", "localQueue": "user-queue-dws", "admissionCheck": True},
 ]))
@@ -19,7 +21,7 @@ GRACE = datetime.timedelta(minutes=3)
 
 
 def _time(minutes_ago: float) -> str:
-    return decisions.format_time(NOW - datetime.timedelta(minutes=minutes_ago))
+    return api.format_time(NOW - datetime.timedelta(minutes=minutes_ago))
 
 
 def workload(queue="user-queue", reserved_on=None, admitted=None, evicted=None, recorded=None, active=True,
@@ -44,7 +46,7 @@ def workload(queue="user-queue", reserved_on=None, admitted=None, evicted=None, 
     if owner:
         meta["ownerReferences"] = [{"kind": "RayJob", "name": owner, "apiVersion": "ray.io/v1", "uid": "u"}]
     if recorded:
-        meta["annotations"] = {decisions.ADMITTED_FLAVOR_ANNOTATION: recorded}
+        meta["annotations"] = {api.ADMITTED_FLAVOR_ANNOTATION: recorded}
     return {"metadata": meta, "spec": {"queueName": queue, "active": active}, "status": status}
 
 
@@ -60,7 +62,7 @@ def test_a_fleet_managers_copy_is_left_alone():
     timed_out = workload(evicted="PodsReadyTimeout", recorded="on-demand")
     assert isinstance(_decide(timed_out), StartMove)
     for obj in (timed_out, workload(reserved_on="on-demand")):
-        obj["metadata"]["labels"] = {decisions.MULTIKUEUE_ORIGIN_LABEL: "tpu-fallback-fleet"}
+        obj["metadata"]["labels"] = {api.MULTIKUEUE_ORIGIN_LABEL: "tpu-fallback-fleet"}
         assert WorkloadView.from_object(obj).multikueue_origin == "tpu-fallback-fleet"
         assert _decide(obj) is None
         assert _decide(obj, stockout=NOW - datetime.timedelta(hours=1)) is None
@@ -76,7 +78,7 @@ def test_timeout_on_plan_a_moves_to_the_queue_that_starts_at_plan_b():
     assert isinstance(action, StartMove)
     assert (action.move.from_flavor, action.move.to_flavor, action.move.to_local_queue, action.move.reason) == (
         "on-demand", "dws", "user-queue-dws", "PodsReadyTimeout")
-    assert action.move.at == decisions.format_time(NOW)
+    assert action.move.at == api.format_time(NOW)
 
 
 def test_timeout_without_a_record_assumes_the_queues_first_rung():
@@ -206,17 +208,17 @@ def test_admission_check_results_are_counted_once_per_change():
 def test_the_history_keeps_every_completed_move_once_oldest_first():
     first = Move("reservation", "on-demand", "user-queue-on-demand", "PodsReadyTimeout", _time(5))
     second = Move("on-demand", "dws", "user-queue-dws", "Stockout", _time(1))
-    annotations = {decisions.MOVES_ANNOTATION: decisions.with_move_recorded({}, first)}
-    annotations[decisions.MOVES_ANNOTATION] = decisions.with_move_recorded(annotations, second)
-    again = decisions.with_move_recorded(annotations, second)  # a restart marking the same move done
-    assert again == annotations[decisions.MOVES_ANNOTATION]
-    assert decisions.move_history(annotations) == [first.done(), second.done()]
+    annotations = {api.MOVES_ANNOTATION: api.with_move_recorded({}, first)}
+    annotations[api.MOVES_ANNOTATION] = api.with_move_recorded(annotations, second)
+    again = api.with_move_recorded(annotations, second)  # a restart marking the same move done
+    assert again == annotations[api.MOVES_ANNOTATION]
+    assert api.move_history(annotations) == [first.done(), second.done()]
 
 
 def test_an_unreadable_history_reads_as_empty():
-    assert decisions.move_history({decisions.MOVES_ANNOTATION: "not json"}) == []
-    assert decisions.move_history({decisions.MOVES_ANNOTATION: '[{"from": "x"}, 3]'}) == []
-    assert decisions.move_history(None) == []
+    assert api.move_history({api.MOVES_ANNOTATION: "not json"}) == []
+    assert api.move_history({api.MOVES_ANNOTATION: '[{"from": "x"}, 3]'}) == []
+    assert api.move_history(None) == []
 
 
 
@@ -251,8 +253,8 @@ def test_every_move_decide_can_start_is_declared_at_zero_when_the_controller_sta
     flavors = [rung.flavor for rung in CHAIN.rungs]
     assert decisions.possible_moves(CHAIN) == [
         *((upper, lower, reason) for upper, lower in zip(flavors, flavors[1:])
-          for reason in (decisions.PODS_READY_TIMEOUT, decisions.STOCKOUT, decisions.SLICE_LOST)),
-        (flavors[-1], flavors[-1], decisions.SLICE_LOST)]  # the last rung's requeue after a lost slice
+          for reason in (api.PODS_READY_TIMEOUT, api.STOCKOUT, api.SLICE_LOST)),
+        (flavors[-1], flavors[-1], api.SLICE_LOST)]  # the last rung's requeue after a lost slice
     metrics = Metrics(CollectorRegistry())
     metrics.declare_moves(decisions.possible_moves(CHAIN))
     for upper, lower, reason in decisions.possible_moves(CHAIN):
@@ -264,13 +266,13 @@ def test_every_move_decide_can_start_is_declared_at_zero_when_the_controller_sta
 
 
 def _job(label: str, suspended: bool) -> dict:
-    return {"metadata": {"name": "job-1", "labels": {decisions.QUEUE_LABEL: label}}, "spec": {"suspend": suspended}}
+    return {"metadata": {"name": "job-1", "labels": {api.QUEUE_LABEL: label}}, "spec": {"suspend": suspended}}
 
 
 def test_a_move_takes_its_steps_in_order_and_resumes_from_what_it_reads():
     """Deactivate, wait until Kueue has released the quota and suspended the job, relabel, repoint, reactivate;
     from any point, the step left to do (the controller re-reads both objects after each)."""
-    move = Move("on-demand", "dws", "user-queue-dws", decisions.PODS_READY_TIMEOUT, _time(0))
+    move = Move("on-demand", "dws", "user-queue-dws", api.PODS_READY_TIMEOUT, _time(0))
     step = lambda obj, job: decisions.next_in_move(move, WorkloadView.from_object(obj), job)  # noqa: E731
     admitted = workload(reserved_on="on-demand")
     assert step(admitted, _job("user-queue", False)) == decisions.DEACTIVATE
@@ -281,12 +283,12 @@ def test_a_move_takes_its_steps_in_order_and_resumes_from_what_it_reads():
     assert step(released, _job("user-queue", True)) == decisions.RELABEL
     assert step(released, _job("user-queue-dws", True)) == decisions.REPOINT
     repointed = workload(queue="user-queue-dws", active=False)
-    assert step(repointed, _job("user-queue-dws", True)) == decisions.REACTIVATE
+    assert step(repointed, _job("user-queue-dws", True)) == api.REACTIVATE
     # Kueue clears an inactive Workload's requeue backoff; reactivated before it did, the job waited the backoff out
     # at the new rung (a loaded run: its clearing write lost to the move's writes). So the move waits for it.
     backing_off = {**repointed, "status": {**repointed["status"], "requeueState": {
         "count": 1, "requeueAt": "2026-12-01T12:01:00Z"}}}
-    assert step(backing_off, _job("user-queue-dws", True)) == decisions.WAIT_FOR_BACKOFF_RESET
+    assert step(backing_off, _job("user-queue-dws", True)) == api.WAIT_FOR_BACKOFF_RESET
     arrived = workload(queue="user-queue-dws")
     assert step(arrived, _job("user-queue-dws", True)) == decisions.DONE
     # Repointed by hand (or a lost label write) while active at the new queue: relabelled once released.
@@ -296,17 +298,17 @@ def test_a_move_takes_its_steps_in_order_and_resumes_from_what_it_reads():
 def test_a_requeue_on_the_last_rung_leaves_the_admission_that_lost_its_slice_and_comes_back_active():
     """No next rung: the Workload is deactivated off the admission that lost its slice (admitted before the move),
     waits for the release, and is reactivated where it was; a new admission after the move is the end."""
-    move = Move("dws", "dws", "user-queue-dws", decisions.SLICE_LOST, _time(5))  # decided 5 min ago
+    move = Move("dws", "dws", "user-queue-dws", api.SLICE_LOST, _time(5))  # decided 5 min ago
     assert move.requeue
     step = lambda obj, job: decisions.next_in_move(move, WorkloadView.from_object(obj), job)  # noqa: E731
     lost = workload(queue="user-queue-dws", reserved_on="dws")  # admitted 10 min ago: the old admission
     assert step(lost, _job("user-queue-dws", False)) == decisions.DEACTIVATE
     assert step(workload(queue="user-queue-dws", reserved_on="dws", active=False),
                 _job("user-queue-dws", False)) == decisions.WAIT_FOR_RELEASE
-    assert step(workload(queue="user-queue-dws", active=False), _job("user-queue-dws", True)) == decisions.REACTIVATE
+    assert step(workload(queue="user-queue-dws", active=False), _job("user-queue-dws", True)) == api.REACTIVATE
     backing_off = workload(queue="user-queue-dws", active=False)
     backing_off["status"]["requeueState"] = {"count": 1}
-    assert step(backing_off, _job("user-queue-dws", True)) == decisions.WAIT_FOR_BACKOFF_RESET
+    assert step(backing_off, _job("user-queue-dws", True)) == api.WAIT_FOR_BACKOFF_RESET
     assert step(workload(queue="user-queue-dws"), _job("user-queue-dws", True)) == decisions.DONE  # queued again
     readmitted = workload(queue="user-queue-dws", reserved_on="dws")
     readmitted["status"]["conditions"][0]["lastTransitionTime"] = _time(1)  # after the move
@@ -320,7 +322,7 @@ def test_a_move_names_the_queue_it_left_in_its_record_even_when_finished_by_a_la
     action = _decide(workload(evicted="PodsReadyTimeout", recorded="on-demand"))
     assert isinstance(action, StartMove) and action.move.from_local_queue == "user-queue"
     done = Move.from_json(action.move.done().to_json())
-    assert done.from_local_queue == "user-queue" and done.state == decisions.MOVED
+    assert done.from_local_queue == "user-queue" and done.state == api.MOVED
     older = json.loads(action.move.to_json())
     del older["fromLocalQueue"]
     assert Move.from_json(json.dumps(older)).from_local_queue == ""

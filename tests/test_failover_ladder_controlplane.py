@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from failover.regional import decisions
+from failover import api
 from testbed import jobs
 from testbed.failover_tier import NAMESPACE, start_failover_tier
 from testbed.kube import wait_for
@@ -30,7 +30,7 @@ def test_a_stocked_out_job_walks_down_the_whole_ladder():
             wait_for(lambda h=here: jobs.decision(ladder.kube, NAMESPACE, "walker").flavor == h, 20, f"on {here}")
             seen.append(here)
             wait_for(lambda t=there: (m := ladder.move_of("walker")) and m.to_flavor == t
-                     and m.state == decisions.MOVED, 20, f"moved to {there}")
+                     and m.state == api.MOVED, 20, f"moved to {there}")
         jobs.wait_provisioning_request(ladder.kube, NAMESPACE, "walker", timeout=20)
         assert seen == ["reservation", "on-demand", "spot"]
         assert ladder.queues_of("walker") == ("user-queue-dws", "user-queue-dws")

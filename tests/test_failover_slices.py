@@ -7,10 +7,10 @@ import json
 
 import pytest
 
-from failover import slices
+from failover import api, slices
 from failover.regional import decisions
-from failover.slices import (GiveUpSlice, HostView, LostSlice, NodeView, RecordLoss, RecordRecovery, decide_loss,
-                             slice_loss)
+from failover.slices import GiveUpSlice, HostView, NodeView, RecordLoss, RecordRecovery, decide_loss, slice_loss
+from failover.api import LostSlice
 
 NOW = datetime.datetime(2026, 12, 2, 12, 0, tzinfo=datetime.timezone.utc)
 WAIT = datetime.timedelta(minutes=2)
@@ -21,7 +21,7 @@ def ago(seconds: float) -> datetime.datetime:
 
 
 def stamp(seconds: float) -> str:
-    return decisions.format_time(ago(seconds))
+    return api.format_time(ago(seconds))
 
 
 def node(name: str, ready: bool = True, taints: tuple[dict, ...] = (), since: float = 600) -> dict:
@@ -34,7 +34,7 @@ def pod(name: str, on: str | None, ready: bool = True, since: float = 500, delet
         grace: int = 30) -> dict:
     meta: dict = {"name": name}
     if deleted is not None:  # the API server sets deletionTimestamp to the request's time plus the grace period
-        meta["deletionTimestamp"] = decisions.format_time(ago(deleted) + datetime.timedelta(seconds=grace))
+        meta["deletionTimestamp"] = api.format_time(ago(deleted) + datetime.timedelta(seconds=grace))
         meta["deletionGracePeriodSeconds"] = grace
     return {"metadata": meta, "spec": {"nodeName": on} if on else {},
             "status": {"phase": "Running" if on else "Pending",
@@ -129,7 +129,7 @@ def test_a_slice_whole_again_marks_the_loss_recovered_and_a_later_loss_starts_a_
     recorded = LostSlice("on-demand", stamp(60), "its host node-1 is gone", stamp(-540))
     recovered = decide_loss("on-demand", ago(3600), recorded, None, WAIT, NOW)
     assert recovered == RecordRecovery(LostSlice("on-demand", stamp(60), "its host node-1 is gone", stamp(-540),
-                                                 slices.RECOVERED, stamp(0)))
+                                                 api.RECOVERED, stamp(0)))
     assert decide_loss("on-demand", ago(3600), recovered.lost, None, WAIT, NOW) is None
     again = decide_loss("on-demand", ago(3600), recovered.lost, slices.Loss(ago(1), "x"), WAIT, NOW)
     assert isinstance(again, RecordLoss) and again.lost.at == stamp(1)
@@ -149,35 +149,35 @@ def test_a_loss_of_an_earlier_admission_or_another_rung_does_not_count():
 def test_the_annotation_round_trips_and_a_bad_one_is_none():
     lost = LostSlice("spot", stamp(5), "its host node-1 received a termination notice", stamp(-115))
     assert LostSlice.from_json(lost.to_json()) == lost
-    assert json.loads(lost.to_json())["state"] == slices.LOST
+    assert json.loads(lost.to_json())["state"] == api.LOST
     assert LostSlice.from_json("{not json") is None and LostSlice.from_json(None) is None
     assert slices.loss_message(lost) == (f"lost its slice on spot at {stamp(5)} (its host node-1 received a "
                                          f"termination notice); waiting for recovery until {stamp(-115)}")
 
 
-CHAIN = decisions.Chain.from_json(json.dumps([
+CHAIN = api.Chain.from_json(json.dumps([
     {"flavor": "spot", "clusterQueue": "cluster-queue", "localQueue": "user-queue", "recoverySeconds": 120},
     {"flavor": "dws", "clusterQueue": "cluster-queue-dws", "localQueue": "user-queue-dws", "admissionCheck": True},
 ]))
 
 
-def view(queue: str, flavor: str, origin: str | None = None) -> decisions.WorkloadView:
-    return decisions.WorkloadView("w", "default", queue, True, True, True, ago(600), flavor, flavor, None, "job",
-                                  multikueue_origin=origin)
+def view(queue: str, flavor: str, origin: str | None = None) -> api.WorkloadView:
+    return api.WorkloadView("w", "default", queue, True, True, True, ago(600), flavor, flavor, None, "job",
+                            multikueue_origin=origin)
 
 
 def test_after_a_loss_a_job_moves_to_the_next_rung_or_is_requeued_on_the_last():
     assert CHAIN.rungs[0].recovery_seconds == 120
-    assert CHAIN.rungs[1].recovery_seconds == decisions.DEFAULT_RECOVERY_SECONDS
+    assert CHAIN.rungs[1].recovery_seconds == api.DEFAULT_RECOVERY_SECONDS
     moved = decisions.move_after_loss(CHAIN, view("user-queue", "spot"), "spot", NOW).move
     assert (moved.from_flavor, moved.to_flavor, moved.to_local_queue, moved.reason, moved.requeue) == (
-        "spot", "dws", "user-queue-dws", decisions.SLICE_LOST, False)
+        "spot", "dws", "user-queue-dws", api.SLICE_LOST, False)
     requeued = decisions.move_after_loss(CHAIN, view("user-queue", "dws"), "dws", NOW).move
     assert (requeued.to_flavor, requeued.to_local_queue, requeued.requeue) == ("dws", "user-queue", True)
     assert decisions.move_message(requeued, "user-queue").startswith("requeued on dws (LocalQueue user-queue): it lost")
     assert decisions.move_after_loss(CHAIN, view("user-queue", "spot", origin="fleet"), "spot", NOW) is None
-    assert ("dws", "dws", decisions.SLICE_LOST) in decisions.possible_moves(CHAIN)
-    assert ("spot", "dws", decisions.SLICE_LOST) in decisions.possible_moves(CHAIN)
+    assert ("dws", "dws", api.SLICE_LOST) in decisions.possible_moves(CHAIN)
+    assert ("spot", "dws", api.SLICE_LOST) in decisions.possible_moves(CHAIN)
 
 
 def test_a_workload_says_how_many_tpu_hosts_it_needs_and_since_when_its_pods_are_ready():
@@ -190,7 +190,7 @@ def test_a_workload_says_how_many_tpu_hosts_it_needs_and_since_when_its_pods_are
                {"type": "QuotaReserved", "status": "True", "lastTransitionTime": stamp(100)},
                {"type": "Admitted", "status": "True", "lastTransitionTime": stamp(100)},
                {"type": "PodsReady", "status": "True", "lastTransitionTime": stamp(40)}]}}
-    seen = decisions.WorkloadView.from_object(obj)
+    seen = api.WorkloadView.from_object(obj)
     assert (seen.tpu_hosts, seen.pods_ready_since) == (4, ago(40))
     obj["status"]["conditions"][2]["status"] = "False"
-    assert decisions.WorkloadView.from_object(obj).pods_ready_since is None
+    assert api.WorkloadView.from_object(obj).pods_ready_since is None

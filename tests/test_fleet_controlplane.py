@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import yaml
 
-from failover.regional import decisions
+from failover import api
 from failover.watch import decisions as fleet_watch
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
@@ -129,7 +129,7 @@ def test_the_first_region_that_provisions_wins_runs_the_job_to_its_end_and_the_o
     # Created suspended; region 2's Kueue starts it (its Workload is the manager's copy, already admitted).
     remote = wait_for(lambda: (r := fleet.rayjob_in(W2, job)) and not jobs.suspended(r) and r, REACTION,
                       f"{job} started in {W2}")
-    assert remote["metadata"]["labels"][decisions.MULTIKUEUE_ORIGIN_LABEL] == "tpu-fallback-fleet"
+    assert remote["metadata"]["labels"][api.MULTIKUEUE_ORIGIN_LABEL] == "tpu-fallback-fleet"
     assert not remote["spec"].get("managedBy")
     assert fleet.manager_workload(workload)["status"]["clusterName"] == W2
     # KubeRay in region 2 runs it on region 2's DWS slice and reports; the manager's RayJob says the same.
@@ -143,7 +143,7 @@ def test_the_first_region_that_provisions_wins_runs_the_job_to_its_end_and_the_o
     assert mirrored["status"]["jobDeploymentStatus"] == "Running"
     # The fleet watch says it too.
     annotation = wait_for(lambda: (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get(
-        "annotations") or {}).get(fleet_watch.FLEET_ANNOTATION), REACTION, "the fleet watch's annotation")
+        "annotations") or {}).get(api.FLEET_ANNOTATION), REACTION, "the fleet watch's annotation")
     assert '"runsIn": ["member-asia-northeast1-b"]' in annotation and '"state": "Running"' in annotation
     # `ops status` on the manager: where the job runs, and each member's connection, without a member kubeconfig.
     report = build_report(ClusterReader(fleet.manager.api_client).read(FLEET_NAMESPACE, "manager"))
@@ -238,7 +238,7 @@ def test_an_eviction_in_the_winner_dispatches_again_to_every_member(fleet):
                                                           if r["metadata"]["uid"] != first[m]["metadata"]["uid"]),
                                                          None),
                                    PODS_READY_TIMEOUT_SECONDS + REACTION, f"a new request in {member}")
-    asked_again = decisions.parse_time(renewed[W2]["metadata"]["creationTimestamp"]).timestamp()
+    asked_again = api.parse_time(renewed[W2]["metadata"]["creationTimestamp"]).timestamp()
     # Both stamps are truncated to the second: at least the timeout less one second apart.
     assert asked_again - admitted >= PODS_READY_TIMEOUT_SECONDS - 1, (admitted, asked_again)
     # The evicted run stops: no member admitted a new copy, so no run may go on in W2. MultiKueue deletes the old
@@ -284,7 +284,7 @@ def test_a_members_failover_controller_leaves_the_managers_copy_alone(fleet):
     try:
         workload = fleet.submit(job)
         wait_for(lambda: fleet.rayjob_in(W1, job), REACTION, f"{job} admitted on {W1}'s on-demand rung")
-        copy = wait_for(lambda: (c := fleet.copy_in(W1, workload)) and decisions.WorkloadView.from_object(c).rayjob
+        copy = wait_for(lambda: (c := fleet.copy_in(W1, workload)) and api.WorkloadView.from_object(c).rayjob
                         and c, REACTION, "the copy owned by its RayJob in W1")
         assert jobs.tpu_flavor(copy) == "on-demand"
         fleet.stockout_reported(W1, job)
@@ -295,7 +295,7 @@ def test_a_members_failover_controller_leaves_the_managers_copy_alone(fleet):
         assert copy["spec"]["queueName"] == FLEET_LOCAL_QUEUE  # not moved down W1's ladder
         ours = [key for key in copy["metadata"].get("annotations") or {} if key.startswith("tpu-fallback/")]
         assert ours == []
-        assert decisions.FAILOVER_ANNOTATION not in (fleet.rayjob_in(W1, job)["metadata"].get("annotations") or {})
+        assert api.FAILOVER_ANNOTATION not in (fleet.rayjob_in(W1, job)["metadata"].get("annotations") or {})
         assert fleet.running_in(job) == [W1]
     finally:
         controller.popen.terminate()
@@ -615,7 +615,7 @@ def test_a_member_back_before_the_takeover_provisions_is_recorded_by_kueue(fleet
 
 def annotation_of(fleet: FleetStacks, job: str) -> dict:
     text = (fleet.manager.get(*jobs.RAYJOB, job, FLEET_NAMESPACE)["metadata"].get("annotations") or {}).get(
-        fleet_watch.FLEET_ANNOTATION)
+        api.FLEET_ANNOTATION)
     return json.loads(text) if text else {}
 
 

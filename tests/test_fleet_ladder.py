@@ -13,10 +13,10 @@ import json
 
 import pytest
 
+from failover import api
 from failover.ladder import controller as ladder_controller
 from failover.ladder import decisions as ladder_rules
-from failover.regional import decisions
-from failover.regional.decisions import MOVED, MOVING, Move
+from failover.api import MOVED, MOVING, RECOVERED, LostSlice, Move
 from infra import failover as failover_objects
 from infra import fleet as fleet_objects
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE
@@ -197,7 +197,7 @@ def test_fleet_ladder_rules(overrides, answers, message):
 
 # ---- the ladder controller's decisions -----------------------------------------------------------------------
 
-LADDER = ladder_rules.Ladder.from_json(json.dumps([
+LADDER = api.Ladder.from_json(json.dumps([
     {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand"},
     {"localQueue": "fleet-on-demand-w2", "admissionCheck": "fleet-on-demand-w2", "members": ["w2"], "rung": "onDemand"},
     {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
@@ -229,7 +229,7 @@ def test_a_job_admitted_on_its_step_stays():
 def test_a_members_eviction_moves_the_job_to_the_next_step(check):
     action = ladder_rules.decide(LADDER, workload("fleet-on-demand-w1", [check]), None, NOW)
     assert action.move == Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2",
-                               ladder_rules.MEMBER_EVICTED, "2026-12-01T12:00:00Z", member="w1")
+                               api.MEMBER_EVICTED, "2026-12-01T12:00:00Z", member="w1")
 
 
 def test_the_evicting_member_is_read_from_kueues_messages():
@@ -278,7 +278,7 @@ def test_a_move_written_on_the_workload_with_its_deactivation_is_finished_whatev
            "status": {"admissionChecks": [{"name": "fleet-on-demand-w1", "state": "Pending", "retryCount": 1}]}}
     view = ladder_rules.LadderView.from_object(raw)
     for on_the_rayjob in (None, older.to_json()):
-        assert ladder_rules.decide(LADDER, view, on_the_rayjob, NOW) == decisions.FinishMove(moving)
+        assert ladder_rules.decide(LADDER, view, on_the_rayjob, NOW) == api.FinishMove(moving)
     assert ladder_rules.deactivation(moving) == {
         "metadata": {"annotations": {ladder_rules.WORKLOAD_MOVE_ANNOTATION: moving.to_json()}},
         "spec": {"active": False}}
@@ -300,7 +300,7 @@ class _World:
             "spec": {"queueName": "fleet-on-demand-w1", "active": True},
             "status": {"conditions": [{"type": "QuotaReserved", "status": "True"}], "admissionChecks": [check]}}
         self.rayjob = {"metadata": {"name": "j", "namespace": FLEET_NAMESPACE, "resourceVersion": "1", "uid": "u",
-                                    "labels": {decisions.QUEUE_LABEL: "fleet-on-demand-w1"}},
+                                    "labels": {api.QUEUE_LABEL: "fleet-on-demand-w1"}},
                        "spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Suspended"}}
         self.writes = 0
         self.events = Events()
@@ -310,14 +310,14 @@ class _World:
     def decided(self) -> bool:
         """A move or a give-up was written (on either object)."""
         return any(name in (o["metadata"].get("annotations") or {}) for o in (self.workload, self.rayjob)
-                   for name in (ladder_rules.WORKLOAD_MOVE_ANNOTATION, decisions.FAILOVER_ANNOTATION,
-                                ladder_rules.WORKLOAD_GIVE_UP_ANNOTATION, ladder_rules.GAVE_UP_ANNOTATION))
+                   for name in (ladder_rules.WORKLOAD_MOVE_ANNOTATION, api.FAILOVER_ANNOTATION,
+                                ladder_rules.WORKLOAD_GIVE_UP_ANNOTATION, api.GAVE_UP_ANNOTATION))
 
     def patch(self, obj: dict, patch: dict) -> dict:
         if patch["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
             raise AssertionError("a write on a stale read")  # the API server's 409; never expected here
         before = obj["spec"].get("queueName")
-        for name in (ladder_rules.WORKLOAD_MOVE_ANNOTATION, decisions.FAILOVER_ANNOTATION):
+        for name in (ladder_rules.WORKLOAD_MOVE_ANNOTATION, api.FAILOVER_ANNOTATION):
             written = Move.from_json((patch["metadata"].get("annotations") or {}).get(name))
             if written is not None:
                 self.moves.add(written.done().to_json())
@@ -385,10 +385,10 @@ def test_route_d_killed_after_any_write_finishes_one_move_and_never_leaves_the_j
         assert world.workload["spec"] == {"queueName": "fleet-on-demand-w2", "active": True}, kill_after
         assert ladder_rules.WORKLOAD_MOVE_ANNOTATION not in world.workload["metadata"].get("annotations", {})
         annotations = world.rayjob["metadata"]["annotations"]
-        assert Move.from_json(annotations[decisions.FAILOVER_ANNOTATION]).state == MOVED
+        assert Move.from_json(annotations[api.FAILOVER_ANNOTATION]).state == MOVED
         assert len(json.loads(annotations["tpu-fallback/moves"])) == 1, kill_after
         assert world.events == [ladder_rules.EVENT_REASON], kill_after
-        assert world.rayjob["metadata"]["labels"][decisions.QUEUE_LABEL] == "fleet-on-demand-w2"
+        assert world.rayjob["metadata"]["labels"][api.QUEUE_LABEL] == "fleet-on-demand-w2"
 
 
 def test_a_give_up_killed_after_any_write_is_finished_once_and_the_job_never_active_again():
@@ -408,9 +408,9 @@ def test_a_give_up_killed_after_any_write_is_finished_once_and_the_job_never_act
         _controller(world, None, limit).reconcile_key(key)
         assert world.workload["spec"]["active"] is False, kill_after
         assert ladder_rules.WORKLOAD_GIVE_UP_ANNOTATION not in world.workload["metadata"].get("annotations", {})
-        recorded = ladder_rules.GiveUp.from_json(
-            world.rayjob["metadata"]["annotations"][ladder_rules.GAVE_UP_ANNOTATION])
-        assert recorded.state == ladder_rules.GAVE_UP, kill_after
+        recorded = api.GiveUp.from_json(
+            world.rayjob["metadata"]["annotations"][api.GAVE_UP_ANNOTATION])
+        assert recorded.state == api.GAVE_UP, kill_after
         assert world.events == [ladder_rules.GAVE_UP_REASON], kill_after
 
 
@@ -431,7 +431,7 @@ def _route_d(world: _World, move: Move, to_check: str, running: bool, quota_poll
         if step == ladder_rules.RECORD:
             guard["resourceVersion"] = world.rayjob["metadata"]["resourceVersion"]
             world.patch(world.rayjob, {"metadata": {**guard, "annotations": {
-                decisions.FAILOVER_ANNOTATION: move.to_json()}}})
+                api.FAILOVER_ANNOTATION: move.to_json()}}})
         elif step == ladder_rules.MARK_SUSPENDED:
             world.rayjob["status"]["jobDeploymentStatus"] = "Suspended"
         elif step == ladder_rules.WAIT_FOR_QUOTA:
@@ -440,16 +440,16 @@ def _route_d(world: _World, move: Move, to_check: str, running: bool, quota_poll
                 world.workload["status"]["conditions"][0]["status"] = "False"
         elif step == ladder_rules.RELABEL:
             guard["resourceVersion"] = world.rayjob["metadata"]["resourceVersion"]
-            world.patch(world.rayjob, {"metadata": {**guard, "labels": {decisions.QUEUE_LABEL: move.to_local_queue}}})
+            world.patch(world.rayjob, {"metadata": {**guard, "labels": {api.QUEUE_LABEL: move.to_local_queue}}})
         elif step == ladder_rules.REPOINT:
             guard["resourceVersion"] = world.workload["metadata"]["resourceVersion"]
             world.patch(world.workload, {"metadata": guard, "spec": {"queueName": move.to_local_queue}})
             world.workload["status"]["admissionChecks"] = [{"name": move.from_flavor, "state": "Retry"}]  # not yet
         elif step == ladder_rules.WAIT_FOR_CHECKS:  # Kueue puts the new step's check in place of the old one
             world.workload["status"]["admissionChecks"] = [{"name": to_check, "state": "Pending"}]
-        elif step == ladder_rules.WAIT_FOR_BACKOFF_RESET:  # Kueue clears an inactive Workload's requeue backoff
+        elif step == api.WAIT_FOR_BACKOFF_RESET:  # Kueue clears an inactive Workload's requeue backoff
             world.workload["status"].pop("requeueState")
-        elif step == ladder_rules.REACTIVATE:
+        elif step == api.REACTIVATE:
             guard["resourceVersion"] = world.workload["metadata"]["resourceVersion"]
             world.patch(world.workload, {"metadata": {**guard, "annotations": {
                 ladder_rules.WORKLOAD_MOVE_ANNOTATION: None}}, "spec": {"active": True}})
@@ -464,7 +464,7 @@ def test_route_d_takes_its_steps_in_the_measured_order_from_what_it_reads(runnin
     Suspended only when its copied status still says it runs, the quota awaited, relabel before repoint, the new
     step's check awaited, a requeue backoff cleared (Kueue does it while the Workload is inactive; reactivated first,
     the job would wait it out), then reactivation; and nothing left once both objects say it arrived."""
-    move = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", ladder_rules.MEMBER_EVICTED,
+    move = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", api.MEMBER_EVICTED,
                 "2026-12-01T12:00:00Z")
     world = _World()
     world.workload["status"]["admissionChecks"] = []  # Kueue drops the old step's check with the new queue
@@ -472,10 +472,10 @@ def test_route_d_takes_its_steps_in_the_measured_order_from_what_it_reads(runnin
         world.workload["status"]["requeueState"] = {"count": 1, "requeueAt": "2026-12-01T12:01:00Z"}
     steps = _route_d(world, move, "fleet-on-demand-w2", running)
     suspended = [ladder_rules.MARK_SUSPENDED] if running else []
-    cleared = [ladder_rules.WAIT_FOR_BACKOFF_RESET] if backoff else []
+    cleared = [api.WAIT_FOR_BACKOFF_RESET] if backoff else []
     assert steps == [ladder_rules.RECORD, *suspended, ladder_rules.WAIT_FOR_QUOTA, ladder_rules.WAIT_FOR_QUOTA,
                      ladder_rules.RELABEL, ladder_rules.REPOINT, ladder_rules.WAIT_FOR_CHECKS, *cleared,
-                     ladder_rules.REACTIVATE], steps
+                     api.REACTIVATE], steps
     assert world.workload["spec"] == {"queueName": "fleet-on-demand-w2", "active": True}
     assert not world.asked_again
 
@@ -483,16 +483,16 @@ def test_route_d_takes_its_steps_in_the_measured_order_from_what_it_reads(runnin
 def test_a_move_read_back_from_any_point_resumes_at_the_step_left_to_do():
     """The pure step of a half-done move: whatever the last pass wrote, the next one does what is left (route D
     resumable from any point), and a move an older controller wrote on the RayJob only is deactivated first."""
-    move = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", ladder_rules.STEP_BUSY,
+    move = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", api.STEP_BUSY,
                 "2026-12-01T12:00:00Z")
-    job = {"metadata": {"labels": {decisions.QUEUE_LABEL: "fleet-on-demand-w1"},
-                        "annotations": {decisions.FAILOVER_ANNOTATION: move.to_json()}},
+    job = {"metadata": {"labels": {api.QUEUE_LABEL: "fleet-on-demand-w1"},
+                        "annotations": {api.FAILOVER_ANNOTATION: move.to_json()}},
            "spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Suspended"}}
     active_old = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Ready"}])
     assert ladder_rules.next_in_move(move, active_old, job, "fleet-on-demand-w2") == ladder_rules.DEACTIVATE
     released = workload("fleet-on-demand-w1", [], active=False, reserved=False)
     assert ladder_rules.next_in_move(move, released, job, "fleet-on-demand-w2") == ladder_rules.RELABEL
-    relabelled = {**job, "metadata": {**job["metadata"], "labels": {decisions.QUEUE_LABEL: "fleet-on-demand-w2"}}}
+    relabelled = {**job, "metadata": {**job["metadata"], "labels": {api.QUEUE_LABEL: "fleet-on-demand-w2"}}}
     assert ladder_rules.next_in_move(move, released, relabelled, "fleet-on-demand-w2") == ladder_rules.REPOINT
     arrived = workload("fleet-on-demand-w2", [{"name": "fleet-on-demand-w2", "state": "Pending"}], active=True)
     assert ladder_rules.next_in_move(move, arrived, relabelled, "fleet-on-demand-w2") == ladder_rules.DONE
@@ -501,7 +501,7 @@ def test_a_move_read_back_from_any_point_resumes_at_the_step_left_to_do():
 
 
 def test_a_give_up_takes_its_steps_from_what_it_reads():
-    give_up = ladder_rules.GiveUp("2026-12-01T12:00:00Z", "5s", "10s", "fleet-on-demand-w1", "fleet")
+    give_up = api.GiveUp("2026-12-01T12:00:00Z", "5s", "10s", "fleet-on-demand-w1", "fleet")
     job = {"metadata": {"annotations": {}}, "spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Running"}}
     held = workload("fleet-on-demand-w1", [], active=False, reserved=True)
     assert ladder_rules.next_in_give_up(give_up, workload("fleet-on-demand-w1", []), job) == ladder_rules.DEACTIVATE
@@ -510,9 +510,9 @@ def test_a_give_up_takes_its_steps_from_what_it_reads():
     assert ladder_rules.next_in_give_up(give_up, held, job) == ladder_rules.WAIT_FOR_QUOTA
     free = workload("fleet-on-demand-w1", [], active=False, reserved=False)
     assert ladder_rules.next_in_give_up(give_up, free, job) == ladder_rules.RECORD
-    job["metadata"]["annotations"][ladder_rules.GAVE_UP_ANNOTATION] = give_up.to_json()
+    job["metadata"]["annotations"][api.GAVE_UP_ANNOTATION] = give_up.to_json()
     assert ladder_rules.next_in_give_up(give_up, free, job) == ladder_rules.ANNOUNCE
-    job["metadata"]["annotations"][ladder_rules.GAVE_UP_ANNOTATION] = give_up.done().to_json()
+    job["metadata"]["annotations"][api.GAVE_UP_ANNOTATION] = give_up.done().to_json()
     assert ladder_rules.next_in_give_up(give_up, free, job) == ladder_rules.DONE
     marked = dataclasses.replace(free, give_up=give_up.to_json())
     assert ladder_rules.next_in_give_up(give_up, marked, job) == ladder_rules.UNMARK
@@ -526,7 +526,7 @@ def test_a_step_that_does_not_admit_within_the_step_wait_is_left():
     pending = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending", **since}],
                        nominated=("w1",))
     action = ladder_rules.decide(LADDER, pending, None, NOW, WAIT)
-    assert (action.move.to_flavor, action.move.reason) == ("fleet-on-demand-w2", ladder_rules.STEP_BUSY)
+    assert (action.move.to_flavor, action.move.reason) == ("fleet-on-demand-w2", api.STEP_BUSY)
     assert ladder_rules.decide(LADDER, pending, None, NOW, None) is None  # no wait set: it waits there
     younger = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Pending",
                                                "lastTransitionTime": "2026-12-01T11:59:45Z"}], nominated=("w1",))
@@ -535,7 +535,7 @@ def test_a_step_that_does_not_admit_within_the_step_wait_is_left():
     # Waiting for the manager's own quota (another fleet job holds the step): since the Workload's creation.
     unlisted = workload("fleet-on-demand-w1", [], reserved=False)
     assert ladder_rules.decide(LADDER, unlisted, None, NOW, WAIT) is None
-    assert ladder_rules.decide(LADDER, unlisted, None, NOW + WAIT, WAIT).move.reason == ladder_rules.STEP_BUSY
+    assert ladder_rules.decide(LADDER, unlisted, None, NOW + WAIT, WAIT).move.reason == api.STEP_BUSY
     admitted = workload("fleet-on-demand-w1", [{"name": "fleet-on-demand-w1", "state": "Ready", **since}])
     assert ladder_rules.decide(LADDER, admitted, None, NOW, WAIT) is None
     assert ladder_rules.next_look(LADDER, admitted, WAIT, NOW) is None
@@ -551,7 +551,7 @@ def test_a_step_is_never_left_before_its_wait_whatever_the_stamps_whole_seconds_
                                             "lastTransitionTime": "2026-12-01T11:59:55Z"}], nominated=("w1",))
     assert ladder_rules.decide(LADDER, came, None, NOW + datetime.timedelta(milliseconds=500), wait) is None
     assert ladder_rules.decide(LADDER, came, None, NOW + datetime.timedelta(seconds=1),
-                                    wait).move.reason == ladder_rules.STEP_BUSY
+                                    wait).move.reason == api.STEP_BUSY
     # Without a check entry yet (the manager's quota for the step is in use): counted from the Workload's creation.
     queued = workload("fleet-on-demand-w1", [], reserved=False)  # created 11:59:50Z
     assert ladder_rules.decide(LADDER, queued, None, NOW + datetime.timedelta(seconds=0.9),
@@ -579,11 +579,11 @@ def test_a_steps_wait_begins_once_multikueue_has_sent_the_job_to_its_member():
     assert ladder_rules.decide(LADDER, sent, None, NOW, WAIT, dispatched_seen=seen) is None
     assert ladder_rules.next_look(LADDER, sent, WAIT, NOW, dispatched_seen=seen) == pytest.approx(20.05)
     assert ladder_rules.decide(LADDER, sent, None, NOW + datetime.timedelta(seconds=20), WAIT,
-                                    dispatched_seen=seen).move.reason == ladder_rules.STEP_BUSY
+                                    dispatched_seen=seen).move.reason == api.STEP_BUSY
     # Never sent (Kueue never reaches the step's member): left as a busy step after the bound and the wait.
     late = NOW + ladder_rules.STAMP_RESOLUTION + ladder_rules.DISPATCH_BOUND + WAIT - datetime.timedelta(
         seconds=40)
-    assert ladder_rules.decide(LADDER, held, None, late, WAIT).move.reason == ladder_rules.STEP_BUSY
+    assert ladder_rules.decide(LADDER, held, None, late, WAIT).move.reason == api.STEP_BUSY
 
 
 # ---- giving up (issue 18 item 3) -----------------------------------------------------------------------------
@@ -653,7 +653,7 @@ def test_a_job_no_member_admitted_within_max_wait_is_given_up_at_any_step():
 def test_the_jobs_own_annotation_overrides_the_fleets_max_wait():
     view = _waiting("fleet-queue", DWS_PENDING, created="2026-12-01T11:59:00Z")
     action = ladder_rules.decide(LADDER, view, None, NOW, max_wait=HOUR, job_max_wait="44s")
-    assert action.give_up.source == ladder_rules.MAX_WAIT_ANNOTATION and action.give_up.max_wait == "44s"
+    assert action.give_up.source == api.MAX_WAIT_ANNOTATION and action.give_up.max_wait == "44s"
     assert ladder_rules.decide(LADDER, view, None, NOW, job_max_wait="2m") is None
     old = _waiting("fleet-queue", DWS_PENDING)
     assert ladder_rules.decide(LADDER, old, None, NOW, max_wait=HOUR, job_max_wait="none") is None
@@ -681,7 +681,7 @@ def test_an_admitted_or_running_job_is_never_given_up_and_the_wait_restarts_when
 
 
 def test_a_give_up_in_progress_is_finished_first_and_a_finished_one_is_not_repeated():
-    give_up = ladder_rules.GiveUp("2026-12-01T12:00:00Z", "1h", "1h", "fleet-queue", "fleet.maxWait")
+    give_up = api.GiveUp("2026-12-01T12:00:00Z", "1h", "1h", "fleet-queue", "fleet.maxWait")
     inactive = _waiting("fleet-queue", DWS_PENDING, active=False)
     assert ladder_rules.decide(LADDER, inactive, None, NOW, gave_up=give_up.to_json()) == \
         ladder_rules.FinishGiveUp(give_up)
@@ -694,12 +694,12 @@ def test_a_give_up_in_progress_is_finished_first_and_a_finished_one_is_not_repea
     moving = Move("fleet-on-demand-w1", "fleet-on-demand-w2", "fleet-on-demand-w2", "MemberEvicted",
                   "2026-12-01T11:59:00Z", MOVING)
     assert isinstance(ladder_rules.decide(LADDER, inactive, moving.to_json(), NOW, max_wait=HOUR),
-                      decisions.FinishMove)
+                      api.FinishMove)
 
 
 # ---- the early path (a member's stockout report) -------------------------------------------------------------
 
-GRACE_LADDER = ladder_rules.Ladder.from_json(json.dumps([
+GRACE_LADDER = api.Ladder.from_json(json.dumps([
     {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand",
      "stockoutGracePeriodSeconds": 4},
     {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
@@ -718,7 +718,7 @@ def test_a_members_stockout_report_moves_the_job_once_its_grace_period_has_passe
     assert ladder_rules.decide(GRACE_LADDER, view, None, NOW, stockout=seen) is None  # 3 s of 4
     assert ladder_rules.next_look(GRACE_LADDER, view, None, NOW, stockout=seen) == pytest.approx(1.05)
     action = ladder_rules.decide(GRACE_LADDER, view, None, NOW + datetime.timedelta(seconds=1), stockout=seen)
-    assert (action.move.to_flavor, action.move.reason) == ("fleet-queue", ladder_rules.MEMBER_STOCKOUT)
+    assert (action.move.to_flavor, action.move.reason) == ("fleet-queue", api.MEMBER_STOCKOUT)
     assert "reported no capacity for its pods" in ladder_rules.move_message(action.move, "w1")
     # Not admitted there (yet, or any more): the report is not this admission's.
     pending = _waiting("fleet-on-demand-w1", {**READY_W1, "state": "Pending"})
@@ -727,7 +727,7 @@ def test_a_members_stockout_report_moves_the_job_once_its_grace_period_has_passe
     assert ladder_rules.decide(LADDER, view, None, NOW + HOUR, stockout=seen) is None
 
 
-NOT_READY_LADDER = ladder_rules.Ladder.from_json(json.dumps([
+NOT_READY_LADDER = api.Ladder.from_json(json.dumps([
     {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand",
      "stockoutGracePeriodSeconds": 4, "podsReadyTimeoutSeconds": 30},
     {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
@@ -746,7 +746,7 @@ def test_a_job_whose_pods_are_not_ready_moves_just_before_the_members_pods_ready
     assert ladder_rules.decide(NOT_READY_LADDER, view, None, NOW) is None
     assert ladder_rules.next_look(NOT_READY_LADDER, view, None, NOW) == pytest.approx(15.05)
     action = ladder_rules.decide(NOT_READY_LADDER, view, None, NOW + datetime.timedelta(seconds=15))
-    assert (action.move.to_flavor, action.move.reason) == ("fleet-queue", ladder_rules.MEMBER_NOT_READY)
+    assert (action.move.to_flavor, action.move.reason) == ("fleet-queue", api.MEMBER_NOT_READY)
     assert "its pods were not ready in member w1" in ladder_rules.move_message(action.move, "w1")
     later = NOW + HOUR
     # Ready, or ready once in this admission and now waiting for recovery (the member's and the lost-slice rules'):
@@ -763,7 +763,7 @@ def test_a_job_whose_pods_are_not_ready_moves_just_before_the_members_pods_ready
     # A member's own eviction first (it was faster, or preempted the job) is still the member's eviction.
     evicted = _waiting("fleet-on-demand-w1", {**READY_W1, "state": "Retry", "retryCount": 1}, admitted=True,
                        pods_ready=not_started)
-    assert ladder_rules.decide(NOT_READY_LADDER, evicted, None, NOW).move.reason == ladder_rules.MEMBER_EVICTED
+    assert ladder_rules.decide(NOT_READY_LADDER, evicted, None, NOW).move.reason == api.MEMBER_EVICTED
 
 
 def test_the_stockout_events_are_those_of_the_jobs_raycluster_since_this_admission():
@@ -806,10 +806,10 @@ def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_i
 def test_status_says_a_job_was_given_up_and_why_the_ladder_moved_it():
     from ops.status import jobs as status_jobs
 
-    give_up = ladder_rules.GiveUp("2026-12-01T12:00:00Z", "1h", "1h0m3s", "fleet-queue", "fleet.maxWait").done()
+    give_up = api.GiveUp("2026-12-01T12:00:00Z", "1h", "1h0m3s", "fleet-queue", "fleet.maxWait").done()
     rayjob = {"metadata": {"name": "j", "namespace": FLEET_NAMESPACE, "labels": {
         "kueue.x-k8s.io/queue-name": "fleet-queue"}, "annotations": {
-        ladder_rules.GAVE_UP_ANNOTATION: give_up.to_json()}}}
+        api.GAVE_UP_ANNOTATION: give_up.to_json()}}}
     workload = {"metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "creationTimestamp": "2026-12-01T11:00:00Z"},
                 "spec": {"queueName": "fleet-queue", "active": False},
                 "status": {"conditions": [
@@ -820,7 +820,7 @@ def test_status_says_a_job_was_given_up_and_why_the_ladder_moved_it():
     assert state.words == "given up after 1h0m3s (maximum wait 1h)"
     assert "no member admitted it within its maximum wait of 1h (fleet.maxWait)" in state.detail
     moving = status_jobs.MoveView("fleet-on-demand-w1", "fleet-queue", "fleet-queue",
-                                  ladder_rules.MEMBER_STOCKOUT, "2026-12-01T12:00:00Z")
+                                  api.MEMBER_STOCKOUT, "2026-12-01T12:00:00Z")
     workload["spec"]["active"] = True
     assert "reported no TPU capacity for its pods" in status_jobs.job_state(rayjob, workload, None, moving).detail
 
@@ -829,7 +829,6 @@ def test_a_slice_the_member_recorded_lost_moves_the_job_on_at_the_end_of_the_mem
     """Issue 26, in a fleet: the member's failover controller records the loss on the member's RayJob (it never
     moves a fleet copy); the manager's ladder moves the job to the next step once the member's wait is over and the
     slice did not come back, and looks again exactly then. A recovery, or a loss of an earlier admission, is none."""
-    from failover.slices import LostSlice, RECOVERED
 
     view = _waiting("fleet-on-demand-w1", READY_W1, admitted=True)  # admitted at 11:59:50
     lost = LostSlice("on-demand", "2026-12-01T11:59:55Z", "host gke-tpu-0 is unreachable", "2026-12-01T12:00:25Z")
@@ -838,14 +837,14 @@ def test_a_slice_the_member_recorded_lost_moves_the_job_on_at_the_end_of_the_mem
     at_the_end = NOW + datetime.timedelta(seconds=25)
     action = ladder_rules.decide(GRACE_LADDER, view, None, at_the_end, lost=lost)
     assert (action.move.from_flavor, action.move.to_flavor, action.move.reason) == (
-        "fleet-on-demand-w1", "fleet-queue", ladder_rules.MEMBER_SLICE_LOST)
+        "fleet-on-demand-w1", "fleet-queue", api.MEMBER_SLICE_LOST)
     assert "member w1 recorded that the job lost its slice" in ladder_rules.move_message(action.move, "w1")
     # The member's stockout reports meanwhile are about the lost slice's replacement: the loss's wait rules (as in
     # the regional controller), not the early path's grace.
     reported = datetime.datetime(2026, 12, 1, 11, 59, 56, tzinfo=datetime.timezone.utc)
     assert ladder_rules.decide(GRACE_LADDER, view, None, NOW, lost=lost, stockout=reported) is None
     action = ladder_rules.decide(GRACE_LADDER, view, None, at_the_end, lost=lost, stockout=reported)
-    assert action.move.reason == ladder_rules.MEMBER_SLICE_LOST
+    assert action.move.reason == api.MEMBER_SLICE_LOST
     back = dataclasses.replace(lost, state=RECOVERED, recovered_at="2026-12-01T12:00:10Z")
     assert ladder_rules.decide(GRACE_LADDER, view, None, at_the_end, lost=back) is None
     earlier = dataclasses.replace(lost, at="2026-12-01T11:40:00Z", until="2026-12-01T11:45:00Z")
@@ -859,7 +858,6 @@ def test_a_slice_lost_at_the_last_step_requeues_the_job_there_once_the_running_m
     """Issue 26 at the last step (DWS in every member): no step after it, so the job is requeued there (a move to
     the same step): deactivated, its copy in the member that lost the slice goes, and MultiKueue asks every member
     again. The loss counts only from the member MultiKueue runs it in (`status.clusterName`)."""
-    from failover.slices import LostSlice, RECOVERED
 
     lost = LostSlice("dws", "2026-12-01T11:59:55Z", "host gke-tpu-0 is unreachable", "2026-12-01T12:00:25Z")
     running = _waiting("fleet-queue", READY_DWS, admitted=True, cluster="w2")
@@ -868,7 +866,7 @@ def test_a_slice_lost_at_the_last_step_requeues_the_job_there_once_the_running_m
     assert ladder_rules.next_look(GRACE_LADDER, running, None, NOW, lost=lost) == pytest.approx(25.05)
     at_the_end = NOW + datetime.timedelta(seconds=25)
     action = ladder_rules.decide(GRACE_LADDER, running, None, at_the_end, lost=lost)
-    assert action.move == Move("fleet-queue", "fleet-queue", "fleet-queue", ladder_rules.MEMBER_SLICE_LOST,
+    assert action.move == Move("fleet-queue", "fleet-queue", "fleet-queue", api.MEMBER_SLICE_LOST,
                                "2026-12-01T12:00:25Z", member="w2") and action.move.requeue
     assert Move.from_json(action.move.to_json()) == action.move  # the member travels with the move (its message)
     message = ladder_rules.move_message(action.move, "w2")
@@ -893,20 +891,20 @@ def test_a_requeue_takes_route_ds_steps_at_its_own_step_and_is_done_only_after_i
     """A requeue relabels and repoints nothing: deactivated (the move on the Workload), recorded on the RayJob, the
     quota released, the backoff cleared, active again; done once active with the record. Active without the record
     is before the deactivation (the record is written only while inactive)."""
-    move = Move("fleet-queue", "fleet-queue", "fleet-queue", ladder_rules.MEMBER_SLICE_LOST, "2026-12-01T12:00:00Z")
+    move = Move("fleet-queue", "fleet-queue", "fleet-queue", api.MEMBER_SLICE_LOST, "2026-12-01T12:00:00Z")
     world = _World()
     world.workload["spec"]["queueName"] = "fleet-queue"
     world.workload["status"]["admissionChecks"] = [{"name": "fleet-multikueue", "state": "Retry"}]
     world.workload["status"]["requeueState"] = {"count": 1, "requeueAt": "2026-12-01T12:01:00Z"}
-    world.rayjob["metadata"]["labels"][decisions.QUEUE_LABEL] = "fleet-queue"
+    world.rayjob["metadata"]["labels"][api.QUEUE_LABEL] = "fleet-queue"
     job_before = copy.deepcopy(world.rayjob)
     active = ladder_rules.LadderView.from_object(world.workload)
     assert ladder_rules.next_in_move(move, active, job_before, "fleet-multikueue") == ladder_rules.DEACTIVATE
     steps = _route_d(world, move, "fleet-multikueue", running=True)
     assert steps == [ladder_rules.RECORD, ladder_rules.MARK_SUSPENDED, ladder_rules.WAIT_FOR_QUOTA,
-                     ladder_rules.WAIT_FOR_QUOTA, ladder_rules.WAIT_FOR_BACKOFF_RESET, ladder_rules.REACTIVATE], steps
+                     ladder_rules.WAIT_FOR_QUOTA, api.WAIT_FOR_BACKOFF_RESET, api.REACTIVATE], steps
     assert world.workload["spec"] == {"queueName": "fleet-queue", "active": True}
-    assert world.rayjob["metadata"]["labels"][decisions.QUEUE_LABEL] == "fleet-queue"
+    assert world.rayjob["metadata"]["labels"][api.QUEUE_LABEL] == "fleet-queue"
     assert ladder_rules.WORKLOAD_MOVE_ANNOTATION not in (world.workload["metadata"].get("annotations") or {})
 
 

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from failover.regional import decisions
+from failover import api
 from failover.watch import decisions as fleet_watch
 from failover.ladder import decisions as ladder_rules
 from infra import failover as stack_failover
@@ -129,7 +129,7 @@ def test_an_idle_reservation_runs_the_job_there_and_a_busy_step_is_left_after_th
              "the busy job in member 1", interval=0.05)
     moved_after = time.monotonic() - started
     (move,) = fleet.moves("ladder-busy")
-    assert (move.from_flavor, move.to_flavor, move.reason) == (RESERVED_W2, ON_DEMAND_W1, ladder_rules.STEP_BUSY)
+    assert (move.from_flavor, move.to_flavor, move.reason) == (RESERVED_W2, ON_DEMAND_W1, api.STEP_BUSY)
     assert fleet.no_requests_anywhere()
     print(f"busy step: admitted at the next step {moved_after:.2f} s after submission "
           f"(step wait {STEP_WAIT_SECONDS} s)")
@@ -164,7 +164,7 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
     fleet.stockout(W2, "on-demand", "spot")
     restarts: dict[str, float] = {}  # the step a hop went to -> seconds from kill -9 to the new controller running
     stop = threading.Event()
-    written: list[decisions.Move] = []  # each move the manager's Workload carried, in order (a watch's events)
+    written: list[api.Move] = []  # each move the manager's Workload carried, in order (a watch's events)
 
     def kill_in_every_hop() -> None:
         """kill -9 the controller as soon as each hop's move is written (with the deactivation, one write), and
@@ -180,7 +180,7 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
             restarts[move.to_local_queue] = time.monotonic() - began
 
     def seen(_kind: str, obj: dict) -> None:
-        move = decisions.Move.from_json((obj["metadata"].get("annotations") or {}).get(
+        move = api.Move.from_json((obj["metadata"].get("annotations") or {}).get(
             ladder_rules.WORKLOAD_MOVE_ANNOTATION))
         owners = {o.get("name") for o in obj["metadata"].get("ownerReferences") or [] if o.get("kind") == "RayJob"}
         if name in owners and move is not None and move not in written:
@@ -253,8 +253,8 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
             (SPOT_W2, FLEET_LOCAL_QUEUE)]
     assert [(m.from_flavor, m.to_flavor) for m in moves] == hops
     assert list(restarts) == [to for _, to in hops], restarts  # killed in every hop
-    assert [m.reason for m in moves] == [ladder_rules.STEP_BUSY, ladder_rules.MEMBER_NOT_READY,
-                                         ladder_rules.MEMBER_STOCKOUT, ladder_rules.MEMBER_STOCKOUT]
+    assert [m.reason for m in moves] == [api.STEP_BUSY, api.MEMBER_NOT_READY,
+                                         api.MEMBER_STOCKOUT, api.MEMBER_STOCKOUT]
     wait_for(lambda: len(fleet.move_events(name)) >= len(hops), REACTION, "an Event per hop")
     time.sleep(1)
     messages = " | ".join(e["message"] for e in fleet.move_events(name))
@@ -308,7 +308,7 @@ def test_a_members_stockout_report_moves_the_job_within_its_grace_period_and_its
     # (seen missing at the admission in a .ci/run, where the member's real run was torn down meanwhile).
     (move,) = wait_for(lambda: fleet.moves(name), REACTION, "the move recorded")
     assert (move.from_flavor, move.to_flavor, move.reason) == (ON_DEMAND_W1, ON_DEMAND_W2,
-                                                               ladder_rules.MEMBER_STOCKOUT)
+                                                               api.MEMBER_STOCKOUT)
     (event,) = wait_for(lambda: fleet.move_events(name), REACTION, "the move's Event")
     assert f"member {W1} reported no capacity for its pods" in event["message"]
     # Member 1's failover controller: the copy was never recreated, moved, deactivated or annotated by it. While the
@@ -317,10 +317,10 @@ def test_a_members_stockout_report_moves_the_job_within_its_grace_period_and_its
     active = [c for c in copies_seen if c["spec"].get("active", True)]
     assert active and {c["metadata"]["uid"] for c in active} == {admitted["metadata"]["uid"]}
     assert all(c["spec"]["queueName"] == ON_DEMAND_W1 for c in copies_seen)
-    assert not any(decisions.ADMITTED_FLAVOR_ANNOTATION in (c["metadata"].get("annotations") or {})
+    assert not any(api.ADMITTED_FLAVOR_ANNOTATION in (c["metadata"].get("annotations") or {})
                    for c in copies_seen)
     run = fleet.rayjob_in(W1, name)
-    assert run is None or decisions.FAILOVER_ANNOTATION not in (run["metadata"].get("annotations") or {})
+    assert run is None or api.FAILOVER_ANNOTATION not in (run["metadata"].get("annotations") or {})
     assert fleet.member_failover.alive()
     assert fleet.no_requests_anywhere()
     print(f"\nearly path: the stockout Event in member 1 -> admitted at the next step in {took:.2f} s "
@@ -335,16 +335,15 @@ MOVE_SLACK_SECONDS = 2  # issue 26: a move within the recovery wait + 2 s
 def fail_a_host_in_member_1(fleet: LadderFleet, name: str):
     """A host of the job's slice in member 1 fails (unreachable, then gone: the whole slice goes, as on GKE); the loss
     member 1's failover controller records on its RayJob, and the seconds from GKE's signal to that record."""
-    from failover import slices
 
     gke = fleet.tier.members[W1].after.gke
     (worker, *_) = jobs.pods_of(fleet.kubes[W1], FLEET_NAMESPACE, name)["worker"]
     signal = gke.lose_slice(gke.slice_of(worker["spec"]["nodeName"]), grace_seconds=0, going_taint=UNREACHABLE_TAINT)
 
-    def recorded() -> slices.LostSlice | None:
+    def recorded() -> api.LostSlice | None:
         run = fleet.rayjob_in(W1, name)
-        return slices.LostSlice.from_json(((run or {}).get("metadata", {}).get("annotations") or {}).get(
-            slices.SLICE_LOST_ANNOTATION))
+        return api.LostSlice.from_json(((run or {}).get("metadata", {}).get("annotations") or {}).get(
+            api.SLICE_LOST_ANNOTATION))
 
     lost = wait_for(recorded, REACTION, "the loss recorded on member 1's RayJob", interval=0.1)
     return lost, time.monotonic() - signal
@@ -379,8 +378,8 @@ def test_a_slice_lost_in_a_member_moves_the_job_to_the_next_steps_member_at_the_
     wait_for(runs_in_member_2, RECOVERY_SECONDS + REACTION, "the job running in member 2", interval=0.2)
     (move,) = wait_for(lambda: fleet.moves(name), REACTION, "the move recorded")
     assert (move.from_flavor, move.to_flavor, move.reason) == (ON_DEMAND_W1, ON_DEMAND_W2,
-                                                               ladder_rules.MEMBER_SLICE_LOST)
-    took = (decisions.parse_time(move.at) - decisions.parse_time(lost.at)).total_seconds()
+                                                               api.MEMBER_SLICE_LOST)
+    took = (api.parse_time(move.at) - api.parse_time(lost.at)).total_seconds()
     assert RECOVERY_SECONDS <= took <= RECOVERY_SECONDS + MOVE_SLACK_SECONDS, (took, move, lost)
     assert max(len(r) for r in running_at_once) == 1, running_at_once  # never two runs at once
     jobs.wait_pods_ready(fleet.kubes[W2], FLEET_NAMESPACE, name, REACTION)
@@ -388,7 +387,7 @@ def test_a_slice_lost_in_a_member_moves_the_job_to_the_next_steps_member_at_the_
     assert f"member {W1} recorded that the job lost its slice" in event["message"]
     # The loss's Warning is member 1's, on its RayJob (its own `ops status` says it); the manager's says the move.
     (warning,) = [e for e in kube.list("v1", "Event", namespace=FLEET_NAMESPACE)
-                  if e.get("reason") == slices.LOSS_EVENT_REASON and e["involvedObject"].get("name") == name]
+                  if e.get("reason") == api.LOSS_EVENT_REASON and e["involvedObject"].get("name") == name]
     assert warning["message"] == slices.loss_message(lost)
     assert fleet.member_failover.alive()
     print(f"\nfleet, lost slice: the loss recorded in member 1 {seen:.2f} s after GKE's signal; the job moved to "
@@ -425,8 +424,8 @@ def test_a_slice_lost_at_the_last_step_is_requeued_there_and_the_next_provisione
         wait_for(asked_again, DWS_RECOVERY_SECONDS + REACTION, "the job asked again in every member", interval=0.1)
         (move,) = wait_for(lambda: fleet.moves(name), REACTION, "the requeue recorded")
         assert (move.from_flavor, move.to_flavor, move.reason, move.requeue) == (
-            FLEET_LOCAL_QUEUE, FLEET_LOCAL_QUEUE, ladder_rules.MEMBER_SLICE_LOST, True)
-        took = (decisions.parse_time(move.at) - decisions.parse_time(lost.at)).total_seconds()
+            FLEET_LOCAL_QUEUE, FLEET_LOCAL_QUEUE, api.MEMBER_SLICE_LOST, True)
+        took = (api.parse_time(move.at) - api.parse_time(lost.at)).total_seconds()
         assert DWS_RECOVERY_SECONDS <= took <= DWS_RECOVERY_SECONDS + MOVE_SLACK_SECONDS, (took, move, lost)
         fleet.provision_until_created(W2, workload, name)
         jobs.wait_pods_ready(fleet.kubes[W2], FLEET_NAMESPACE, name, REACTION)
@@ -461,7 +460,7 @@ def test_a_members_own_jobs_are_untouched_by_the_fleets_steps_and_its_controller
     beside = wait_for(lambda: fleet.admitted_copy(W2, workload, ON_DEMAND_W2), STEP_WAIT_SECONDS + REACTION,
                       "the fleet job at member 2's step", interval=0.1)
     (move,) = fleet.moves(name)
-    assert move.reason == ladder_rules.STEP_BUSY  # member 1's step was busy: its own job holds the slice
+    assert move.reason == api.STEP_BUSY  # member 1's step was busy: its own job holds the slice
     now = jobs.workload_of(kube, "default", own)
     assert now["metadata"]["uid"] == own_admitted["metadata"]["uid"]
     assert condition(now, "Admitted") == "True" and condition(now, "Evicted") != "True"
@@ -475,7 +474,7 @@ def test_a_members_own_jobs_are_untouched_by_the_fleets_steps_and_its_controller
     moved = wait_for(lambda: (w := jobs.workload_of(kube, "default", own))
                      and w["spec"]["queueName"] == "user-queue-dws" and w, GRACE_SECONDS + REACTION,
                      "the member's own job moved to its DWS rung", interval=0.1)
-    assert moved["metadata"]["labels"].get(decisions.MULTIKUEUE_ORIGIN_LABEL) is None
+    assert moved["metadata"]["labels"].get(api.MULTIKUEUE_ORIGIN_LABEL) is None
     still = fleet.copy_in(W2, workload)
     assert still["metadata"]["uid"] == beside["metadata"]["uid"] and condition(still, "Admitted") == "True"
     assert len(fleet.moves(name)) == 1
@@ -487,20 +486,20 @@ def test_a_members_own_jobs_are_untouched_by_the_fleets_steps_and_its_controller
 def test_a_job_no_step_admits_within_its_maximum_wait_is_given_up_and_leaves_nothing_behind(fleet):
     name, limit = "ladder-give-up", 8
     started = time.monotonic()
-    workload = fleet.submit_to(name, FLEET_LOCAL_QUEUE, {ladder_rules.MAX_WAIT_ANNOTATION: f"{limit}s"})
+    workload = fleet.submit_to(name, FLEET_LOCAL_QUEUE, {api.MAX_WAIT_ANNOTATION: f"{limit}s"})
     fleet.wait_requests_everywhere(workload)  # waiting at DWS everywhere; no member provisions
 
     def given_up() -> dict | None:
         job = fleet.manager.get(*jobs.RAYJOB, name, FLEET_NAMESPACE)
-        record = ladder_rules.GiveUp.from_json((job["metadata"].get("annotations") or {}).get(
-            ladder_rules.GAVE_UP_ANNOTATION))
-        return record if record is not None and record.state == ladder_rules.GAVE_UP else None
+        record = api.GiveUp.from_json((job["metadata"].get("annotations") or {}).get(
+            api.GAVE_UP_ANNOTATION))
+        return record if record is not None and record.state == api.GAVE_UP else None
 
     record = wait_for(given_up, limit + REACTION, "the job given up", interval=0.1)
     gave_up_after = time.monotonic() - started
     assert fleet.manager_workload(workload)["spec"]["active"] is False
     assert (record.step, record.max_wait, record.source) == (FLEET_LOCAL_QUEUE, f"{limit}s",
-                                                             ladder_rules.MAX_WAIT_ANNOTATION)
+                                                             api.MAX_WAIT_ANNOTATION)
     wait_for(lambda: not any(fleet.copy_in(m, workload) for m in fleet.members) and fleet.no_requests_anywhere(),
              REACTION, "no copy and no ProvisioningRequest left in any member")
     cleaned_after = time.monotonic() - started
@@ -579,9 +578,9 @@ def test_a_partition_of_the_old_steps_member_in_the_middle_of_a_move_does_not_st
     with shown(Timeline(fleet, name, workload), marks, "partition in the middle of a move") as timeline:
         try:
             fleet.stockout(W1, "on-demand")  # member 1's GKE says so on the waiting pods
-            wait_for(lambda: (move := decisions.Move.from_json((fleet.manager.get(
+            wait_for(lambda: (move := api.Move.from_json((fleet.manager.get(
                 *jobs.RAYJOB, name, FLEET_NAMESPACE)["metadata"].get("annotations") or {}).get(
-                decisions.FAILOVER_ANNOTATION))) is not None and move.state == decisions.MOVING,
+                api.FAILOVER_ANNOTATION))) is not None and move.state == api.MOVING,
                 GRACE_SECONDS + REACTION, "the ladder's move written", interval=0.02)
             timeline.freeze(W1)
             takeover = runs_in_member_2(fleet, name, workload, timeline, marks,
@@ -595,7 +594,7 @@ def test_a_partition_of_the_old_steps_member_in_the_middle_of_a_move_does_not_st
     assert fleet.no_requests_anywhere()
     (move,) = fleet.moves(name)
     assert (move.from_flavor, move.to_flavor, move.reason) == (ON_DEMAND_W1, ON_DEMAND_W2,
-                                                               ladder_rules.MEMBER_STOCKOUT)
+                                                               api.MEMBER_STOCKOUT)
     (event,) = wait_for(lambda: fleet.move_events(name), REACTION, "the move's Event")
     assert f"member {W1} reported no capacity for its pods" in event["message"]
     recorded = fleet.manager_workload(workload)
@@ -647,7 +646,7 @@ def test_a_partition_of_the_member_running_the_job_moves_it_on_and_one_run_goes_
     # One move, one Event: member 1's eviction (the lost member), to member 2's step.
     (move,) = fleet.moves(name)
     assert (move.from_flavor, move.to_flavor, move.reason) == (ON_DEMAND_W1, ON_DEMAND_W2,
-                                                               ladder_rules.MEMBER_EVICTED)
+                                                               api.MEMBER_EVICTED)
     (event,) = wait_for(lambda: fleet.move_events(name), REACTION, "the move's Event")
     assert f"member {W1} evicted it" in event["message"]
     recorded = fleet.manager_workload(workload)

@@ -17,9 +17,9 @@ import time
 
 import pytest
 
-from failover import slices
+from failover import api, slices
 from failover.regional import decisions
-from failover.regional.controller import LOSS_EVENT_REASON, RECOVERY_EVENT_REASON
+from failover.api import LOSS_EVENT_REASON, RECOVERY_EVENT_REASON
 from testbed import jobs
 from testbed.failover_tier import NAMESPACE, controller_running, start_failover_tier
 from testbed.gke import UNREACHABLE_TAINT
@@ -73,8 +73,8 @@ class Runs:
 
 
 def seconds_between(later: str, earlier: datetime.datetime | str) -> float:
-    earlier = decisions.parse_time(earlier) if isinstance(earlier, str) else earlier
-    return (decisions.parse_time(later) - earlier).total_seconds()
+    earlier = api.parse_time(earlier) if isinstance(earlier, str) else earlier
+    return (api.parse_time(later) - earlier).total_seconds()
 
 
 def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothing(clean):
@@ -88,7 +88,7 @@ def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothi
     lost = runs.wait(lambda: tier.lost_of(job), "the loss recorded on the RayJob")
     seen = time.monotonic() - signal
     # The loss counts from GKE's signal (the kubelets' termination of the pods), not from when the pods are gone.
-    assert lost.flavor == "spot" and lost.state == slices.LOST
+    assert lost.flavor == "spot" and lost.state == api.LOST
     assert -1 <= seconds_between(lost.at, wall) <= 1, (lost, wall)
     # The Spot rung's wait, from stack config. `at` is the signal's time in whole seconds (truncated), `until` the
     # signal's exact time plus the wait rounded up (never short: failover/slices.py): 120 when the signal came with a
@@ -99,7 +99,7 @@ def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothi
 
     # GKE recreates the slice (capacity is there); KubeRay makes the workers again; the job is whole on Spot.
     runs.wait(lambda: tier.running_on(job, "spot"), "running on Spot again")
-    recovered = runs.wait(lambda: (found := tier.lost_of(job)) and found.state == slices.RECOVERED and found,
+    recovered = runs.wait(lambda: (found := tier.lost_of(job)) and found.state == api.RECOVERED and found,
                           "the loss marked recovered")
     whole_after = seconds_between(recovered.recovered_at, lost.at)
     print(f"\nSpot preemption, capacity back: loss seen {seen:.2f} s after the signal; whole again "
@@ -127,16 +127,16 @@ def test_a_failed_host_without_capacity_back_moves_the_job_once_at_the_rungs_wai
     assert lost.flavor == "on-demand" and ("is not ready" in lost.cause or "is unreachable" in lost.cause), lost
     assert -1 <= seconds_between(lost.at, wall) <= 1, (lost, wall)
 
-    move = runs.wait(lambda: (m := tier.move_of(job)) and m.state == decisions.MOVED and m, "the move",
+    move = runs.wait(lambda: (m := tier.move_of(job)) and m.state == api.MOVED and m, "the move",
                      ON_DEMAND_WAIT_SECONDS + REACTION)
-    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "spot", decisions.SLICE_LOST)
+    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "spot", api.SLICE_LOST)
     # One move, at the rung's wait: not the stockout's early path (the autoscaler reported the replacement pods).
     took = seconds_between(move.at, lost.at)
     assert ON_DEMAND_WAIT_SECONDS <= took <= ON_DEMAND_WAIT_SECONDS + MOVE_SLACK_SECONDS, (took, move, lost)
     runs.wait(lambda: tier.running_on(job, "spot"), "running on Spot, the next rung")
     events = wait_for(lambda: tier.moves_recorded(job), REACTION, "the move's Event")
     assert [e["message"] for e in events] == [decisions.move_message(move, "user-queue")]
-    assert len(decisions.move_history(tier.kube.get(*jobs.RAYJOB, job, NAMESPACE)["metadata"]["annotations"])) == 1
+    assert len(api.move_history(tier.kube.get(*jobs.RAYJOB, job, NAMESPACE)["metadata"]["annotations"])) == 1
     assert runs.most == 1  # the lost run's pods were gone before the next rung's run began
     print(f"\nfailed host, no capacity: loss seen {seen:.2f} s after the signal; moved {took:.0f} s after the loss "
           f"(wait {ON_DEMAND_WAIT_SECONDS} s)")
@@ -164,8 +164,8 @@ def test_the_end_of_a_dws_run_requeues_the_job_on_dws_for_a_new_slice(clean):
                  if r["metadata"]["uid"] != first["metadata"]["uid"]]
         return found[0] if found else None
     request = runs.wait(second_request, "a new ProvisioningRequest on DWS", DWS_WAIT_SECONDS + REACTION)
-    move = runs.wait(lambda: (m := tier.move_of(job)) and m.state == decisions.MOVED and m, "the requeue recorded")
-    assert (move.from_flavor, move.to_flavor, move.reason, move.requeue) == ("dws", "dws", decisions.SLICE_LOST, True)
+    move = runs.wait(lambda: (m := tier.move_of(job)) and m.state == api.MOVED and m, "the requeue recorded")
+    assert (move.from_flavor, move.to_flavor, move.reason, move.requeue) == ("dws", "dws", api.SLICE_LOST, True)
     took = seconds_between(move.at, lost.at)
     assert DWS_WAIT_SECONDS <= took <= DWS_WAIT_SECONDS + MOVE_SLACK_SECONDS, (took, move, lost)
     jobs.mark_provisioned(tier.kube, request, "tier-resize-lost-2")

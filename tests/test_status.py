@@ -17,9 +17,10 @@ from collections.abc import Callable
 import pytest
 import yaml
 
-from failover.regional.controller import EVENT_REASON
-from failover.regional.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, MOVES_ANNOTATION, PODS_READY_TIMEOUT,
-                                QUEUE_LABEL, SLICE_LOST, STOCKOUT, TPU_RESOURCE, Move, format_time, with_move_recorded)
+from failover import api
+from failover.api import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, FLEET_ANNOTATION, MOVES_ANNOTATION,
+                          MOVE_EVENT_REASON, PODS_READY_TIMEOUT, QUEUE_LABEL, SLICE_LOST, STOCKOUT, TPU_RESOURCE, Move,
+                          format_time, with_move_recorded)
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from ops.status import cli, health, jobs
@@ -343,22 +344,20 @@ def test_admitted_waits_for_its_pods_then_runs():
 
 
 def test_a_running_job_that_lost_its_slice_says_since_when_and_until_when_it_waits():
-    from failover import slices
-    from failover.regional import decisions
 
-    def lost_on(seconds: int, state: str = slices.LOST) -> str:
+    def lost_on(seconds: int, state: str = api.LOST) -> str:
         at = NOW - datetime.timedelta(seconds=seconds)
-        return slices.LostSlice("on-demand", decisions.format_time(at), "its host n-1 is gone",
-                                decisions.format_time(at + datetime.timedelta(minutes=10)), state).to_json()
+        return api.LostSlice("on-demand", api.format_time(at), "its host n-1 is gone",
+                                api.format_time(at + datetime.timedelta(minutes=10)), state).to_json()
 
-    job = rayjob("lost", annotations={slices.SLICE_LOST_ANNOTATION: lost_on(5)})
+    job = rayjob("lost", annotations={api.SLICE_LOST_ANNOTATION: lost_on(5)})
     view = one_job(job, workload(job, admitted(40, pods_ready=15), flavor="on-demand"))
     assert (view.state, view.rung) == (jobs.SLICE_LOST, "on-demand")
-    assert view.words == f"lost its slice, waiting for it until {decisions.format_time(NOW + datetime.timedelta(seconds=595))}"
+    assert view.words == f"lost its slice, waiting for it until {api.format_time(NOW + datetime.timedelta(seconds=595))}"
     assert view.since == NOW - datetime.timedelta(seconds=5) and "its host n-1 is gone" in view.detail
     # Whole again, or a loss of an earlier run (before this admission's pods were ready): running.
-    for annotation in (lost_on(5, slices.RECOVERED), lost_on(30)):
-        job = rayjob("lost", annotations={slices.SLICE_LOST_ANNOTATION: annotation})
+    for annotation in (lost_on(5, api.RECOVERED), lost_on(30)):
+        job = rayjob("lost", annotations={api.SLICE_LOST_ANNOTATION: annotation})
         assert one_job(job, workload(job, admitted(40, pods_ready=15), flavor="on-demand")).state == jobs.RUNNING
 
 
@@ -512,7 +511,7 @@ def controller_pod(restarts: int) -> dict:
 def move_event(job: str, seconds_ago: float, message: str) -> dict:
     return {"metadata": {"name": f"{job}.{seconds_ago}", "namespace": NAMESPACE},
             "involvedObject": {"kind": "RayJob", "name": job, "namespace": NAMESPACE},
-            "reason": EVENT_REASON, "message": message, "lastTimestamp": ago(seconds_ago)}
+            "reason": MOVE_EVENT_REASON, "message": message, "lastTimestamp": ago(seconds_ago)}
 
 
 def test_the_controllers_health():
@@ -734,7 +733,6 @@ def test_only_named_jobs_are_listed(kubeconfig):
 
 def test_a_fleet_job_shows_where_it_runs_and_kueues_record():
     """On a fleet's manager (plan C): Kueue's status.clusterName, and the fleet watch's annotation when it differs."""
-    from failover.watch.decisions import FLEET_ANNOTATION
     from ops.status.jobs import fleet_of
 
     rayjob = {"metadata": {"name": "fleet-v6e-1", "namespace": "tpu-fleet", "annotations": {}}}

@@ -18,8 +18,9 @@ import sys
 import pytest
 import yaml
 
+from failover import api
 from failover.regional import decisions
-from failover.regional.decisions import TPU_RESOURCE, parse_time
+from failover.api import TPU_RESOURCE, parse_time
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from ops.status import cli, health
@@ -134,7 +135,7 @@ def test_every_job_state_from_real_objects(tier):
 
     walked = views["st-dws-wait"]
     assert [(m.from_flavor, m.to_flavor, m.reason) for m in walked.moves] == [
-        ("on-demand", "spot", decisions.STOCKOUT), ("spot", "dws", decisions.PODS_READY_TIMEOUT)]
+        ("on-demand", "spot", api.STOCKOUT), ("spot", "dws", api.PODS_READY_TIMEOUT)]
     for name, request_state in (("st-dws-wait", "Accepted"), ("st-dws-provisioned", "Provisioned")):
         workload = jobs.workload_of(tier.kube, NAMESPACE, name)
         (request,) = jobs.provisioning_requests(tier.kube, NAMESPACE, workload)
@@ -236,8 +237,8 @@ def test_the_controllers_health_and_a_stack_without_one(tier):
     assert report.controller.latest_move is None
 
     walked = tier.placed["st-dws-wait"]
-    message = decisions.move_message(decisions.Move("spot", "dws", "user-queue-dws", decisions.PODS_READY_TIMEOUT,
-                                                    "2026-11-30T00:00:00Z"), "user-queue-spot")
+    message = decisions.move_message(api.Move("spot", "dws", "user-queue-dws", api.PODS_READY_TIMEOUT,
+                                              "2026-11-30T00:00:00Z"), "user-queue-spot")
     play_a_healthy_controller(tier.kube, restarts=3, moved=walked, message=message)
     report = read(tier)
     controller = report.controller

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from failover.regional import decisions
+from failover import api
 from infra import failover as stack_failover
 from infra import fleet as stack_fleet
 from infra import kueue as stack_kueue
@@ -424,7 +424,7 @@ def test_reclaim_borrowing_limits_and_dws_capacity_across_teams(clean):
     assert reserved_chips(tier, TEAM_B, "on-demand") >= CHIPS_PER_SLICE
     # A preemption is not a stockout: the controller moved nothing.
     rayjob = tier.kube.get(*jobs.RAYJOB, victim, owner["namespace"])
-    assert decisions.FAILOVER_ANNOTATION not in (rayjob["metadata"].get("annotations") or {})
+    assert api.FAILOVER_ANNOTATION not in (rayjob["metadata"].get("annotations") or {})
     assert rayjob["metadata"]["labels"][jobs.QUEUE_LABEL] == "user-queue"
 
     # DWS across all teams: more jobs queued on the DWS rungs than the pool has slices.

@@ -13,9 +13,10 @@ from pathlib import Path
 
 import yaml
 
+from failover.api import TPU_RESOURCE
 from infra.kueue import NODEPOOL_LABEL_KEY, QUEUED_TAINT_KEY, tolerate_no_schedule
 from infra.settings import PlatformSettings
-from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY, TPU_RESOURCE
+from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY
 from workloads.settings import WorkloadSettings
 from workloads.train import DEFAULT_NOTICE_FILE
 

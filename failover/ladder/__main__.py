@@ -70,7 +70,7 @@ import time
 from kubernetes import client
 
 from failover.ladder.controller import LadderController
-from failover.ladder.decisions import Ladder
+from failover.api import Ladder
 from failover.runtime.cluster_client import api_client
 from failover.runtime.members import member_clients  # the kubeconfig Secrets MultiKueue reads, as the watch reads them
 

@@ -14,20 +14,20 @@ from collections.abc import Callable, Mapping
 from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 
-from failover.ladder.decisions import (COMPONENT, DEACTIVATE, DONE, EVENT_REASON, GAVE_UP_ANNOTATION, GAVE_UP_REASON,
+from failover.api import (FAILOVER_ANNOTATION, GAVE_UP_ANNOTATION, MOVED, MOVES_ANNOTATION, QUEUE_LABEL,
+                          SLICE_LOST_ANNOTATION, WAIT_FOR_BACKOFF_RESET, FinishMove, GiveUp, Ladder, LostSlice, Move,
+                          StartMove, with_move_recorded)
+from failover.ladder.decisions import (COMPONENT, DEACTIVATE, DONE, EVENT_REASON, GAVE_UP_REASON,
                                        Key, MARK_SUSPENDED, RECORD, RELABEL, REPOINT, UNMARK,
-                                       WAIT_FOR_BACKOFF_RESET, WAIT_FOR_CHECKS, WAIT_FOR_QUOTA,
+                                       WAIT_FOR_CHECKS, WAIT_FOR_QUOTA,
                                        WORKLOAD_GIVE_UP_ANNOTATION, WORKLOAD_MOVE_ANNOTATION,
-                                       FinishGiveUp, GiveUp, JobMeta, Ladder, LadderView, StartGiveUp, admitted_at,
+                                       FinishGiveUp, JobMeta, LadderView, StartGiveUp, admitted_at,
                                        deactivation, decide, dispatched, give_up_deactivation,
                                        is_slice_lost_event, is_stockout_event, move_message, next_in_give_up,
                                        next_in_move, next_look, running_member, stockout_in_member)
-from failover.regional import decisions
-from failover.regional.decisions import FAILOVER_ANNOTATION, MOVED, QUEUE_LABEL, FinishMove, Move, StartMove
 from failover.runtime.informer import Informer, RawClient, Watched
 from failover.runtime.workqueue import WorkQueue, work
 from failover.runtime.writes import RAYJOB, WORKLOAD, GuardedWrites, rayjob_event, utcnow
-from failover.slices import SLICE_LOST_ANNOTATION, LostSlice
 
 log = logging.getLogger("tpu-fallback.ladder")
 MOVE_WAIT_SECONDS = 15.0  # how long one pass waits for Kueue within a move; the next pass resumes it
@@ -400,5 +400,5 @@ class LadderController(GuardedWrites):
         rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock(), once=move.to_json())
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {
             FAILOVER_ANNOTATION: move.done().to_json(),
-            decisions.MOVES_ANNOTATION: decisions.with_move_recorded(meta.get("annotations"), move)}}})
+            MOVES_ANNOTATION: with_move_recorded(meta.get("annotations"), move)}}})
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)

@@ -7,35 +7,20 @@ program and its rules.
 from __future__ import annotations
 
 import datetime
-import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from failover.regional import decisions
-from failover.regional.decisions import FAILOVER_ANNOTATION, MOVING, FinishMove, Move, StartMove, parse_time
-from failover.slices import LOSS_EVENT_REASON, LostSlice, waiting_until
+from failover.api import (FAILOVER_ANNOTATION, GAVE_UP, GAVE_UP_ANNOTATION, GIVING_UP, LOSS_EVENT_REASON,
+                          MAX_WAIT_ANNOTATION, MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST, MEMBER_STOCKOUT,
+                          MOVING, QUEUE_LABEL, SCALE_UP_FAILURE_REASONS, STEP_BUSY, STOCKOUT_MESSAGE, FinishMove,
+                          GiveUp, Ladder, LostSlice, Move, StartMove, Step, format_time, parse_time,
+                          reactivation_step, stockout_since)
+from failover.slices import waiting_until
 
 COMPONENT = "tpu-fallback-ladder"
 EVENT_REASON = "MovedToNextStep"
 GAVE_UP_REASON = "GaveUp"  # the Event when a job is given up
-MEMBER_EVICTED = "MemberEvicted"  # the reason a move records: the step's member evicted the job
-MEMBER_STOCKOUT = "MemberStockout"  # or: the member reported no capacity for its pods for its grace period
-# or: its pods were not ready and the member's podsReadyTimeout was about to end (PODS_READY_LEAD before): the ladder
-# moves it before the member evicts it, because after a member's eviction MultiKueue sends the job back to the same
-# member at once (no backoff for an AdmissionCheck eviction: multikueue-ladder.md §2.2, 0.7-2.5 s measured), and a
-# ladder that loses that race asks the member's pool a second time (seen in CI: two copies admitted at one step)
-MEMBER_NOT_READY = "MemberPodsNotReady"
-STEP_BUSY = "StepBusy"  # or: the step did not admit it within the step wait (its capacity is in use)
-# or: the running job lost its slice in the step's member, and the member's controller recorded that it did not come
-# back within the member's recovery wait for the rung (failover/slices.py: its annotation on the member's RayJob)
-MEMBER_SLICE_LOST = "MemberSliceLost"
-# On the manager's RayJob: the job's own maximum wait (a duration such as 90s, 2h, 1h30m, 1d; or "none": never give
-# it up), over the fleet's `fleet.maxWait`.
-MAX_WAIT_ANNOTATION = "tpu-fallback/max-wait"
-# On the manager's RayJob: that the ladder gave the job up, why and when (JSON, see GiveUp); written once the Workload
-# is deactivated (with WORKLOAD_GIVE_UP_ANNOTATION, so a restart finishes it), `done` once the Event is out.
-GAVE_UP_ANNOTATION = "tpu-fallback/gave-up"
 # On the manager's Workload: the move in progress (a Move's JSON), written in the same write as `spec.active=false`
 # and removed in the same write as `spec.active=true`. One write, not two: with the move written on the RayJob first
 # and the deactivation after it, a controller killed in between left the Workload active at the step it was leaving,
@@ -46,7 +31,6 @@ WORKLOAD_MOVE_ANNOTATION = "tpu-fallback/ladder-move"
 # `spec.active=false` and removed once the RayJob records it done (GAVE_UP_ANNOTATION).
 WORKLOAD_GIVE_UP_ANNOTATION = "tpu-fallback/ladder-give-up"
 NEVER = "none"
-GIVING_UP, GAVE_UP = "deactivating", "done"
 # MultiKueue reconciles a Workload one pass at a time, and a pass that reaches a member which stopped answering (the
 # old step's, deleting its copy there in a move) holds that Workload until client-go gives up on the connection:
 # 53 s with client-go's defaults (HTTP/2 health check, 30 s idle + 15 s ping, then a 10 s TLS handshake; the test
@@ -91,44 +75,6 @@ def format_duration(delta: datetime.timedelta) -> str:
 
 
 # ---- the decisions (pure) ---------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Step:
-    local_queue: str
-    admission_check: str
-    members: tuple[str, ...]
-    rung: str  # "" for the last step
-    stockout_grace: datetime.timedelta | None = None  # the member's stockout grace period (the early path)
-    pods_ready_timeout: datetime.timedelta | None = None  # the member's podsReadyTimeout (Kueue's waitForPodsReady)
-
-    @property
-    def member(self) -> str | None:
-        """The member of a one-member step (a rung offered by one member); None for the last step."""
-        return self.members[0] if self.rung and len(self.members) == 1 else None
-
-
-@dataclass(frozen=True)
-class Ladder:
-    steps: tuple[Step, ...]
-
-    @classmethod
-    def from_json(cls, text: str) -> Ladder:
-        return cls(tuple(
-            Step(s["localQueue"], s["admissionCheck"], tuple(s.get("members") or ()), s.get("rung", ""),
-                 _seconds(s.get("stockoutGracePeriodSeconds")), _seconds(s.get("podsReadyTimeoutSeconds")))
-            for s in json.loads(text)))
-
-    def index(self, local_queue: str) -> int | None:
-        return next((i for i, step in enumerate(self.steps) if step.local_queue == local_queue), None)
-
-    def step_of(self, local_queue: str) -> Step | None:
-        index = self.index(local_queue)
-        return None if index is None else self.steps[index]
-
-
-def _seconds(value: int | None) -> datetime.timedelta | None:
-    return datetime.timedelta(seconds=value) if value is not None else None
 
 
 @dataclass(frozen=True)
@@ -178,14 +124,14 @@ class LadderView:
             quota_reserved=(conditions.get("QuotaReserved") or {}).get("status") == "True",
             rayjob=next((o["name"] for o in meta.get("ownerReferences") or [] if o.get("kind") == "RayJob"), None),
             checks=tuple(CheckState(c["name"], c.get("state", ""), int(c.get("retryCount") or 0), c.get("message", ""),
-                                    decisions.parse_time(c.get("lastTransitionTime")))
+                                    parse_time(c.get("lastTransitionTime")))
                          for c in status.get("admissionChecks") or []),
-            created=decisions.parse_time(meta.get("creationTimestamp")),
+            created=parse_time(meta.get("creationTimestamp")),
             evicted_message=evicted.get("message", "") if evicted.get("status") == "True" else "",
             admitted=(conditions.get("Admitted") or {}).get("status") == "True",
             finished=(conditions.get("Finished") or {}).get("status") == "True",
             pods_ready=pods_ready.get("status") == "True",
-            pods_not_ready_since=decisions.parse_time(pods_ready.get("lastTransitionTime"))
+            pods_not_ready_since=parse_time(pods_ready.get("lastTransitionTime"))
             if pods_ready.get("status") == "False" else None,
             pods_not_ready_reason=pods_ready.get("reason", "") if pods_ready.get("status") == "False" else "",
             nominated=tuple(status.get("nominatedClusterNames") or ()),
@@ -196,40 +142,6 @@ class LadderView:
 
     def check(self, name: str) -> CheckState | None:
         return next((c for c in self.checks if c.name == name), None)
-
-
-@dataclass(frozen=True)
-class GiveUp:
-    """That the ladder gave a job up; its JSON form is the RayJob annotation `tpu-fallback/gave-up`."""
-
-    at: str  # RFC 3339
-    max_wait: str  # the limit, as a duration (2h)
-    waited: str  # how long it had waited, as a duration
-    step: str  # the step (LocalQueue) it was waiting at
-    source: str  # where the limit came from: fleet.maxWait or the RayJob's annotation
-    state: str = GIVING_UP
-
-    def to_json(self) -> str:
-        return json.dumps({"at": self.at, "maxWait": self.max_wait, "waited": self.waited, "step": self.step,
-                           "source": self.source, "state": self.state}, sort_keys=True)
-
-    @classmethod
-    def from_json(cls, text: str | None) -> GiveUp | None:
-        if not text:
-            return None
-        try:
-            data = json.loads(text)
-            return cls(data["at"], data["maxWait"], data["waited"], data["step"], data["source"], data["state"])
-        except (ValueError, KeyError, TypeError):
-            return None
-
-    def done(self) -> GiveUp:
-        return GiveUp(self.at, self.max_wait, self.waited, self.step, self.source, GAVE_UP)
-
-    def message(self) -> str:
-        return (f"given up: no member admitted it within its maximum wait of {self.max_wait} ({self.source}); it "
-                f"waited {self.waited}, last at step {self.step}. Its Workload is deactivated and its copies and "
-                "DWS requests in the members are deleted; submit it again, or reactivate its Workload, to retry")
 
 
 @dataclass(frozen=True)
@@ -354,7 +266,7 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
     limit, source = max_wait_of(max_wait, job_max_wait)
     since = unadmitted_since(view)
     if giving is None and limit is not None and since is not None and now - since >= limit:
-        return StartGiveUp(GiveUp(decisions.format_time(now), format_duration(limit), format_duration(now - since),
+        return StartGiveUp(GiveUp(format_time(now), format_duration(limit), format_duration(now - since),
                                   view.queue_name, source))
     step = ladder.steps[index]
     if index + 1 >= len(ladder.steps):
@@ -363,7 +275,7 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
         # deactivation, and MultiKueue sends it to every member again, where DWS asks for a new slice.
         if lost_slice_over(step, view, lost, now):
             return StartMove(Move(step.local_queue, step.local_queue, step.local_queue, MEMBER_SLICE_LOST,
-                                  decisions.format_time(now), member=running_member(step, view) or ""))
+                                  format_time(now), member=running_member(step, view) or ""))
         return None
     after = ladder.steps[index + 1]
     if evicted_by_member(step, view):
@@ -383,7 +295,7 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
         if step_wait is None or waiting is None or now - waiting < step_wait:
             return None
         reason = STEP_BUSY
-    return StartMove(Move(step.local_queue, after.local_queue, after.local_queue, reason, decisions.format_time(now),
+    return StartMove(Move(step.local_queue, after.local_queue, after.local_queue, reason, format_time(now),
                           member=running_member(step, view) or evicting_member(step, view)))
 
 
@@ -476,8 +388,8 @@ WAIT_FOR_QUOTA = "wait-for-quota"  # Kueue has not released the quota yet (`spec
 RELABEL = "relabel"  # the RayJob's queue label to the new step's LocalQueue
 REPOINT = "repoint"  # the Workload's `spec.queueName` to it
 WAIT_FOR_CHECKS = "wait-for-checks"  # the Workload's checks are not exactly the new step's yet (§8.3)
-WAIT_FOR_BACKOFF_RESET = decisions.WAIT_FOR_BACKOFF_RESET  # Kueue has not cleared the requeue backoff yet (as there)
-REACTIVATE = decisions.REACTIVATE  # active again, the move taken off the Workload
+# then WAIT_FOR_BACKOFF_RESET (Kueue has not cleared the requeue backoff yet) and REACTIVATE (active again, the move
+# taken off the Workload), as in the regional controller: failover.api.reactivation_step
 ANNOUNCE = "announce"  # give-up: its Event, then the done record on the RayJob
 UNMARK = "unmark"  # give-up recorded: its annotation taken off the Workload, which stays inactive
 
@@ -495,7 +407,7 @@ def quota_step(view: LadderView, job: Mapping) -> str | None:
 def next_in_move(move: Move, view: LadderView, job: Mapping, to_check: str | None) -> str:
     """Route D (multikueue-ladder.md §8.8) for `move`, its new step's admission check `to_check`: the next step. A
     requeue (`move.requeue`: the last step, to itself) takes the same steps but relabels and repoints nothing."""
-    label = (job["metadata"].get("labels") or {}).get(decisions.QUEUE_LABEL)
+    label = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
     arrived = view.queue_name == move.to_local_queue
     recorded = Move.from_json((job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION))
     on_record = recorded is not None and (recorded.at, recorded.to_local_queue) == (move.at, move.to_local_queue)
@@ -518,7 +430,7 @@ def next_in_move(move: Move, view: LadderView, job: Mapping, to_check: str | Non
         return REPOINT
     if [c.name for c in view.checks] != [to_check]:
         return WAIT_FOR_CHECKS
-    return decisions.reactivation_step(view.requeue_state)
+    return reactivation_step(view.requeue_state)
 
 
 def next_in_give_up(give_up: GiveUp, view: LadderView, job: Mapping) -> str:
@@ -571,13 +483,13 @@ def stockout_in_member(events: Iterable[Mapping], cluster: str | None, admitted:
     if not cluster:
         return None
     pods = {(e.get("involvedObject") or {}).get("name") for e in events}
-    return decisions.stockout_since(events, {p for p in pods if p and p.startswith(f"{cluster}-")}, admitted)
+    return stockout_since(events, {p for p in pods if p and p.startswith(f"{cluster}-")}, admitted)
 
 
 def is_stockout_event(event: Mapping) -> bool:
     return ((event.get("involvedObject") or {}).get("kind") == "Pod"
-            and event.get("reason") in decisions.SCALE_UP_FAILURE_REASONS
-            and bool(decisions.STOCKOUT_MESSAGE.search(event.get("message") or "")))
+            and event.get("reason") in SCALE_UP_FAILURE_REASONS
+            and bool(STOCKOUT_MESSAGE.search(event.get("message") or "")))
 
 
 def is_slice_lost_event(event: Mapping) -> bool:

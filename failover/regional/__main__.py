@@ -21,7 +21,8 @@ import threading
 import time
 
 from failover.regional.controller import Controller
-from failover.regional.decisions import Chain, possible_moves
+from failover.regional.decisions import possible_moves
+from failover.api import Chain
 from failover.runtime.cluster_client import api_client
 from failover.runtime.health import Health
 from failover.runtime.metrics import Metrics

@@ -24,20 +24,21 @@ from dataclasses import dataclass
 from kubernetes import client, dynamic
 
 from failover import slices
+from failover.api import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, LOSS_EVENT_REASON, LOST, MOVE_EVENT_REASON,
+                          MOVED, MOVES_ANNOTATION, MOVING, PODS_READY_TIMEOUT, QUEUE_LABEL, RECOVERY_EVENT_REASON,
+                          SCALE_UP_FAILURE_REASONS, SLICE_LOST, SLICE_LOST_ANNOTATION, STOCKOUT_MESSAGE, TPU_RESOURCE,
+                          WAIT_FOR_BACKOFF_RESET, Chain, FinishMove, LostSlice, Move, StartMove, WorkloadView,
+                          parse_time, stockout_since, with_move_recorded)
 from failover.regional import decisions
-from failover.regional.decisions import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, PODS_READY_TIMEOUT,
-                                         QUEUE_LABEL, SLICE_LOST, Chain, FinishMove, Move, RecordFlavor, StartMove,
-                                         WorkloadView)
+from failover.regional.decisions import RecordFlavor
 from failover.runtime.informer import Informer, Watched
 from failover.runtime.metrics import Metrics
 from failover.runtime.workqueue import WorkQueue, work
 from failover.runtime.writes import RAYJOB, WORKLOAD, GuardedWrites, rayjob_event, utcnow
-from failover.slices import (LOSS_EVENT_REASON, RECOVERY_EVENT_REASON, SLICE_LOST_ANNOTATION, GiveUpSlice, HostView,
-                             LostSlice, NodeView, RecordLoss)
+from failover.slices import GiveUpSlice, HostView, NodeView, RecordLoss
 
 log = logging.getLogger("tpu-fallback.failover")
 COMPONENT = "tpu-fallback-failover"
-EVENT_REASON = "MovedToNextRung"
 SUSPEND_WAIT_SECONDS = 10.0
 # The kinds the controller watches. Events: only Warnings about pods, where the autoscaler reports a stockout.
 WATCHED_WORKLOADS = Watched("workloads", "/apis/kueue.x-k8s.io/v1beta2/workloads")
@@ -64,8 +65,8 @@ def _key(obj: dict) -> Key:
 
 
 def _is_stockout(event: dict) -> bool:
-    return (event.get("reason") in decisions.SCALE_UP_FAILURE_REASONS
-            and bool(decisions.STOCKOUT_MESSAGE.search(event.get("message") or "")))
+    return (event.get("reason") in SCALE_UP_FAILURE_REASONS
+            and bool(STOCKOUT_MESSAGE.search(event.get("message") or "")))
 
 
 class Controller(GuardedWrites):
@@ -178,7 +179,7 @@ class Controller(GuardedWrites):
     def pod_changed(self, event_type: str, obj: dict) -> None:
         meta = obj["metadata"]
         cluster = (meta.get("labels") or {}).get(RAY_CLUSTER_LABEL)
-        requests_tpu = any(decisions.TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {})
+        requests_tpu = any(TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {})
                            for c in (obj.get("spec") or {}).get("containers") or [])
         if not cluster or not requests_tpu:
             return
@@ -284,7 +285,7 @@ class Controller(GuardedWrites):
             return 0
         self.metrics.reconciles.inc()
         view, now = cached.view, self.clock()
-        if (pending := Move.from_json(annotation)) is None or pending.state != decisions.MOVING:
+        if (pending := Move.from_json(annotation)) is None or pending.state != MOVING:
             acted = self._reconcile_loss(cached, now)
             if acted is not None:
                 return acted
@@ -296,7 +297,7 @@ class Controller(GuardedWrites):
             job = self._get(self.rayjobs, view.rayjob, view.namespace)
             if job is None:
                 return 0
-            stockout = decisions.stockout_since(events, self._tpu_pods(job), view.admitted_at)
+            stockout = stockout_since(events, self._tpu_pods(job), view.admitted_at)
         action = decisions.decide(self.chain, view, annotation, stockout, self.grace, now)
         if action is None:
             if stockout is not None:  # the grace period ends at a known time: look again then
@@ -333,9 +334,9 @@ class Controller(GuardedWrites):
         report about its replacement pods (one move, with the loss as its reason)."""
         with self._lock:
             recorded = LostSlice.from_json(self._job_losses.get((view.namespace, view.rayjob)))
-        return (recorded is not None and recorded.state == slices.LOST and view.pods_ready_since is not None
+        return (recorded is not None and recorded.state == LOST and view.pods_ready_since is not None
                 and recorded.flavor == view.flavor
-                and (decisions.parse_time(recorded.at) or view.pods_ready_since) >= view.pods_ready_since)
+                and (parse_time(recorded.at) or view.pods_ready_since) >= view.pods_ready_since)
 
     def _reconcile_loss(self, cached: CachedWorkload, now: datetime.datetime) -> int | None:
         """The lost-slice rules (failover/slices.py) for a running job; None when they have nothing to do. A fleet's
@@ -374,7 +375,7 @@ class Controller(GuardedWrites):
             log.info("%s/%s: starting a move to %s (%s on %s since %s)", view.namespace, view.rayjob,
                      start.move.to_flavor, SLICE_LOST, action.lost.flavor, action.lost.at)
             self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: start.move.to_json()}}})
-            since = decisions.parse_time(action.lost.at)
+            since = parse_time(action.lost.at)
             if since is not None:
                 self.metrics.move_delay.labels(SLICE_LOST).observe(max((now - since).total_seconds(), 0.0))
             self._finish(start.move, cached.meta["name"], view.namespace, view.queue_name)
@@ -387,7 +388,7 @@ class Controller(GuardedWrites):
             self.metrics.slices_lost.labels(lost.flavor).inc()
             rayjob_event(self.core, job["metadata"], COMPONENT, LOSS_EVENT_REASON, message, "Warning", now)
             self.queue.add((view.namespace, cached.meta["name"]),
-                           delay=max((decisions.parse_time(lost.until) - now).total_seconds(), 0.0) + 0.05)
+                           delay=max((parse_time(lost.until) - now).total_seconds(), 0.0) + 0.05)
         else:
             rayjob_event(self.core, job["metadata"], COMPONENT, RECOVERY_EVENT_REASON, message, "Normal", now)
         return 1
@@ -417,7 +418,7 @@ class Controller(GuardedWrites):
                 return True
             if step == decisions.DEACTIVATE:
                 self._patch(self.workloads, workload, {"spec": {"active": False}})
-            elif step in (decisions.WAIT_FOR_RELEASE, decisions.WAIT_FOR_BACKOFF_RESET):
+            elif step in (decisions.WAIT_FOR_RELEASE, WAIT_FOR_BACKOFF_RESET):
                 if time.monotonic() > deadline:
                     return False  # Kueue has not evicted yet (or cleared the backoff); the next pass continues
                 time.sleep(0.2)
@@ -434,13 +435,14 @@ class Controller(GuardedWrites):
         record, seen on restart, says there is nothing left to do). As the fleet's ladder does."""
         meta = job["metadata"]
         current = Move.from_json((meta.get("annotations") or {}).get(FAILOVER_ANNOTATION))
-        if current is not None and current.state == decisions.MOVED:
+        if current is not None and current.state == MOVED:
             return
         message = decisions.move_message(move, from_queue or "?")
-        rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock(), once=move.to_json())
+        rayjob_event(self.core, meta, COMPONENT, MOVE_EVENT_REASON, message, "Normal", self.clock(),
+                     once=move.to_json())
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {
             FAILOVER_ANNOTATION: move.done().to_json(),
-            decisions.MOVES_ANNOTATION: decisions.with_move_recorded(meta.get("annotations"), move)}}})
+            MOVES_ANNOTATION: with_move_recorded(meta.get("annotations"), move)}}})
         self.metrics.moves.labels(move.from_flavor, move.to_flavor, move.reason).inc()
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
 

@@ -17,12 +17,12 @@ from collections.abc import Callable, Iterable, Mapping
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from failover.regional.decisions import MULTIKUEUE_ORIGIN_LABEL, format_time
+from failover.api import FLEET_ANNOTATION, MULTIKUEUE_ORIGIN_LABEL, format_time
 from failover.runtime.informer import METADATA_ONLY_LIST, Informer, RawClient, Watched, release
 from failover.runtime.metrics import FleetMetrics
 from failover.runtime.workqueue import WorkQueue
 from failover.runtime.writes import rayjob_event
-from failover.watch.decisions import (COMPONENT, EVICTION_UNBLOCKED, FINISHED, FLEET_ANNOTATION, Key, RECORD_REPAIRED,
+from failover.watch.decisions import (COMPONENT, EVICTION_UNBLOCKED, FINISHED, Key, RECORD_REPAIRED,
                                       STALE_STEP_REMOVED, WAITING, WARNINGS, Finding, Sighting, changed,
                                       condition_true, judge, key_of, owner_rayjob, repaired_status, settle_for,
                                       still_answers)

@@ -11,9 +11,8 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from failover.regional.decisions import WorkloadView
+from failover.api import WorkloadView
 
-FLEET_ANNOTATION = "tpu-fallback/fleet"
 COMPONENT = "tpu-fallback-fleet-watch"
 RECORDING_SECONDS = 10.0  # the longest a dispatch Kueue is recording may show no record before it is called stale
 MISSES_BEFORE_LOST = 2  # a member that answered is lost after this many missed probes in a row, not one: measured

@@ -9,7 +9,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from failover.regional.decisions import parse_time
+from failover.api import parse_time
 from infra.failover import NAME, NAMESPACE
 from ops.status.objects import conditions, is_true, name_of
 

@@ -16,11 +16,9 @@ from dataclasses import dataclass
 
 import yaml
 
-from failover import slices
-from failover.ladder import decisions as ladder_rules
-from failover.regional import decisions
-from failover.regional.decisions import (FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
-from failover.watch.decisions import FLEET_ANNOTATION
+from failover import api, slices
+from failover.api import (FAILOVER_ANNOTATION, FLEET_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT,
+                          TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
 from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
                                 namespace_of, owned_by, quantity)
@@ -53,17 +51,17 @@ EVICTION_WORDS = {
     "NodeFailures": "node failure",
     "MaximumExecutionTimeExceeded": "ran past its maximum execution time",
 }
-# The controller's move reasons (failover/regional/decisions.py), in words.
+# The controllers' move reasons (failover/api/moves.py), in words.
 MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscaler reported no TPU capacity",
               # A fleet's manager (plan C): the ladder controller's moves between steps (failover/ladder/).
-              ladder_rules.MEMBER_EVICTED: "the step's member evicted it (pods not ready in time there, or preempted)",
-              ladder_rules.MEMBER_STOCKOUT: "the step's member reported no TPU capacity for its pods",
-              ladder_rules.MEMBER_NOT_READY: "its pods were not ready in the step's member within (just under) the "
-                                             "member's podsReadyTimeout",
-              ladder_rules.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)",
-              ladder_rules.MEMBER_SLICE_LOST: "it lost its slice in the step's member, which was not back within the "
-                                        "member's sliceRecoveryWait",
-              decisions.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait"}
+              api.MEMBER_EVICTED: "the step's member evicted it (pods not ready in time there, or preempted)",
+              api.MEMBER_STOCKOUT: "the step's member reported no TPU capacity for its pods",
+              api.MEMBER_NOT_READY: "its pods were not ready in the step's member within (just under) the "
+                                    "member's podsReadyTimeout",
+              api.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)",
+              api.MEMBER_SLICE_LOST: "it lost its slice in the step's member, which was not back within the "
+                                     "member's sliceRecoveryWait",
+              api.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
 REQUEST_CONDITIONS = (
@@ -273,7 +271,7 @@ def moves_of(rayjob: Mapping) -> tuple[tuple[MoveView, ...], MoveView | None]:
     """The completed moves (tpu-fallback/moves) and the one in progress (tpu-fallback/failover while `moving`)."""
     recorded = annotations(rayjob)
     latest = Move.from_json(recorded.get(FAILOVER_ANNOTATION))
-    in_progress = MoveView.of(latest) if latest is not None and latest.state == decisions.MOVING else None
+    in_progress = MoveView.of(latest) if latest is not None and latest.state == api.MOVING else None
     return tuple(MoveView.of(m) for m in move_history(recorded)), in_progress
 
 
@@ -319,8 +317,8 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
                  if move.from_flavor == move.to_flavor else f"moving from {move.from_flavor} to {move.to_flavor}")
         return State(MOVING, words, parse_time(move.at),
                      f"started by the failover controller ({move.reason}): {MOVE_WORDS.get(move.reason, move.reason)}")
-    lost = slices.LostSlice.from_json(annotations(rayjob).get(slices.SLICE_LOST_ANNOTATION))
-    if (view.admitted and view.pods_ready_since is not None and lost is not None and lost.state == slices.LOST
+    lost = api.LostSlice.from_json(annotations(rayjob).get(api.SLICE_LOST_ANNOTATION))
+    if (view.admitted and view.pods_ready_since is not None and lost is not None and lost.state == api.LOST
             and lost.flavor == view.flavor and (parse_time(lost.at) or view.pods_ready_since) >= view.pods_ready_since):
         return State(SLICE_LOST, f"lost its slice, waiting for it until {lost.until}", parse_time(lost.at),
                      f"{slices.loss_message(lost)}; then the failover controller moves it on")
@@ -329,8 +327,8 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     evicted = found.get("Evicted") if is_true(found.get("Evicted")) else None
     last_on = view.recorded_flavor
     requeued = found.get("Requeued")
-    gave_up = ladder_rules.GiveUp.from_json(annotations(rayjob).get(ladder_rules.GAVE_UP_ANNOTATION))
-    if not view.active and gave_up is not None and gave_up.state == ladder_rules.GAVE_UP:
+    gave_up = api.GiveUp.from_json(annotations(rayjob).get(api.GAVE_UP_ANNOTATION))
+    if not view.active and gave_up is not None and gave_up.state == api.GAVE_UP:
         # A fleet's job the ladder gave up on (fleet.maxWait, or the job's tpu-fallback/max-wait).
         return State(EVICTED, f"given up after {gave_up.waited} (maximum wait {gave_up.max_wait})",
                      parse_time(gave_up.at), gave_up.message())

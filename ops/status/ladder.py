@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
 
-from failover.regional.decisions import TPU_RESOURCE, Chain
+from failover.api import TPU_RESOURCE, Chain
 from infra.kueue import CLUSTER_QUEUE, DEFAULT_FLAVOR, LOCAL_QUEUE
 from ops.status.objects import conditions, is_true, name_of, namespace_of, quantity
 

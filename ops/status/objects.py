@@ -8,7 +8,7 @@ from decimal import Decimal
 
 from kubernetes.utils import parse_quantity
 
-from failover.regional.decisions import parse_time
+from failover.api import parse_time
 
 
 def meta(obj: Mapping | None) -> Mapping:

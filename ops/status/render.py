@@ -6,7 +6,7 @@ import datetime
 import json
 from collections.abc import Sequence
 
-from failover.regional.decisions import TPU_RESOURCE, format_time
+from failover.api import TPU_RESOURCE, format_time
 from ops.status.health import ControllerView
 from ops.status.fleet import FleetView
 from ops.status.jobs import POSITION_COMPUTED, POSITION_FROM_KUEUE, JobView, MoveView

@@ -7,7 +7,7 @@ import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from failover.regional.decisions import QUEUE_LABEL
+from failover.api import QUEUE_LABEL
 from infra.kueue import ADMISSION_CHECK, PROVISIONING_CONTROLLER
 from ops.status import jobs as job_states
 from ops.status.fleet import FleetView, fleet_view

@@ -22,7 +22,7 @@ from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from failover.regional.controller import EVENT_REASON
+from failover.api import MOVE_EVENT_REASON
 from infra.failover import NAME as CONTROLLER_NAME
 from infra.failover import NAMESPACE as CONTROLLER_NAMESPACE
 from infra.fleet import LADDER_NAME as FLEET_LADDER
@@ -209,7 +209,7 @@ class ClusterReader:
         snapshot.provisioning_requests = listed("provisioning_requests", PROVISIONING_REQUEST, namespace)
         snapshot.pods = listed("pods", POD, namespace)
         snapshot.node_pools = self._node_pools()
-        snapshot.move_events = listed("move_events", EVENT, namespace, field_selector=f"reason={EVENT_REASON}")
+        snapshot.move_events = listed("move_events", EVENT, namespace, field_selector=f"reason={MOVE_EVENT_REASON}")
         # The fleet's objects are read by whoever may (an admin sees them whatever the AdmissionChecks say); a refusal
         # is a problem only where this may be a fleet's manager: a team member on a platform (never a manager) may
         # not read them, and their absence there is known, not unknown.
