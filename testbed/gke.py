@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
+from failover.api import TPU_RESOURCE
 from infra import tpu as catalogue
 from infra.cpu import lookup_cpu_machine
 from infra.offline import Plan
@@ -58,7 +59,7 @@ SPOT_LABEL = "cloud.google.com/gke-spot"
 FLEX_START_LABEL = "cloud.google.com/gke-flex-start"
 QUEUED_TAINT = "cloud.google.com/gke-queued"
 PROVISIONING_REQUEST_LABEL = "autoscaling.gke.io/provisioning-request"
-TPU_TAINT = {"key": catalogue.TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
+TPU_TAINT = {"key": TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 # The node lifecycle controller's taint on a host whose kubelet stopped reporting (a failed host: lose_slice's
 # going_taint). Ref: https://kubernetes.io/docs/reference/labels-annotations-taints/#node-kubernetes-io-unreachable
 UNREACHABLE_TAINT = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
@@ -104,7 +105,7 @@ def allocatable(vcpus: int, memory_gib: int, tpu_chips: int = 0) -> dict[str, st
     resources = {"cpu": f"{vcpus * 1000 - reserved_millicores(vcpus)}m",
                  "memory": f"{memory_gib * 1024 - reserved_mebibytes(memory_gib)}Mi", "pods": MAX_PODS}
     if tpu_chips:
-        resources[catalogue.TPU_RESOURCE] = str(tpu_chips)
+        resources[TPU_RESOURCE] = str(tpu_chips)
     return resources
 
 
@@ -126,7 +127,7 @@ class NodeTemplate:
 
     @property
     def tpu(self) -> bool:
-        return catalogue.TPU_RESOURCE in self.allocatable
+        return TPU_RESOURCE in self.allocatable
 
 
 def node_templates(plan: Plan) -> tuple[NodeTemplate, ...]:

@@ -14,6 +14,7 @@ import time
 
 import pytest
 
+from failover.api import TPU_RESOURCE
 from infra import tpu as catalogue
 from infra.kueue import DEFAULT_FLAVOR, KUEUE_API_VERSION
 from infra.offline import OfflineEngine, Plan, platform_outputs_for, referenced_stacks
@@ -21,7 +22,7 @@ from testbed import gke
 from tests.conftest import SHIPPED_STACKS, TEAM_STACKS, base_config, plan_for
 from workloads.rayjob import QUEUE_LABEL
 
-TPU = catalogue.TPU_RESOURCE
+TPU = TPU_RESOURCE
 # KubeRay's submitter container (ray-operator `controllers/ray/common/job.go`, GetDefaultSubmitterTemplate): Kueue
 # puts it on the default-cpu flavor's nodes (../shared/notes/kuberay-kwok.md §6).
 SUBMITTER = {"containers": [{"name": "ray-job-submitter",
