@@ -31,7 +31,7 @@ from pathlib import Path
 
 
 from failover.api import FAILOVER_ANNOTATION, PODS_READY_TIMEOUT, WorkloadView
-from failover.regional.controller import WATCHED_RAYJOBS, WATCHED_WORKLOADS
+from failover.regional.watches import WATCHED_RAYJOBS, WATCHED_WORKLOADS
 from failover.runtime.informer import Informer
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue

@@ -17,14 +17,12 @@ import datetime
 import logging
 import os
 import sys
-import threading
-import time
 
 from failover.regional.controller import Controller
 from failover.regional.decisions import possible_moves
 from failover.api import Chain
 from failover.runtime.cluster_client import api_client
-from failover.runtime.health import Health
+from failover.runtime.manager import Manager
 from failover.runtime.metrics import Metrics
 
 log = logging.getLogger("tpu-fallback.failover")
@@ -39,33 +37,15 @@ def main() -> int:
     metrics = Metrics()
     metrics.declare_moves(possible_moves(chain))
     metrics_port = int(os.environ.get("FAILOVER_METRICS_PORT", "9090"))
-    if metrics_port:
-        metrics.serve(metrics_port)
-    controller = Controller(api_client(), chain, grace, metrics=metrics)
-    informers = controller.informers()
-    health = Health(informers)
     port = int(os.environ.get("FAILOVER_HEALTH_PORT", "8080"))
-    server = health.bind(port) if port else None
-    for informer in informers:
-        informer.start()
-    # Workers start once every cache is filled: a half-done move is only seen with its RayJob's annotation.
-    for informer in informers:
-        while not informer.synced.wait(timeout=10):
-            log.info("waiting for the first list of %s", informer.watched.resource)
-    stopping = threading.Event()
-    for number in range(workers):
-        threading.Thread(target=controller.work, args=(stopping,), name=f"worker-{number}", daemon=True).start()
-    if server is not None:  # once every cache is filled: a probe that answers finds a controller at work
-        health.serve(server)
-    log.info("watching %s, grace %s, resync every %.0f s",
-             " -> ".join(f"{r.flavor} ({r.local_queue})" for r in chain.rungs), grace, resync)
-    next_resync = time.monotonic() + resync
-    while True:
-        time.sleep(min(1.0, resync))
-        health.last_tick = time.monotonic()
-        if time.monotonic() >= next_resync:
-            controller.resync()
-            next_resync = time.monotonic() + resync
+    client = api_client()
+    manager = Manager(client, metrics=metrics, health_port=port, metrics_port=metrics_port,
+                      on_event=lambda resource: metrics.watch_events.labels(resource).inc(),
+                      on_error=lambda _error: metrics.errors.inc())
+    controller = manager.add(Controller(client, chain, grace, metrics=metrics, cache=manager.cache))
+    controller.workers, controller.resync_seconds = workers, resync
+    manager.run()
+    return 0
 
 
 if __name__ == "__main__":

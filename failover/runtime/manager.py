@@ -20,7 +20,7 @@ from failover.runtime.members import MemberCaches
 from failover.runtime.workqueue import work
 
 log = logging.getLogger("tpu-fallback.runtime")
-LOOP_SECONDS = 1.0  # the main loop's beat: the liveness tick, due resyncs and ticks
+LOOP_SECONDS = 1.0  # the main loop's beat at most: the liveness tick, due resyncs and ticks
 
 
 class Manager:
@@ -87,15 +87,17 @@ class Manager:
         for number, controller in enumerate(self.controllers):
             if now >= self._due.get((number, "tick"), float("inf")):
                 self._tick(controller)
-                self._due[(number, "tick")] = self._clock() + controller.period_seconds
+                self._due[(number, "tick")] = now + controller.period_seconds
             if now >= self._due.get((number, "resync"), float("inf")):
                 self._due[(number, "resync")] = now + controller.resync_seconds
                 controller.resync()
 
     def run(self) -> None:
         self.start()
+        beat = min([LOOP_SECONDS, *(c.resync_seconds for c in self.controllers if c.resync_seconds),
+                    *(c.period_seconds for c in self.controllers if c.period_seconds)])
         while not self.stopping.is_set():
-            self.stopping.wait(LOOP_SECONDS)
+            self.stopping.wait(beat)
             self.step()
 
     def stop(self) -> None:

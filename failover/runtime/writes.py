@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import datetime
 import hashlib
+import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from typing import Any
 
 from kubernetes import client, dynamic
 from kubernetes.client import ApiException
@@ -26,6 +28,8 @@ class GuardedWrites:
     a read that is None when the object is gone, and a merge patch guarded by the resourceVersion it was read at."""
 
     api: dynamic.DynamicClient
+    workloads: Any  # the dynamic client's Workload and RayJob resources
+    rayjobs: Any
 
     def _get(self, resource, name: str, namespace: str) -> dict | None:
         try:
@@ -34,6 +38,39 @@ class GuardedWrites:
             if error.status == 404:
                 return None
             raise
+
+    def _read(self, workload_name: str, namespace: str, view_of: Callable[[dict], Any]) -> tuple[dict, Any, dict] | None:
+        """A Workload as read now, its view (`view_of`, which names its RayJob: `.rayjob`), and its RayJob; None
+        once either is gone."""
+        workload = self._get(self.workloads, workload_name, namespace)
+        if workload is None:
+            return None
+        view = view_of(workload)
+        job = self._get(self.rayjobs, view.rayjob, namespace) if view.rayjob else None
+        return None if job is None else (workload, view, job)
+
+    def _walk(self, workload_name: str, namespace: str, view_of: Callable[[dict], Any], seconds: float,
+              carry: Callable[[dict, Any, dict, float], bool | None]) -> bool:
+        """A move's (or a give-up's) steps, each decided on both objects as read now, so that it resumes from any
+        point: `carry(workload, view, job, deadline)` takes the next step and says True (complete), False (Kueue
+        has not caught up by the deadline, `seconds` from now: the next pass goes on) or None (read again). False
+        once either object is gone."""
+        deadline = time.monotonic() + seconds
+        while True:
+            read = self._read(workload_name, namespace, view_of)
+            if read is None:
+                return False
+            outcome = carry(*read, deadline)
+            if outcome is not None:
+                return outcome
+
+    @staticmethod
+    def _wait(deadline: float, poll: float) -> bool:
+        """A wait for Kueue within a step: False past the deadline, else after `poll` seconds."""
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(poll)
+        return True
 
     def _patch(self, resource, obj: dict, patch: dict) -> dict:
         """A merge patch that fails with 409 if `obj` changed since it was read."""
