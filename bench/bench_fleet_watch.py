@@ -185,7 +185,7 @@ def main() -> int:
         log = open(workdir / "fleet-watch.log", "w")
         process = subprocess.Popen([sys.executable, "-m", "failover.watch"], cwd=REPO, stdout=log, stderr=log, env={
             **os.environ, "KUBECONFIG": str(planes["manager"].kubeconfig), "FLEET_ORIGIN": ORIGIN,
-            "FLEET_MEMBERS": json.dumps({m: f"{m}-kubeconfig" for m in members}), "FLEET_METRICS_PORT": "0",
+            "FLEET_MEMBERS": json.dumps({m: f"{m}-kubeconfig" for m in members}), "FLEET_METRICS_PORT": "0", "FLEET_HEALTH_PORT": "0",
             "FLEET_SECRETS_NAMESPACE": "kueue-system"})
         custom = client.CustomObjectsApi(manager)
         started = time.monotonic()

@@ -295,7 +295,8 @@ class FleetStacks:
         kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_fleet.WATCH_NAME)
         self.watch = self.tier.manager.supervisor.start("fleet-watch", [sys.executable, "-m", "failover.watch"], env={
             **os.environ, **env, "KUBECONFIG": str(kubeconfig),  # at its deployed period
-            "FLEET_METRICS_PORT": str(free_port())}, cwd=REPO)  # another tier's watch may hold the deployed port
+            "FLEET_METRICS_PORT": str(free_port()),  # another tier's watch may hold the deployed ports
+            "FLEET_HEALTH_PORT": str(free_port())}, cwd=REPO)
 
     # ---- a job -----------------------------------------------------------------------------------------------
     def submit(self, name: str) -> str:

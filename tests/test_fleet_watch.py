@@ -137,14 +137,32 @@ class _Manager:
         return Response()
 
 
-class _Synced:
-    class synced:  # noqa: N801 - an Informer's Event, always set
-        @staticmethod
-        def is_set():
-            return True
+def _member(name: str, watch=None, answers: bool = True, copies=(), rayjobs=()):
+    """A member that has listed (its informers never started), answering or not, holding `copies` and `rayjobs`;
+    added to `watch`'s members."""
+    from failover.runtime.cache import Cache
+    from failover.runtime.members import Member
+    from failover.watch.watches import WATCHED_MEMBER_RAYJOBS, WATCHED_MEMBER_WORKLOADS
 
-    def stop(self):
-        pass
+    member = Member(name)
+    member.api, member.answers, member.cache = object(), answers, Cache(None, name)
+    for watched, objects in ((watch.seen.copies if watch else WATCHED_MEMBER_WORKLOADS, copies),
+                             (watch.seen.member_rayjobs if watch else WATCHED_MEMBER_RAYJOBS, rayjobs)):
+        store = member.cache.store(watched)
+        member.cache.informers[watched].synced.set()
+        for obj in objects:
+            store.apply("ADDED", obj)
+    return watch.seen.members.add(member) if watch else member
+
+
+def _fleet_watch(members=None):
+    """A FleetWatch on a manager client that is never called, its members' clients from `members`."""
+    from kubernetes import client
+
+    from failover.runtime.members import MemberCaches
+    from failover.watch.controller import FleetWatch
+
+    return FleetWatch(client.ApiClient(), MemberCaches(members or (lambda: {})), "tpu-fallback-fleet")
 
 
 def _condition(kind: str, status: str = "True") -> dict:
@@ -184,24 +202,22 @@ def _watch(members: dict[str, tuple[list[dict], list[dict]] | None], workloads: 
     (`connected`), and per member (copies, RayJobs), or None for a member that does not answer."""
     from kubernetes import client
 
-    from failover.watch.controller import FleetWatch, _Member
+    from failover.runtime.members import MemberCaches
+    from failover.watch.controller import FleetWatch
 
     manager = _Manager()
-    watch = FleetWatch(client.ApiClient(), lambda: {}, "tpu-fallback-fleet", metrics=metrics, settle_seconds=settle)
+    watch = FleetWatch(client.ApiClient(), MemberCaches(lambda: {}), "tpu-fallback-fleet", metrics=metrics,
+                       settle_seconds=settle)
     watch.custom, watch.core, watch.raw = manager, manager, manager
     for workload in workloads:
-        watch._workload_changed("ADDED", workload)
+        watch.seen.workloads.apply("ADDED", workload)
     for rayjob in rayjobs:
-        watch._rayjob_changed("ADDED", rayjob)
+        watch.seen.rayjobs.apply("ADDED", rayjob)
     for name, active in (connected or {}).items():
-        watch._cluster_changed("ADDED", {"metadata": {"name": name}, "status": {
+        watch.seen.connected.apply("ADDED", {"metadata": {"name": name}, "status": {
             "conditions": [_condition("Active", "True" if active else "False")]}})
     for name, state in members.items():
-        member = watch._members[name] = _Member(name)
-        member.api, member.answers, member.informers = object(), state is not None, [_Synced()]
-        if state is not None:
-            member.copies = {(c["metadata"]["namespace"], c["metadata"]["name"]): c for c in state[0]}
-            member.rayjobs = {(j["metadata"]["namespace"], j["metadata"]["name"]): j for j in state[1]}
+        _member(name, watch, state is not None, *(state or ((), ())))
     return watch, manager
 
 
@@ -218,8 +234,8 @@ def _pass(runs: dict[str, set[str]], lost: set[str], jobs: dict[str, str | None]
                             | {member: None for member in lost},
                             [_manager_workload(name, record=record) for name, record in jobs.items()],
                             [_manager_rayjob(name, deployment=None) for name in jobs], metrics=metrics)
-    findings = {("tpu-fleet", name): watch.evaluate(("tpu-fleet", name)) for name in jobs}
-    watch._record(0.2)
+    findings = {("tpu-fleet", name): watch.reconcile(("tpu-fleet", name)) for name in jobs}
+    watch.record(0.2)
     return findings, metrics.registry, manager
 
 
@@ -247,10 +263,10 @@ def test_a_warning_is_published_once_it_has_held():
     RecordStale; the same finding a settle period later is published."""
     jobs = [_manager_workload("c", record="w1")], [_manager_rayjob("c", deployment=None)]
     watch, manager = _watch({"w1": ([], []), "w2": ([], [_member_rayjob("c")])}, *jobs)
-    assert watch.evaluate(("tpu-fleet", "c")).state == RECORD_STALE and manager.patches == []
+    assert watch.reconcile(("tpu-fleet", "c")).state == RECORD_STALE and manager.patches == []
     assert len(watch.queue) == 1  # looked at again once the settle period is over
     settled, manager = _watch({"w1": ([], []), "w2": ([], [_member_rayjob("c")])}, *jobs, settle=0.0)
-    settled.evaluate(("tpu-fleet", "c"))
+    settled.reconcile(("tpu-fleet", "c"))
     assert [name for name, _ in manager.patches] == ["c"] and manager.events[0][0] == "FleetRecordStale"
 
 
@@ -273,7 +289,7 @@ def test_a_dispatch_kueue_is_recording_is_not_called_stale_until_it_has_held_far
 
     jobs = [recording], [_manager_rayjob("c", deployment=None)]
     watch, manager = _watch({"w1": ([], [_member_rayjob("c")]), "w2": None}, *jobs, settle=0.0)
-    assert watch.evaluate(("tpu-fleet", "c")).state == RECORD_STALE and manager.patches == []
+    assert watch.reconcile(("tpu-fleet", "c")).state == RECORD_STALE and manager.patches == []
     assert len(watch.queue) == 1  # looked at again: by then Kueue has recorded w1, or it is stale
 
 
@@ -310,18 +326,18 @@ def test_the_watch_leaves_a_stuck_eviction_to_kueue_while_a_member_runs_the_job(
     # The takeover's run in w1 while w2 is cut off.
     watch, manager = _watch({"w1": ([_copy("j", "QuotaReserved", "Admitted")], [_member_rayjob("j")]), "w2": None},
                             stuck, suspended, {"w1": True, "w2": False})
-    watch.evaluate(("tpu-fleet", "j"))
+    watch.reconcile(("tpu-fleet", "j"))
     assert manager.status_patches == []
     # After the return, before Kueue reconnects: w2 answers and its run goes on.
     watch, manager = _watch({"w1": ([_copy("j", "QuotaReserved")], []),
                              "w2": ([_copy("j", "QuotaReserved", "Admitted")], [_member_rayjob("j")])},
                             stuck, suspended, {"w1": True, "w2": False})
-    watch.evaluate(("tpu-fleet", "j"))
+    watch.reconcile(("tpu-fleet", "j"))
     assert manager.status_patches == []
     # Nothing runs where members answer: marked, and said so.
     watch, manager = _watch({"w1": ([_copy("j", "QuotaReserved")], []), "w2": None}, stuck, suspended,
                             {"w1": True, "w2": False})
-    watch.evaluate(("tpu-fleet", "j"))
+    watch.reconcile(("tpu-fleet", "j"))
     assert manager.status_patches == [("j", {"status": {"jobDeploymentStatus": "Suspended"},
                                              "metadata": {"resourceVersion": "3"}})]
     assert manager.events[0][0] == "FleetEvictionUnblocked"
@@ -343,7 +359,7 @@ def test_a_job_whose_member_kueue_lost_is_marked_before_kueue_evicts_it():
     evicted = _manager_workload("j", true=("QuotaReserved", "Evicted"), checks="Pending")
     assert lost_admission(evicted, running, {"w2": False}, []) is None
     watch, manager = _watch({"w1": ([], []), "w2": None}, [admitted], [running], {"w1": True, "w2": False})
-    watch.evaluate(("tpu-fleet", "j"))
+    watch.reconcile(("tpu-fleet", "j"))
     assert [name for name, _ in manager.status_patches] == ["j"]
     assert manager.events[0][0] == "FleetEvictionUnblocked" and manager.events[0][1].startswith("Kueue lost w2")
 
@@ -390,17 +406,17 @@ def test_the_repair_is_a_forced_apply_of_the_whole_status_as_kueue_after_it_held
     members = {"w1": ([_copy("j", "QuotaReserved")], []),
                "w2": ([_copy("j", "QuotaReserved", "Admitted")], [_member_rayjob("j")])}
     watch, manager = _watch(members, [broken], [_manager_rayjob("j")], {"w1": True, "w2": True})
-    watch.evaluate(("tpu-fleet", "j"))
+    watch.reconcile(("tpu-fleet", "j"))
     assert manager.applies == []  # Kueue may record it itself within a reconcile: looked at again later
     watch._repair_seen[("tpu-fleet", "j")] = ("w2", -1e9)  # as if it had held since long ago
-    watch.evaluate(("tpu-fleet", "j"))
+    watch.reconcile(("tpu-fleet", "j"))
     ((path, body, query),) = manager.applies
     assert path == "/apis/kueue.x-k8s.io/v1beta2/namespaces/tpu-fleet/workloads/rayjob-j/status"
     assert query == [("fieldManager", "kueue-admission"), ("force", "true")]
     assert body["metadata"] == {"name": "rayjob-j", "namespace": "tpu-fleet", "resourceVersion": "7"}
     assert body["status"] == {**broken["status"], "nominatedClusterNames": ["w1", "w2"]}
     assert [reason for reason, _ in manager.events if reason == "FleetRecordRepaired"] == ["FleetRecordRepaired"]
-    watch.evaluate(("tpu-fleet", "j"))
+    watch.reconcile(("tpu-fleet", "j"))
     assert len(manager.applies) == 1  # not again before the retry period
 
 
@@ -410,13 +426,14 @@ def test_an_idle_fleet_still_says_whether_each_member_answers_and_forgets_a_remo
     from kubernetes import client
     from prometheus_client import CollectorRegistry
 
+    from failover.runtime.members import MemberCaches
     from failover.watch.controller import FleetWatch
     from failover.watch.decisions import STATES
     from failover.runtime.metrics import FleetMetrics
 
     metrics = FleetMetrics(STATES, CollectorRegistry())
     clients = {"w1": None}  # no usable kubeconfig: it cannot answer
-    watch = FleetWatch(client.ApiClient(), lambda: dict(clients), "tpu-fallback-fleet", metrics=metrics)
+    watch = FleetWatch(client.ApiClient(), MemberCaches(lambda: dict(clients)), "tpu-fallback-fleet", metrics=metrics)
     value = metrics.registry.get_sample_value
     watch.tick()
     assert value("tpu_fallback_fleet_member_reachable", {"member": "w1"}) == 0
@@ -525,25 +542,23 @@ def test_a_renewed_kubeconfig_gives_a_new_client_and_the_same_text_the_same():
 def test_the_watch_restarts_a_members_watches_on_a_new_client_keeping_what_it_holds():
     """A renewed token: the member still answers, and what it holds stays until the new watches have listed. A
     member back after no answer: listed afresh, and it answers only once listed."""
-    from kubernetes import client
-
-    from failover.watch.controller import FleetWatch
+    from failover.watch.watches import answers
 
     clients = {"w1": object()}
-    watch = FleetWatch(client.ApiClient(), lambda: dict(clients), "tpu-fallback-fleet")
+    watch = _fleet_watch(lambda: dict(clients))
     restarts = []
-    watch._restart_member = lambda member, stale=True: restarts.append((member.name, stale))
-    watch._probe = lambda member: None
+    watch.seen.members.restart = lambda member, stale=True: restarts.append((member.name, stale))
+    watch.seen.probe = lambda member: None
     watch.tick()
     assert restarts == [("w1", True)]  # its first watches
-    member = watch._members["w1"]
-    member.answers, member.primed, member.informers = True, True, [_Synced()]
+    member = watch.seen.members.get("w1")
+    member.answers, member.primed, member.cache = True, True, _member("w1").cache
     watch.tick()
     assert restarts == [("w1", True)]  # the same client: nothing to do
     clients["w1"] = object()
     watch.tick()
     assert restarts[-1] == ("w1", False) and member.api is clients["w1"]
-    assert watch._answers(member)
+    assert answers(member)
 
 
 # ---- a copy an older step of the fleet's ladder left behind a partition (issue 18) -----------------------------
@@ -641,20 +656,20 @@ def test_the_watch_deletes_an_older_steps_run_and_copy_in_a_member_back_from_a_p
     watch, manager = _watch(members, [admitted], [_manager_rayjob("j")], {"w1": True, "w2": True})
     apis = {}
     watch.member_custom = lambda api: apis.setdefault(id(api), _MemberApi())
-    finding = watch.evaluate(("tpu-fleet", "j"))
+    finding = watch.reconcile(("tpu-fleet", "j"))
     assert finding.state == RUNNING and finding.runs_in == ("w2",)  # the old run is not counted: it is deleted
     (api,) = apis.values()
     assert api.deleted == [("rayjobs", "tpu-fleet", "j"), ("workloads", "tpu-fleet", "rayjob-j")]
     (event,) = [m for reason, m in manager.events if reason == "FleetStaleStepRemoved"]
     assert event.startswith("deleted the run and the copy in w1 left by an older step of the ladder")
     # The caches lag: the copy seen again, being deleted, is left alone; gone already (404): no second Event.
-    watch._members["w1"].copies[("tpu-fleet", "rayjob-j")] = {
-        **old, "metadata": {**old["metadata"], "deletionTimestamp": "2026-12-01T00:00:01Z"}}
-    watch.evaluate(("tpu-fleet", "j"))
+    copies = watch.seen.members.get("w1").store(watch.seen.copies)
+    copies.apply("MODIFIED", {**old, "metadata": {**old["metadata"], "deletionTimestamp": "2026-12-01T00:00:01Z"}})
+    watch.reconcile(("tpu-fleet", "j"))
     assert len(api.deleted) == 2
-    watch._members["w1"].copies[("tpu-fleet", "rayjob-j")] = old
+    copies.apply("MODIFIED", old)
     watch.member_custom = lambda api: _MemberApi(missing=True)
-    watch.evaluate(("tpu-fleet", "j"))
+    watch.reconcile(("tpu-fleet", "j"))
     assert len([reason for reason, _ in manager.events if reason == "FleetStaleStepRemoved"]) == 1
 
 
@@ -662,10 +677,8 @@ def test_a_member_that_answered_is_lost_only_after_two_missed_probes_in_a_row(mo
     """Measured on a loaded CI run: a member's API server just resumed after a partition missed one probe, the finding
     flipped to MemberLost for one period and back, and the return was announced twice. One miss is not a loss; two
     in a row are; a member that never answered must answer first; back after a loss, its watches list afresh."""
-    from kubernetes import client
-
-    import failover.watch.controller as fleet_module
-    from failover.watch.controller import FleetWatch
+    import failover.watch.watches as fleet_module
+    from failover.runtime.members import Member
     from failover.watch.decisions import MISSES_BEFORE_LOST, still_answers
 
     assert MISSES_BEFORE_LOST == 2
@@ -691,15 +704,15 @@ def test_a_member_that_answered_is_lost_only_after_two_missed_probes_in_a_row(mo
             return Response()
 
     monkeypatch.setattr(fleet_module, "RawClient", Probe)
-    watch = FleetWatch(client.ApiClient(), lambda: {}, "tpu-fallback-fleet")
+    watch = _fleet_watch()
     restarts = []
     seen = []
-    watch._restart_member = lambda member, stale=True: restarts.append(len(seen))  # at which probe
-    member = fleet_module._Member("w1")
+    watch.seen.members.restart = lambda member, stale=True: restarts.append(len(seen))  # at which probe
+    member = Member("w1")
     member.api = object()
     for answered in (False, True, False, True, False, False, False, True):
         answers.append(answered)
-        watch._probe(member)
+        watch.seen.probe(member)
         seen.append(member.answers)
     assert seen == [False, True, True, True, True, False, False, True]
     # Listed afresh when it answers after none (its first answer, after a miss) and when it is back after the loss;

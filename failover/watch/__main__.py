@@ -24,7 +24,7 @@ the ladder moved the job on are deleted once the member answers again (`stale_st
     python -m failover.watch     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS (the period: kubeconfigs re-read,
                                  # members asked for an answer), FLEET_RESYNC_SECONDS (every job again, default 300),
                                  # FLEET_SECRETS_NAMESPACE, FLEET_METRICS_PORT (Prometheus /metrics, default 9090;
-                                 # 0 turns it off)
+                                 # 0 turns it off), FLEET_HEALTH_PORT (/healthz, default 8080; 0 turns it off)
 """
 
 from __future__ import annotations
@@ -33,12 +33,12 @@ import json
 import logging
 import os
 import sys
-import time
 
 from kubernetes import client
 
 from failover.runtime.cluster_client import api_client  # the same credentials rule as the failover controller
-from failover.runtime.members import member_clients
+from failover.runtime.manager import Manager
+from failover.runtime.members import MemberCaches, member_clients
 from failover.runtime.metrics import FleetMetrics
 from failover.watch.controller import RESYNC_SECONDS, WATCH_SECONDS, FleetWatch
 from failover.watch.decisions import STATES
@@ -54,23 +54,14 @@ def main() -> int:
     period = float(os.environ.get("FLEET_WATCH_SECONDS", str(WATCH_SECONDS)))
     metrics = FleetMetrics(STATES)
     metrics_port = int(os.environ.get("FLEET_METRICS_PORT", "9090"))
-    if metrics_port:
-        metrics.serve(metrics_port)
-    watch = FleetWatch(manager, member_clients(client.CoreV1Api(manager), secrets, namespace),
-                       os.environ["FLEET_ORIGIN"], metrics=metrics,
-                       resync_seconds=float(os.environ.get("FLEET_RESYNC_SECONDS", str(RESYNC_SECONDS))))
-    watch.start()
-    log.info("watching fleet jobs of origin %s over %s (members asked every %.0f s)", watch.origin,
-             ", ".join(secrets), period)
-    while True:
-        began = time.monotonic()
-        try:
-            watch.tick()
-        except Exception:  # noqa: BLE001 - the manager unreachable for a period: try again next one
-            metrics.pass_failures.inc()
-            log.exception("fleet watch period failed")
-        time.sleep(max(0.0, period - (time.monotonic() - began)))
-
+    health_port = int(os.environ.get("FLEET_HEALTH_PORT", "8080"))
+    members = MemberCaches(member_clients(client.CoreV1Api(manager), secrets, namespace))
+    runtime = Manager(manager, metrics=metrics, health_port=health_port, metrics_port=metrics_port, members=members)
+    watch = runtime.add(FleetWatch(manager, members, os.environ["FLEET_ORIGIN"], metrics=metrics, cache=runtime.cache,
+                                   resync_seconds=float(os.environ.get("FLEET_RESYNC_SECONDS", str(RESYNC_SECONDS)))))
+    watch.period_seconds = period
+    runtime.run()
+    return 0
 
 if __name__ == "__main__":
     sys.exit(main())
