@@ -116,7 +116,7 @@ def read_platform(reader: ConfigReader, stack: TeamStackSettings, published: Any
 
 
 def check_head_within_share(reader: ConfigReader, workloads: WorkloadSettings) -> None:
-    """A team's share holds each job's Ray head at the platform's per-job size (infra/settings.py JOB_HEAD_CPU).
+    """A team's share holds each job's Ray head at the platform's per-job size (JOB_HEAD_CPU, infra/settings/).
     A bigger head borrows CPU for every job, and a job that borrows anything cannot reclaim the team's share
     (measured: ../shared/notes/kueue-multi-team.md): reclaim would silently never happen."""
     for field, given, amount, extra, limit, unit in (

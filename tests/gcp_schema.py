@@ -22,7 +22,7 @@ The body is then checked like `kubectl --validate=strict`: every field exists, n
 enum values allowed (not deprecated, not the *_UNSPECIFIED default), types right, int32 in range, no output-only
 field, no deprecated field unless a deviation says why, method-required fields present, URL parameters matching
 their pattern, plus the few rules Google states only in prose (PROSE_RULES), each pinned to its sentence.
-Cross-field rules (flex-start needs auto-repair off, topologies per machine type) stay in infra/settings.py.
+Cross-field rules (flex-start needs auto-repair off, topologies per machine type) stay in infra/settings/.
 
 Ref: https://developers.google.com/discovery/v1/reference/apis (the document format)
 """
