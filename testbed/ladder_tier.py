@@ -29,7 +29,7 @@ from testbed.fleet_tier import (MEMBER_STACKS, PODS_READY_TIMEOUT_SECONDS, REACT
                                 WORKER_LOST_SECONDS, FleetStacks)
 from testbed.kube import condition, wait_for
 from testbed.plans import REPO, config_with, plan_for
-from testbed.processes import Process, start_serving
+from testbed.processes import Process, free_port, start_serving
 
 W3 = "member-us-east5-b"  # a third member: W1's stack in another zone, offering DWS only (the default)
 # The ladder tier's members: three (the issue's fleet), or the first two with TPU_FALLBACK_LADDER_MEMBERS=2 (measured
@@ -103,7 +103,10 @@ class LadderFleet(FleetStacks):
         began = time.monotonic()
         starts = self._starts_logged()
         self.ladder = self.tier.manager.supervisor.start("fleet-ladder", [sys.executable, "-m", "failover.ladder"],
-                                                         env={**os.environ, **env, "KUBECONFIG": str(kubeconfig)},
+                                                         env={**os.environ, **env, "KUBECONFIG": str(kubeconfig),
+                                                              # another tier's ladder may hold the deployed ports
+                                                              "LADDER_HEALTH_PORT": str(free_port()),
+                                                              "LADDER_METRICS_PORT": str(free_port())},
                                                          cwd=REPO)
         wait_for(lambda: self._starts_logged() > starts or not self.ladder.alive(), REACTION, "the ladder's start",
                  interval=0.05)

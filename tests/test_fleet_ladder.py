@@ -338,22 +338,30 @@ class _World:
 def _controller(world: _World, kill_after: int | None,
                 max_wait: datetime.timedelta | None = None) -> ladder_controller.LadderController:
     """The real controller's reconcile and route D over `world`, killed after its `kill_after`-th write."""
-    import threading
+    from prometheus_client import CollectorRegistry
 
-    from failover.runtime.workqueue import WorkQueue
+    from failover.ladder.watches import LadderSeen
+    from failover.runtime.cache import Cache
+    from failover.runtime.controller import Reconciler
+    from failover.runtime.metrics import LadderMetrics
 
     controller = object.__new__(ladder_controller.LadderController)
+    Reconciler.__init__(controller)  # its queue
     controller.ladder, controller.namespace = LADDER, FLEET_NAMESPACE
     controller.step_wait, controller.max_wait = None, max_wait
-    controller.clock, controller.members, controller.queue = (lambda: NOW), None, WorkQueue()
-    controller._lock, controller._views, controller._dispatched_seen = threading.Lock(), {}, {}
-    controller._workload_of_job, controller._jobs, controller._members, controller.moves_started = {}, {}, {}, 0
+    controller.clock, controller.members, controller.moves_started = (lambda: NOW), None, 0
+    controller.metrics = LadderMetrics(CollectorRegistry())
+    cache = Cache(None)
+    controller.seen = LadderSeen(cache, LADDER, FLEET_NAMESPACE, controller.clock, None, controller.enqueue)
+    for watch in controller.watches():  # as the manager registers it
+        cache.subscribe(watch.watched, lambda changes, listed, watch=watch: [
+            controller.enqueue(watch.map(change)) for change in changes])
     controller.workloads, controller.rayjobs = "workloads", "rayjobs"
     controller.api = controller.core = KilledAfter(
         lambda resource: world.workload if resource == "workloads" else world.rayjob, world.patch, world.events,
         kill_after)
-    controller._workload_changed("ADDED", copy.deepcopy(world.workload))
-    controller._rayjob_changed("ADDED", copy.deepcopy(world.rayjob))
+    cache.informers[controller.seen.watched_workloads].on_event("ADDED", copy.deepcopy(world.workload))
+    cache.informers[controller.seen.watched_rayjobs].on_event("ADDED", copy.deepcopy(world.rayjob))
     return controller
 
 
@@ -365,20 +373,20 @@ def test_route_d_killed_after_any_write_finishes_one_move_and_never_leaves_the_j
     is decided."""
     key = (FLEET_NAMESPACE, "wl")
     complete = _World()
-    assert _controller(complete, None).reconcile_key(key) == 1
+    assert _controller(complete, None).reconcile(key) == 1
     writes = complete.writes + len(complete.events)  # the Event is a write too
     assert writes >= 5 and not complete.asked_again and complete.events == [ladder_rules.EVENT_REASON]
     assert len(complete.moves) == 1
     for kill_after in range(1, writes + 1):
         world = _World()
         with pytest.raises(Killed):
-            _controller(world, kill_after).reconcile_key(key)
+            _controller(world, kill_after).reconcile(key)
         # While no controller runs, MultiKueue acts on what the Workload says.
         spec = world.workload["spec"]
         assert not (world.decided() and spec["active"] and spec["queueName"] == "fleet-on-demand-w1"), (
             f"killed after write {kill_after}: the move decided, the job still active at the step it leaves")
         restarted = _controller(world, None)
-        restarted.reconcile_key(key)
+        restarted.reconcile(key)
         assert restarted.moves_started == 0 and len(world.moves) == 1, kill_after  # it finished the one move
         assert world.asked_again == [], (f"active at the old step after write {world.asked_again} (killed after "
                                          f"{kill_after})")
@@ -397,15 +405,15 @@ def test_a_give_up_killed_after_any_write_is_finished_once_and_the_job_never_act
     inactive, with nothing of the give-up left on it."""
     key, limit = (FLEET_NAMESPACE, "wl"), datetime.timedelta(seconds=5)  # created 10 s before NOW
     complete = _World()
-    assert _controller(complete, None, limit).reconcile_key(key) == 1
+    assert _controller(complete, None, limit).reconcile(key) == 1
     assert complete.events == [ladder_rules.GAVE_UP_REASON]
     writes = complete.writes + len(complete.events)
     for kill_after in range(1, writes + 1):
         world = _World()
         with pytest.raises(Killed):
-            _controller(world, kill_after, limit).reconcile_key(key)
+            _controller(world, kill_after, limit).reconcile(key)
         assert not (world.decided() and world.workload["spec"]["active"]), kill_after
-        _controller(world, None, limit).reconcile_key(key)
+        _controller(world, None, limit).reconcile(key)
         assert world.workload["spec"]["active"] is False, kill_after
         assert ladder_rules.WORKLOAD_GIVE_UP_ANNOTATION not in world.workload["metadata"].get("annotations", {})
         recorded = api.GiveUp.from_json(
@@ -920,7 +928,6 @@ def test_a_member_that_does_not_answer_reports_no_stockout_and_the_job_is_decide
     """A partition of the step's member: reading its RayJob fails (no answer), which is no stockout and no error that
     would queue the job again after a delay: Kueue evicts it once it loses the member, and the ladder moves it on."""
     import socket
-    import threading
 
     from kubernetes import client
 
@@ -929,9 +936,17 @@ def test_a_member_that_does_not_answer_reports_no_stockout_and_the_job_is_decide
         port = closed.getsockname()[1]
     configuration = client.Configuration(host=f"http://127.0.0.1:{port}")
     configuration.retries = 0
-    member = ladder_controller._Member("w1")
+    from failover.ladder.watches import LadderSeen
+    from failover.runtime.cache import Cache
+    from failover.runtime.members import Member, MemberCaches
+
+    members = MemberCaches(lambda: {})
+    seen = LadderSeen(Cache(None), GRACE_LADDER, FLEET_NAMESPACE, lambda: NOW, members, lambda keys: None)
+    member = members.add(Member("w1"))
     member.api = client.ApiClient(configuration)
-    member.events = {"e": _event("j-cluster-tpu-worker-0", "2026-12-01T11:59:55Z")}
+    member.cache = Cache(None, "w1")
+    member.cache.store(seen.watched_events).apply("ADDED", {
+        **_event("j-cluster-tpu-worker-0", "2026-12-01T11:59:55Z"), "metadata": {"namespace": "n", "name": "e"}})
     controller = object.__new__(ladder_controller.LadderController)  # no manager needed for the early path's read
-    controller.ladder, controller._lock, controller._members = GRACE_LADDER, threading.Lock(), {"w1": member}
+    controller.ladder, controller.seen = GRACE_LADDER, seen
     assert controller._member_signals(_waiting("fleet-on-demand-w1", READY_W1, admitted=True)) == (None, None)

@@ -54,6 +54,8 @@ Configuration (environment, set by the fleet stack's Deployment, infra/fleet.py)
     FLEET_WATCH_SECONDS     how often the members' kubeconfigs are read again (a renewed token: new watches)
     LADDER_RESYNC_SECONDS   seconds between resyncs, the safety net (default 60)
     LADDER_WORKERS          jobs handled at once (default 2)
+    LADDER_HEALTH_PORT      /healthz port (default 8080; 0 turns it off)
+    LADDER_METRICS_PORT     Prometheus /metrics port (default 9090; 0 turns it off)
     KUBECONFIG              outside a cluster; in a Pod the ServiceAccount's credentials are used
 """
 
@@ -64,15 +66,15 @@ import json
 import logging
 import os
 import sys
-import threading
-import time
 
 from kubernetes import client
 
 from failover.ladder.controller import LadderController
 from failover.api import Ladder
 from failover.runtime.cluster_client import api_client
-from failover.runtime.members import member_clients  # the kubeconfig Secrets MultiKueue reads, as the watch reads them
+from failover.runtime.manager import Manager
+from failover.runtime.members import MemberCaches, member_clients  # the kubeconfig Secrets MultiKueue reads
+from failover.runtime.metrics import LadderMetrics
 
 log = logging.getLogger("tpu-fallback.ladder")
 
@@ -85,34 +87,23 @@ def main() -> int:
     secrets = json.loads(os.environ.get("FLEET_MEMBERS") or "{}")  # {member: kubeconfig Secret name}
     members = (member_clients(client.CoreV1Api(manager), secrets,
                               os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")) if secrets else None)
-    controller = LadderController(manager, ladder, os.environ.get("FLEET_NAMESPACE", "tpu-fleet"),
-                                  datetime.timedelta(seconds=float(wait)) if wait else None,
-                                  max_wait=datetime.timedelta(seconds=float(max_wait)) if max_wait else None,
-                                  members=members)
     resync = float(os.environ.get("LADDER_RESYNC_SECONDS", "60"))
     period = float(os.environ.get("FLEET_WATCH_SECONDS", "10"))
-    informers = controller.informers()
-    for informer in informers:
-        informer.start()
-    controller.refresh_members()
-    for informer in informers:  # a half-done move is only seen with its RayJob's annotation
-        while not informer.synced.wait(timeout=10):
-            log.info("waiting for the first list of %s", informer.watched.resource)
-    stopping = threading.Event()
-    for number in range(int(os.environ.get("LADDER_WORKERS", "2"))):
-        threading.Thread(target=controller.work, args=(stopping,), name=f"worker-{number}", daemon=True).start()
-    log.info("ladder: %s", " -> ".join(f"{s.local_queue} [{', '.join(s.members)}]" for s in ladder.steps))
-    controller.resync()
-    next_resync = time.monotonic() + resync
-    while True:
-        time.sleep(period)
-        try:
-            controller.refresh_members()
-        except Exception:  # noqa: BLE001 - the manager unreachable for a period: try again next one
-            log.exception("reading the members' kubeconfigs failed")
-        if time.monotonic() >= next_resync:
-            next_resync = time.monotonic() + resync
-            controller.resync()
+    metrics = LadderMetrics()
+    runtime = Manager(manager, metrics=metrics, members=MemberCaches(members) if members else None,
+                      health_port=int(os.environ.get("LADDER_HEALTH_PORT", "8080")),
+                      metrics_port=int(os.environ.get("LADDER_METRICS_PORT", "9090")),
+                      on_event=lambda resource: metrics.watch_events.labels(resource).inc(),
+                      on_error=lambda _error: metrics.errors.inc())
+    controller = runtime.add(LadderController(
+        manager, ladder, os.environ.get("FLEET_NAMESPACE", "tpu-fleet"),
+        datetime.timedelta(seconds=float(wait)) if wait else None,
+        max_wait=datetime.timedelta(seconds=float(max_wait)) if max_wait else None, members=runtime.members,
+        cache=runtime.cache, metrics=metrics))
+    controller.workers = int(os.environ.get("LADDER_WORKERS", "2"))
+    controller.resync_seconds, controller.period_seconds = resync, period
+    runtime.run()
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
-"""The controller's Prometheus metrics: what it moved and why, how long jobs waited, and its own health; and the
-fleet watch's (failover/watch/): what each pass found, which members answer, how long a pass takes.
+"""The controller's Prometheus metrics: what it moved and why, how long jobs waited, and its own health; the fleet
+watch's (failover/watch/): what each pass found, which members answer, how long a pass takes; and the fleet ladder's
+(failover/ladder/): what it moved and gave up.
 
 Names are fixed: the stacks' Cloud Monitoring dashboards and alert policies (infra/monitoring.py) query them with
-PromQL. Served at /metrics on FAILOVER_METRICS_PORT or FLEET_METRICS_PORT (plain HTTP, scraped by a PodMonitoring
-inside the cluster).
+PromQL. Served at /metrics on FAILOVER_METRICS_PORT, FLEET_METRICS_PORT or LADDER_METRICS_PORT (plain HTTP, scraped
+by a PodMonitoring inside the cluster).
 """
 
 from __future__ import annotations
@@ -101,3 +102,24 @@ class FleetMetrics(_Served):
         for member, answered in reachable.items():
             self.member_reachable.labels(member=member).set(1 if answered else 0)
         self._members_shown = set(reachable)
+
+
+class LadderMetrics(_Served):
+    """The fleet's ladder's (failover/ladder/): what it moved and gave up, and its own health. Served at /metrics on
+    LADDER_METRICS_PORT."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.moves = Counter("tpu_fallback_ladder_moves",
+                             "Fleet jobs moved to another step of the ladder (or requeued at the last), once done.",
+                             ["from_step", "to_step", "reason"], registry=r)
+        self.give_ups = Counter("tpu_fallback_ladder_give_ups",
+                                "Fleet jobs given up (no member admitted them within their maximum wait).", ["step"],
+                                registry=r)
+        self.watch_events = Counter("tpu_fallback_ladder_watch_events",
+                                    "Changes received from the manager's API server.", ["resource"], registry=r)
+        self.reconciles = Counter("tpu_fallback_ladder_reconciles", "Fleet Workloads reconciled.", registry=r)
+        self.resyncs = Counter("tpu_fallback_ladder_resyncs", "Periodic passes over every fleet Workload.", registry=r)
+        self.errors = Counter("tpu_fallback_ladder_errors", "Reconciles, watches or periods that failed (retried).",
+                              registry=r)
