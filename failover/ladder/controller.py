@@ -67,18 +67,10 @@ class LadderController(GuardedWrites, Reconciler):
     def keys(self) -> list[Key]:
         return self.seen.views.keys()
 
-    def resync(self) -> int:
-        queued = super().resync()
-        self.metrics.resyncs.inc()
-        return queued
-
     def tick(self) -> None:
         """Read the members' kubeconfigs again; a member whose client changed (a renewed token) watches anew."""
         if self.members is not None:
             self.members.refresh()
-
-    def failed(self) -> None:
-        self.metrics.errors.inc()
 
     def started(self) -> None:
         log.info("ladder: %s", " -> ".join(f"{s.local_queue} [{', '.join(s.members)}]" for s in self.ladder.steps))

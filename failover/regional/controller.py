@@ -63,15 +63,6 @@ class Controller(GuardedWrites, Reconciler):
     def keys(self) -> list[Key]:
         return self.seen.workloads.keys()
 
-    def resync(self) -> int:
-        """Queue every known Workload again; the number queued."""
-        queued = super().resync()
-        self.metrics.resyncs.inc()
-        return queued
-
-    def failed(self) -> None:
-        self.metrics.errors.inc()
-
     def started(self) -> None:
         log.info("watching %s, grace %s, resync every %.0f s",
                  " -> ".join(f"{r.flavor} ({r.local_queue})" for r in self.chain.rungs), self.grace,

@@ -45,6 +45,7 @@ class Reconciler:
     resync_at_start = False
     period_seconds: float | None = None
     api_error_delay = 1.0  # an API error other than 404/409: queued again after this long
+    metrics = None  # what it exports (failover/runtime/metrics.py), if anything
 
     def __init__(self):
         self.queue = WorkQueue()
@@ -59,17 +60,22 @@ class Reconciler:
         return ()
 
     def resync(self) -> int:
-        """Queue every key again (the safety net for anything a watch missed); the number queued."""
+        """Queue every key again (the safety net for anything a watch missed), counted in `metrics.resyncs` where
+        the controller exports one; the number queued."""
         keys = list(self.keys())
         for key in keys:
             self.queue.add(key)
+        if getattr(self.metrics, "resyncs", None) is not None:
+            self.metrics.resyncs.inc()
         return len(keys)
 
     def tick(self) -> None:
         """The periodic work besides reconciling; an exception is logged and counted (`failed`), and retried."""
 
     def failed(self) -> None:
-        """A reconcile or a tick failed (counted by the controllers that export it)."""
+        """A reconcile or a tick failed: counted in `metrics.errors` where the controller exports one."""
+        if getattr(self.metrics, "errors", None) is not None:
+            self.metrics.errors.inc()
 
     def reconciled(self, seconds: float) -> None:
         """After each key (its seconds): a controller that exports what its last keys found."""
