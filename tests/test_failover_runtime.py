@@ -291,3 +291,70 @@ def test_a_member_without_a_client_has_no_cache():
     (member,) = members.refresh()
     assert member.cache is None and member.store(JOBS) is None and not member.synced() and members.synced()
     assert isinstance(members.add(Member("w1")), Member) and members.get("w1") is member
+
+
+# ---- a controller's watch spec: the failover controller's (failover/regional/watches.py) ------------------------
+
+def _regional_seen():
+    """The failover controller's stores and the Workloads each change queues, on a cache whose informers never run."""
+    import datetime
+
+    from prometheus_client import CollectorRegistry
+
+    from failover.regional.watches import Seen
+    from failover.runtime.metrics import Metrics
+
+    class Chain:
+        @staticmethod
+        def stocks_out_after_admission(flavor):
+            return flavor == "spot"
+
+    cache = Cache(None)
+    seen = Seen(cache, Chain(), lambda: datetime.datetime(2026, 12, 1, tzinfo=datetime.timezone.utc),
+                Metrics(CollectorRegistry()))
+    queued: list = []
+    for watch in seen.watches():
+        cache.subscribe(watch.watched, lambda changes, listed, watch=watch: queued.extend(
+            key for change in changes for key in watch.map(change)))
+    return seen, cache.informers, queued
+
+
+def _regional_workload(name: str, job: str, flavor: str | None = None) -> dict:
+    admitted = [{"type": kind, "status": "True", "lastTransitionTime": "2026-12-01T00:00:00Z"}
+                for kind in ("QuotaReserved", "Admitted")] if flavor else []
+    return {"metadata": {"namespace": "ns", "name": name, "resourceVersion": "1",
+                         "ownerReferences": [{"kind": "RayJob", "name": job}]},
+            "spec": {"queueName": "q"}, "status": {"conditions": admitted, "admission": {"podSetAssignments": [
+                {"flavors": {"google.com/tpu": flavor}}]} if flavor else {}}}
+
+
+def test_the_failover_controllers_watches_queue_the_workloads_a_change_touches():
+    from failover.api import FAILOVER_ANNOTATION
+    from failover.regional.watches import (WATCHED_EVENTS, WATCHED_NODES, WATCHED_PODS, WATCHED_RAYJOBS,
+                                           WATCHED_WORKLOADS)
+
+    seen, informers, queued = _regional_seen()
+    informers[WATCHED_WORKLOADS].on_list([_regional_workload("wl-a", "a", "spot"),
+                                          _regional_workload("wl-b", "b", "on-demand")])
+    assert queued == [("ns", "wl-a"), ("ns", "wl-b")]
+    job = {"metadata": {"namespace": "ns", "name": "a", "resourceVersion": "1"}, "status": {"rayClusterName": "c"}}
+    informers[WATCHED_RAYJOBS].on_event("ADDED", job)
+    informers[WATCHED_RAYJOBS].on_event("MODIFIED", {**job, "spec": {"entrypoint": "other"}})  # nothing it reads
+    annotated = {**job, "metadata": {**job["metadata"], "annotations": {FAILOVER_ANNOTATION: "{}"}}}
+    informers[WATCHED_RAYJOBS].on_event("MODIFIED", annotated)
+    assert queued[2:] == [("ns", "wl-a"), ("ns", "wl-a")]  # its RayCluster, then its move
+    pod = {"metadata": {"namespace": "ns", "name": "c-tpu-0", "labels": {"ray.io/cluster": "c"}},
+           "spec": {"nodeName": "n1", "containers": [{"resources": {"requests": {"google.com/tpu": "4"}}}]}}
+    informers[WATCHED_PODS].on_event("ADDED", pod)
+    informers[WATCHED_PODS].on_event("ADDED", {**pod, "metadata": {**pod["metadata"], "name": "cpu", "labels": {}}})
+    assert queued[4:] == [("ns", "wl-a")] and set(seen.hosts(("ns", "c"))) == {"c-tpu-0"}
+    node = {"metadata": {"name": "n1"}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+    informers[WATCHED_NODES].on_event("ADDED", node)
+    informers[WATCHED_NODES].on_event("MODIFIED", node)  # a heartbeat
+    informers[WATCHED_NODES].on_event("DELETED", node)
+    assert queued[5:] == [("ns", "wl-a"), ("ns", "wl-a")] and "n1" in seen.node_views()[1]
+    stockout = {"metadata": {"namespace": "ns", "name": "e"}, "involvedObject": {"kind": "Pod", "name": "c-tpu-0"},
+                "reason": "FailedScaleUp", "message": "GCE out of resources"}
+    informers[WATCHED_EVENTS].on_event("ADDED", stockout)
+    # Admitted in the namespace on a rung that stocks out after admission: wl-a only.
+    assert queued[7:] == [("ns", "wl-a")] and len(seen.stockouts_in("ns")) == 1
