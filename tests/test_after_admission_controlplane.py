@@ -13,6 +13,7 @@ and one on plan B, on the tier.
 
 from __future__ import annotations
 
+import math
 import time
 
 import pytest
@@ -111,6 +112,7 @@ def test_the_tutorial_s_two_jobs_run_on_plan_a_and_plan_b_to_their_end(tier):
     assert {n["metadata"]["labels"].get(gke.PROVISIONING_REQUEST_LABEL) for n in dws_nodes.values()} == {
         "tier-resize-1"}
     assert all(p["spec"]["nodeName"] in dws_nodes for p in pods_of(kube, second)["worker"])
+    assert_as_declared(plan, list(dws_nodes.values()))  # flex-start and queued: checked while the slice is here
 
     # Both end: KubeRay completes each RayJob once the Ray job succeeded and its submitter exited 0; Kueue marks the
     # Workload Finished and frees the quota; KubeRay deletes the RayCluster (shutdownAfterJobFinishes); the slices go.
@@ -142,21 +144,82 @@ def test_the_tutorial_s_two_jobs_run_on_plan_a_and_plan_b_to_their_end(tier):
     assert not after.gke.problems, after.gke.problems[-5:]
 
 
-def test_every_pool_s_nodes_carry_its_template(tier):
-    """The nodes the stand-in made are the plan's templates, as the API server and KWOK keep them (labels, taints,
-    allocatable; Ready)."""
-    plane, plan = tier
-    templates = {t.pool: t for t in gke.node_templates(plan)}
-    nodes = plane.kube.list("v1", "Node")
-    assert nodes
+# What GKE puts on the nodes of a pool, written here from GKE's documentation and read against the plan's own cluster
+# and NodePool resources, not from the stand-in that made the tier's nodes (testbed/gke.py):
+# Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/creating-managing-labels#automatically-applied-labels
+# Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/tpus (the TPU labels and the google.com/tpu taint)
+# Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest (the gke-queued taint)
+TPU_ACCELERATORS = {"ct6e": "tpu-v6e-slice", "ct5lp": "tpu-v5-lite-podslice", "ct5p": "tpu-v5p-slice"}
+# Allocatable for the dev plan's machines, worked out by hand from GKE's reservations: CPU 6 % of the first core, 1 %
+# of the second, 0.5 % of the next two, 0.25 % above four; memory 25 % of the first 4 GiB, 20 % of the next 4, 10 % of
+# the next 8, 6 % of the next 112, 2 % above 128, plus a 100 MiB eviction threshold; 110 pods.
+#   n2-standard-16 (16 vCPU, 64 GiB): 60 + 10 + 10 + 12 * 2.5 = 110m; 1 + 0.8 + 0.8 + 2.88 = 5.48 GiB + 100 MiB = 5712Mi
+#   ct6e-standard-4t (180 vCPU, 720 GiB, 4 chips): 80 + 176 * 2.5 = 520m; 9.32 + 11.84 = 21.16 GiB + 100 MiB = 21768Mi.
+# Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/plan-node-sizes#cpu_reservations
+ALLOCATABLE = {"n2-standard-16": {"cpu": "15890m", "memory": "59824Mi", "pods": "110"},
+               "ct6e-standard-4t": {"cpu": "179480m", "memory": "715512Mi", "pods": "110", "google.com/tpu": "4"}}
+TAINT_EFFECTS = {"NO_SCHEDULE": "NoSchedule", "PREFER_NO_SCHEDULE": "PreferNoSchedule", "NO_EXECUTE": "NoExecute"}
+# GKE's labels of a provisioning model: present (`true`) on a pool that declares it, absent on any other.
+MODEL_LABELS = {"spot": "cloud.google.com/gke-spot", "flexStart": "cloud.google.com/gke-flex-start"}
+
+
+def declared_pools(plan) -> dict[str, tuple[dict, dict]]:
+    """pool -> (its GKE resource's inputs, its nodeConfig): the pool GKE makes from the cluster's own nodeConfig
+    (`default-pool`) and each NodePool."""
+    cluster = plan.only("gcp:container/cluster:Cluster").inputs
+    pools = {"default-pool": (cluster, cluster["nodeConfig"])}
+    for pool in plan.of_type("gcp:container/nodePool:NodePool"):
+        pools[pool.inputs["name"]] = (pool.inputs, pool.inputs["nodeConfig"])
+    return pools
+
+
+def assert_as_declared(plan, nodes: list[dict]) -> None:
+    """Each node carries what its pool declares in the plan and what GKE adds for it (labels, taints, allocatable),
+    and is Ready."""
+    pools, cluster_zone = declared_pools(plan), plan.only("gcp:container/cluster:Cluster").inputs["location"]
     for node in nodes:
-        template = templates[node["metadata"]["labels"][gke.NODEPOOL_LABEL]]
-        assert all(node["metadata"]["labels"].get(k) == v for k, v in template.labels.items())
-        assert [dict(t) for t in template.taints] == [
-            {k: t.get(k, "") for k in ("key", "value", "effect")} for t in node["spec"].get("taints") or []
-            if t["key"] != "node.kubernetes.io/not-ready"]
-        assert {k: node["status"]["allocatable"][k] for k in template.allocatable} == dict(template.allocatable)
-        assert condition(node, "Ready") == "True"
+        name, labels = node["metadata"]["name"], node["metadata"]["labels"]
+        inputs, config = pools[labels["cloud.google.com/gke-nodepool"]]
+        zone = inputs.get("location") or cluster_zone  # a zonal cluster's location is its default pool's zone
+        wanted = {**(config.get("labels") or {}), "node.kubernetes.io/instance-type": config["machineType"],
+                  "topology.kubernetes.io/zone": zone, "topology.kubernetes.io/region": zone.rsplit("-", 1)[0]}
+        taints = {(t["key"], TAINT_EFFECTS[t["effect"]]) for t in config.get("taints") or []}
+        family = config["machineType"].split("-")[0]
+        if family in TPU_ACCELERATORS:
+            wanted |= {"cloud.google.com/gke-tpu-accelerator": TPU_ACCELERATORS[family],
+                       "cloud.google.com/gke-tpu-topology": inputs["placementPolicy"]["tpuTopology"]}
+            taints.add(("google.com/tpu", "NoSchedule"))
+        if (inputs.get("queuedProvisioning") or {}).get("enabled"):
+            taints.add(("cloud.google.com/gke-queued", "NoSchedule"))
+        for field, label in MODEL_LABELS.items():
+            assert labels.get(label) == ("true" if config.get(field) else None), (name, label)
+        assert {k: labels.get(k) for k in wanted} == wanted, name
+        node_taints = [t for t in node["spec"].get("taints") or [] if t["key"] != "node.kubernetes.io/not-ready"]
+        assert {(t["key"], t["effect"]) for t in node_taints} == taints, (name, node_taints)
+        assert all(t.get("value") == "present" for t in node_taints if t["key"] == "google.com/tpu"), node_taints
+        assert {k: node["status"]["allocatable"].get(k) for k in ALLOCATABLE[config["machineType"]]} == ALLOCATABLE[
+            config["machineType"]], name
+        assert condition(node, "Ready") == "True", name
+
+
+def test_every_pool_s_nodes_carry_its_template(tier):
+    """The nodes on the tier are what the plan's pools declare, as GKE makes them (labels, taints, allocatable;
+    Ready), and as many as GKE would have: the default pool's fixed size and one whole slice of the on-demand pool,
+    the one job running (after-both); the DWS pool shrank to zero with its job (its nodes were checked the same way
+    while they ran)."""
+    plane, plan = tier
+    nodes = plane.kube.list("v1", "Node")
+    count = {}
+    for node in nodes:
+        pool = node["metadata"]["labels"]["cloud.google.com/gke-nodepool"]
+        count[pool] = count.get(pool, 0) + 1
+    cluster = plan.only("gcp:container/cluster:Cluster").inputs
+    on_demand, config = declared_pools(plan)["on-demand-pool"]
+    chips = math.prod(int(side) for side in on_demand["placementPolicy"]["tpuTopology"].split("x"))
+    hosts = chips // int(ALLOCATABLE[config["machineType"]]["google.com/tpu"])  # a 4x4 slice: 4 hosts of 4 chips
+    assert count == {"default-pool": int(cluster["initialNodeCount"]), "on-demand-pool": hosts}
+    assert hosts <= int(on_demand["autoscaling"]["maxNodeCount"])
+    assert_as_declared(plan, nodes)
 
 
 def test_destroy_leaves_no_pod_ray_cluster_job_or_tpu_node(tier):
