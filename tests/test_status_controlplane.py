@@ -31,7 +31,7 @@ from ops.status.snapshot import ClusterReader
 from testbed import jobs
 from testbed.cluster import ControlPlane
 from testbed.failover_tier import FailoverTier
-from testbed.kube import wait_for
+from testbed.kube import condition, wait_for
 from testbed.stack import release_values
 from testbed.status_states import (NAMESPACE, OTHER_NAMESPACE, PODS_READY_TIMEOUT_SECONDS, REACTION_TIMEOUT,
                                    create_every_state, install_kueue_config_map, ladder_plan,
@@ -380,19 +380,22 @@ def test_a_batch_job_in_a_ladder_queue_is_shown_with_its_chips_and_state(tier):
             "restartPolicy": "Never", "containers": [{"name": "train", "image": "python:3.11", "resources": {
                 "requests": {TPU_RESOURCE: str(chips_per_host), "cpu": "1"},
                 "limits": {TPU_RESOURCE: str(chips_per_host)}}}]}}}})
+    # Kueue's verdict on the Job's Workload: it waits. Every rung's quota is held by the scenario's jobs
+    # (create_every_state: st-running on the reservation, st-admitted on on-demand, st-other-team on Spot, the two
+    # DWS jobs on both DWS slices), and none is freed while the module runs: no job ends, and none is evicted before
+    # Kueue's pods-ready timeout (PODS_READY_TIMEOUT_SECONDS, which the next test relies on too). Nothing else waits
+    # in the Job's ClusterQueue (the waiting jobs are in the DWS one), so it is first in line.
     workload = wait_for(lambda: next((w for w in tier.kube.list(stack_kueue.KUEUE_API_VERSION, "Workload", namespace)
-                                      if (w.get("status") or {}).get("conditions")), None),
-                        REACTION_TIMEOUT, "Kueue's Workload for the Job")
+                                      if jobs.decided(w)), None), REACTION_TIMEOUT, "Kueue's verdict on the Job")
+    assert condition(workload, "QuotaReserved") == "False", workload["status"]
     run = ops_status("--kubeconfig", str(tier.plane.kubeconfig), "-n", namespace, "-o", "json")
     assert run.returncode == 0, run.stderr
     (job,) = json.loads(run.stdout)["jobs"]
-    reserved = any(c["type"] == "QuotaReserved" and c["status"] == "True" for c in workload["status"]["conditions"])
     assert (job["kind"], job["name"], job["workload"]) == ("Job", name, workload["metadata"]["name"])
     assert (job["chips"], job["hosts"], job["podsNeeded"], job["podsReady"]) == (hosts * chips_per_host, hosts,
                                                                                  hosts, 0)
-    assert job["state"] == (states.ADMITTED if reserved else states.WAITING_FOR_QUOTA)
-    if not reserved:  # every rung is taken by the scenario's jobs: it waits, first in its ClusterQueue's line
-        assert job["position"] == {"inClusterQueue": 0, "source": "computed"}
+    assert job["state"] == states.WAITING_FOR_QUOTA
+    assert job["position"] == {"inClusterQueue": 0, "source": "computed"}
     run = ops_status("--kubeconfig", str(tier.plane.kubeconfig), "-n", namespace, name)
     assert run.returncode == 0 and name in run.stdout and " Job " in run.stdout
 
