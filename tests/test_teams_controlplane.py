@@ -15,7 +15,6 @@ import argparse
 import contextlib
 import io
 import json
-import time
 
 import pytest
 
@@ -107,6 +106,21 @@ def evictions(tier: FailoverTier, teams: tuple[dict, ...] = TEAMS) -> dict[str, 
             if condition(w, "Evicted") == "True":
                 found[owner] = condition_reason(w, "Evicted")
     return found
+
+
+def waiting_reason(tier: FailoverTier, team: dict, name: str) -> str:
+    """Kueue's verdict on a Workload it found no room for: the message of its QuotaReserved=False condition."""
+    w = workload(tier, team, name)
+    assert condition(w, "QuotaReserved") == "False", w["status"]
+    return next(c["message"] for c in w["status"]["conditions"] if c["type"] == "QuotaReserved")
+
+
+def queued(tier: FailoverTier, team: dict, queue: str) -> int:
+    """The Workloads Kueue counts in a team's LocalQueue, holding quota or pending. A job queued behind a pending one
+    gets no condition of its own (measured: b-5 behind b-4), so this count, which Kueue writes to the LocalQueue's
+    status about a second after its decisions, is where it shows Kueue has it queued."""
+    status = tier.kube.get(stack_kueue.KUEUE_API_VERSION, "LocalQueue", queue, team["namespace"]).get("status") or {}
+    return int(status.get("pendingWorkloads") or 0) + int(status.get("reservingWorkloads") or 0)
 
 
 def preemption_cause(tier: FailoverTier, team: dict, rayjob: str) -> str:
@@ -341,11 +355,11 @@ def test_a_local_queue_pointing_at_another_teams_queue_admits_nothing(clean):
                       "metadata": {"name": "sneaky", "namespace": TEAM_B["namespace"]},
                       "spec": {"clusterQueue": "team-a-cluster-queue"}})
     try:
-        w = submit(tier, TEAM_B, "b-sneaky", queue="sneaky")
-        time.sleep(2)  # on-demand and DWS are all free: only the namespace selector can stop it
-        w = workload(tier, TEAM_B, "b-sneaky")
-        assert condition(w, "QuotaReserved") == "False", w["status"]
-        assert "namespace" in next(c["message"] for c in w["status"]["conditions"] if c["type"] == "QuotaReserved")
+        # On-demand and DWS are all free: only the namespace selector can stop it. Kueue checks the selector before
+        # it looks for quota, and judges the Workload again only when its namespace changes (pkg/scheduler/
+        # scheduler.go, nominate): its verdict, which submit waits for, is the last word.
+        submit(tier, TEAM_B, "b-sneaky", queue="sneaky")
+        assert "namespace" in waiting_reason(tier, TEAM_B, "b-sneaky")
     finally:
         tier.kube.delete("kueue.x-k8s.io/v1beta2", "LocalQueue", "sneaky", TEAM_B["namespace"])
 
@@ -378,7 +392,11 @@ def test_own_jobs_and_jobs_moved_down_are_never_preempted(clean):
     submit(tier, TEAM_A, "a-5")  # nothing left: waits
     assert [flavor(tier, TEAM_A, n) for n in ("a-1", "a-2", "a-3", "a-dws", "a-4", "a-5")] == [
         "on-demand", "on-demand", "on-demand", "dws", "dws", None]
-    time.sleep(3)
+    # Kueue issues the preemptions a Workload needs in the scheduling cycle that judges it, before it writes why the
+    # Workload waits (pkg/scheduler/scheduler.go: processEntry, then requeueAndUpdate), and judges it again only
+    # when quota is freed, which nothing here does: a-5's verdict (submit waited for it) is the last word.
+    reason = waiting_reason(tier, TEAM_A, "a-5")
+    assert "insufficient unused quota" in reason and "Pending the preemption" not in reason, reason
     assert evictions(tier) == {}
 
 
@@ -389,7 +407,7 @@ def test_reclaim_borrowing_limits_and_dws_capacity_across_teams(clean):
     for name in ("b-1", "b-2", "b-3", "b-4"):
         submit(tier, TEAM_B, name)
     submit(tier, TEAM_B, "b-5", wait=False)
-    time.sleep(1)
+    wait_for(lambda: queued(tier, TEAM_B, "user-queue") == 5, REACTION_TIMEOUT, "b-5 queued behind b-4")
     assert [flavor(tier, TEAM_B, n) for n in ("b-1", "b-2", "b-3", "b-4", "b-5")] == [
         "on-demand", "on-demand", "dws", None, None]
     assert flavor(tier, TEAM_C, "c-1") == "on-demand"
@@ -430,7 +448,10 @@ def test_reclaim_borrowing_limits_and_dws_capacity_across_teams(clean):
     # DWS across all teams: more jobs queued on the DWS rungs than the pool has slices.
     for team, name in ((TEAM_A, "a-dws"), (TEAM_C, "c-dws-1"), (TEAM_C, "c-dws-2")):
         submit(tier, team, name, queue="user-queue-dws", wait=False)
-    time.sleep(2)
+    # Until Kueue has all three: its verdict on A's (the first of its queue), C's two in C's queue. Once it has judged
+    # a-dws the DWS rung's last slice is taken, by a-dws or before it, and C's jobs queue behind the full rung.
+    wait_for(lambda: jobs.decided(workload(tier, TEAM_A, "a-dws")) and queued(tier, TEAM_C, "user-queue-dws") == 2,
+             REACTION_TIMEOUT, "Kueue's decisions on the DWS jobs")
     on_dws = [w for t in TEAMS for w in tier.kube.list(*jobs.WORKLOAD, namespace=t["namespace"])
               if condition(w, "QuotaReserved") == "True" and jobs.tpu_flavor(w) == "dws"]
     assert len(on_dws) == DWS_SLICES
