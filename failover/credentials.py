@@ -22,7 +22,8 @@ ServiceAccount (TokenRequest) and writes it into that Secret, again before half 
     python -m failover.credentials   # FLEET_ACCESS ({member: {secret, server, certificateAuthorityData}}),
                                      # FLEET_SECRETS_NAMESPACE, GCE_METADATA_HOST (as google-auth reads it);
                                      # or SCRAPE_SERVICE_ACCOUNT, SCRAPE_SECRET (namespace/name each),
-                                     # SCRAPE_TOKEN_SECONDS
+                                     # SCRAPE_TOKEN_SECONDS: failover/config.py FleetRenewerConfig,
+                                     # ScrapeRenewerConfig; a variable missing or malformed: exit status 2
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ from typing import Protocol
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+
+from failover.config import ConfigError, FleetRenewerConfig, MemberAccess, renewer_config
 
 log = logging.getLogger("tpu-fallback.credentials")
 
@@ -64,15 +67,6 @@ class Token:
 
     def left(self, now: datetime.datetime) -> float:
         return (self.expires - now).total_seconds()
-
-
-@dataclass(frozen=True)
-class MemberAccess:
-    """Where a member's API server is, and the Secret on the manager that MultiKueue reads for it."""
-
-    secret: str
-    server: str
-    certificate_authority_data: str  # base64 PEM, as in a kubeconfig
 
 
 def inline_kubeconfig(name: str, server: str, ca_data: str, token: str | None) -> str:
@@ -177,11 +171,6 @@ def member_targets(members: Mapping[str, MemberAccess]) -> list[Target]:
             for member, access in members.items()]
 
 
-def members_from_env(text: str) -> dict[str, MemberAccess]:
-    return {member: MemberAccess(access["secret"], access["server"], access["certificateAuthorityData"])
-            for member, access in json.loads(text).items()}
-
-
 def run(renewer: Renewer, sleep: Callable[[float], None] = time.sleep) -> None:
     failures = 0
     while True:
@@ -200,28 +189,25 @@ def _now() -> datetime.datetime:
     return datetime.datetime.now(datetime.timezone.utc)
 
 
-def _split(value: str) -> tuple[str, str]:
-    namespace, _, name = value.partition("/")
-    return namespace, name
-
-
 def main() -> int:
     from failover.runtime.cluster_client import api_client
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    try:
+        config = renewer_config(os.environ)
+    except ConfigError as error:
+        print(f"failover.credentials: {error}", file=sys.stderr)
+        return 2
     core = client.CoreV1Api(api_client())
-    if "FLEET_ACCESS" in os.environ:
-        members = members_from_env(os.environ["FLEET_ACCESS"])
+    if isinstance(config, FleetRenewerConfig):
         source = MetadataTokenSource()
-        renewer = Renewer(core, member_targets(members), os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system"),
-                          source)
-        log.info("renewing the manager's tokens for %s from %s", ", ".join(members), source.url)
+        renewer = Renewer(core, member_targets(config.members), config.secrets_namespace, source)
+        log.info("renewing the manager's tokens for %s from %s", ", ".join(config.members), source.url)
     else:
-        account, (namespace, secret) = _split(os.environ["SCRAPE_SERVICE_ACCOUNT"]), _split(os.environ["SCRAPE_SECRET"])
-        seconds = int(os.environ.get("SCRAPE_TOKEN_SECONDS", str(SCRAPE_TOKEN_SECONDS)))
+        (namespace, secret), seconds = config.secret, int(config.token_lifetime.total_seconds())
         renewer = Renewer(core, [Target(secret, TOKEN_KEY, lambda token: token)], namespace,
-                          ServiceAccountTokenSource(core, *account, seconds))
-        log.info("renewing %s/%s with %d s tokens of %s/%s", namespace, secret, seconds, *account)
+                          ServiceAccountTokenSource(core, *config.service_account, seconds))
+        log.info("renewing %s/%s with %d s tokens of %s/%s", namespace, secret, seconds, *config.service_account)
     run(renewer)
     return 0
 

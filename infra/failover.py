@@ -7,6 +7,7 @@ or an index mirror), or by a prebuilt image that has them (failover/Dockerfile; 
 
 from __future__ import annotations
 
+import datetime
 import hashlib
 import json
 from pathlib import Path
@@ -14,12 +15,14 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
+from failover.api import Chain, Rung
+from failover.config import RegionalConfig
 from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
 from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
 # What the token renewer alone needs (a scrape token's, infra/monitoring.py): shipped where the package is not.
-RENEWER_FILES = ("__init__.py", "credentials.py", "runtime/__init__.py", "runtime/cluster_client.py",
+RENEWER_FILES = ("__init__.py", "config.py", "credentials.py", "runtime/__init__.py", "runtime/cluster_client.py",
                  "requirements.txt")
 # The programs of the package (`python -m <module>`, failover/__init__.py): each Deployment runs one of them.
 REGIONAL_MODULE, WATCH_MODULE, LADDER_MODULE, RENEWER_MODULE = (
@@ -35,6 +38,7 @@ METRICS_PORT = 9090  # Prometheus /metrics, plain HTTP inside the cluster (infra
 METRICS_PORT_NAME = "metrics"  # the container port's name, which the PodMonitorings select
 # The controller reacts to watch events; the resync only re-queues every Workload, a safety net.
 RESYNC_SECONDS = 300
+WORKERS = 4  # Workloads reconciled at once (a move waits up to 10 s for Kueue)
 
 # Least privilege: watch Workloads, RayJobs, events, pods and nodes; write only what a move or a loss changes.
 RBAC_RULES = (
@@ -74,14 +78,21 @@ def code_configmap_name(sources: dict[str, str], prefix: str = NAME) -> str:
     return f"{prefix}-code-{digest}"
 
 
-def chain_config(kueue: Kueue, settings: PlatformSettings) -> str:
+def controller_chain(kueue: Kueue, settings: PlatformSettings) -> Chain:
     """The chain as the controller reads it (FAILOVER_CHAIN): the stack's queueChain plus which rungs have a check
     and how long a job that lost its slice on each waits for it (fallback.sliceRecoveryWait)."""
     checked = rungs_with_admission_check(settings)
     key_of = {plan.flavor: plan.config_key for plan in settings.plans}
-    return json.dumps([{**rung.as_output(), "admissionCheck": rung.flavor in checked,
-                        "recoverySeconds": settings.fallback.recovery_seconds(key_of[rung.flavor])}
-                       for rung in kueue.queue_chain])
+    return Chain(tuple(Rung(rung.flavor, rung.cluster_queue, rung.local_queue, rung.flavor in checked,
+                            settings.fallback.recovery_seconds(key_of[rung.flavor]))
+                       for rung in kueue.queue_chain))
+
+
+def regional_config(kueue: Kueue, settings: PlatformSettings) -> RegionalConfig:
+    """What the controller runs with (failover/config.py): the stack's settings and this module's constants."""
+    return RegionalConfig(controller_chain(kueue, settings),
+                          datetime.timedelta(seconds=settings.fallback.stockout_grace_period_seconds),
+                          datetime.timedelta(seconds=RESYNC_SECONDS), WORKERS, HEALTH_PORT, METRICS_PORT)
 
 
 def start_command(settings: PlatformSettings, module: str = REGIONAL_MODULE) -> tuple[str, list[dict]]:
@@ -98,16 +109,11 @@ def start_command(settings: PlatformSettings, module: str = REGIONAL_MODULE) -> 
     return install, env
 
 
-def deployment(settings: PlatformSettings, chain: str, configmap: str) -> dict:
-    return controller_deployment(settings, NAME, REGIONAL_MODULE, configmap, env=[
-        {"name": "FAILOVER_CHAIN", "value": chain},
-        {"name": "FAILOVER_GRACE_SECONDS", "value": str(settings.fallback.stockout_grace_period_seconds)},
-        {"name": "FAILOVER_RESYNC_SECONDS", "value": str(RESYNC_SECONDS)},
-        {"name": "FAILOVER_HEALTH_PORT", "value": str(HEALTH_PORT)},
-        {"name": "FAILOVER_METRICS_PORT", "value": str(METRICS_PORT)},
-    ], ports=[{"name": "health", "containerPort": HEALTH_PORT},
-              {"name": METRICS_PORT_NAME, "containerPort": METRICS_PORT}],
-        probe={"httpGet": {"path": "/healthz", "port": "health"}})
+def deployment(settings: PlatformSettings, config: RegionalConfig, configmap: str) -> dict:
+    return controller_deployment(settings, NAME, REGIONAL_MODULE, configmap, env=config.to_env(),
+                                 ports=[{"name": "health", "containerPort": config.health_port},
+                                        {"name": METRICS_PORT_NAME, "containerPort": config.metrics_port}],
+                                 probe={"httpGet": {"path": "/healthz", "port": "health"}})
 
 
 def controller_deployment(settings: PlatformSettings, name: str, module: str, configmap: str, env: list[dict],
@@ -179,7 +185,7 @@ class FailoverController(pulumi.ComponentResource):
         self.configmap_name = code_configmap_name(sources)
         code = k8s.core.v1.ConfigMap(f"{name}-code", metadata={"name": self.configmap_name, "namespace": NAMESPACE},
                                      data=sources, opts=in_namespace)
-        manifest = deployment(settings, chain_config(kueue, settings), self.configmap_name)
+        manifest = deployment(settings, regional_config(kueue, settings), self.configmap_name)
         # After Kueue: the Workload API must exist before the controller lists it.
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment", metadata=manifest["metadata"], spec=manifest["spec"],

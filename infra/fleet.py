@@ -5,13 +5,14 @@ slice (its fleet queue starts at the DWS rung, infra/fleet_member.py); the first
 admits it, the manager creates the RayJob there and deletes the other copies and their requests.
 
 Settings (`tpu-fallback:fleet`) are read here; the objects are built by small functions returning manifests; the
-`FleetManager` component declares them. Ref: ../shared/notes/multikueue.md (Kueue 0.19.2, read and measured).
+`FleetManager` component declares them. Kueue 0.19.2's MultiKueue, read and measured on the tier.
+Ref: https://github.com/kubernetes-sigs/kueue/tree/v0.19.2/pkg/controller/admissionchecks/multikueue
 """
 
 from __future__ import annotations
 
 import copy
-import json
+import datetime
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -20,6 +21,8 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from failover.api import Ladder, Step
+from failover.config import FleetRenewerConfig, FleetWatchConfig, LadderConfig, MemberAccess
 from failover.credentials import inline_kubeconfig
 from infra import failover
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_CLUSTER_ROLE, STOCKOUT_READER_ROLE
@@ -59,7 +62,8 @@ MIN_WORKER_LOST_SECONDS, MAX_WORKER_LOST_SECONDS = 10, 24 * 3600
 MANAGER_PODS_READY_SECONDS = MAX_PODS_READY_TIMEOUT_SECONDS  # the longest a member may have
 # The fleet watch (failover/watch/): says on each job where it really runs; runs from the failover package.
 WATCH_NAME = "fleet-watch"
-WATCH_SECONDS = 10
+WATCH_SECONDS = 10  # how often the watch (and the ladder) read the members' kubeconfigs again and ask each member
+WATCH_RESYNC_SECONDS = 300  # every job evaluated again, the safety net for anything a watch missed
 WATCH_RULES = (
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads", "multikueueclusters"], "verbs": ["list", "watch"]},
     # Only to repair Kueue's record after a member's return (failover/watch/ record_to_repair).
@@ -73,6 +77,8 @@ WATCH_RULES = (
 # Only in the fleet's namespace: its Workloads (deactivate, repoint), its RayJobs (relabel, the move's record, the
 # Suspended mark that lets Kueue finish an eviction) and Events there.
 LADDER_NAME = "fleet-ladder"
+LADDER_RESYNC_SECONDS = 60  # every job evaluated again, the safety net
+LADDER_WORKERS = 2  # jobs handled at once
 LADDER_RULES = (
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
@@ -207,14 +213,17 @@ class FleetStep:
     # just before it ends. None: the last step, or a member that did not publish it (an older version).
     pods_ready_timeout_seconds: int | None = None
 
+    def step(self) -> Step:
+        """The step as the ladder controller reads it (failover/api/queues.py)."""
+        return Step(self.local_queue, self.cluster_queue, self.admission_check, self.members, self.rung,
+                    _seconds(self.stockout_grace_seconds), _seconds(self.pods_ready_timeout_seconds))
+
     def as_output(self) -> dict:
-        output = {"localQueue": self.local_queue, "clusterQueue": self.cluster_queue,
-                  "admissionCheck": self.admission_check, "rung": self.rung, "members": list(self.members)}
-        if self.stockout_grace_seconds is not None:
-            output["stockoutGracePeriodSeconds"] = self.stockout_grace_seconds
-        if self.pods_ready_timeout_seconds is not None:
-            output["podsReadyTimeoutSeconds"] = self.pods_ready_timeout_seconds
-        return output
+        return self.step().as_data()
+
+
+def _seconds(seconds: int | None) -> datetime.timedelta | None:
+    return datetime.timedelta(seconds=seconds) if seconds is not None else None
 
 
 def ladder_steps(fleet: FleetSettings, members: Sequence[MemberHandle]) -> tuple[FleetStep, ...]:
@@ -237,9 +246,9 @@ def ladder_steps(fleet: FleetSettings, members: Sequence[MemberHandle]) -> tuple
     return tuple(steps)
 
 
-def ladder_json(steps: Sequence[FleetStep]) -> str:
+def fleet_ladder(steps: Sequence[FleetStep]) -> Ladder:
     """What the ladder controller reads (FLEET_LADDER): the steps in order, the last one DWS everywhere."""
-    return json.dumps([step.as_output() for step in steps], sort_keys=True)
+    return Ladder(tuple(step.step() for step in steps))
 
 
 # ---- the manager's Kueue -------------------------------------------------------------------------------------
@@ -338,28 +347,35 @@ def credentials_secret_rule(clusters: Sequence[str]) -> dict:
             "resourceNames": [kubeconfig_secret_name(cluster) for cluster in clusters]}
 
 
+def watch_config(fleet: FleetSettings) -> FleetWatchConfig:
+    """What the fleet watch runs with (failover/config.py)."""
+    return FleetWatchConfig({c: kubeconfig_secret_name(c) for c in fleet.cluster_names}, fleet.origin,
+                            KUEUE_NAMESPACE, datetime.timedelta(seconds=WATCH_SECONDS),
+                            datetime.timedelta(seconds=WATCH_RESYNC_SECONDS), failover.HEALTH_PORT,
+                            failover.METRICS_PORT)
+
+
 def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str) -> dict:
-    return failover.controller_deployment(settings, WATCH_NAME, failover.WATCH_MODULE, configmap, env=[
-        {"name": "FLEET_MEMBERS", "value": json.dumps({c: kubeconfig_secret_name(c) for c in fleet.cluster_names})},
-        {"name": "FLEET_ORIGIN", "value": fleet.origin},
-        {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
-        {"name": "FLEET_WATCH_SECONDS", "value": str(WATCH_SECONDS)},
-        {"name": "FLEET_METRICS_PORT", "value": str(failover.METRICS_PORT)},
-    ], ports=[{"name": failover.METRICS_PORT_NAME, "containerPort": failover.METRICS_PORT}])
+    config = watch_config(fleet)
+    return failover.controller_deployment(settings, WATCH_NAME, failover.WATCH_MODULE, configmap, env=config.to_env(),
+                                          ports=[{"name": failover.METRICS_PORT_NAME,
+                                                  "containerPort": config.metrics_port}])
+
+
+def ladder_config(fleet: FleetSettings, steps: Sequence[FleetStep]) -> LadderConfig:
+    """What the ladder controller runs with (failover/config.py): the ladder, the fleet's waits, and the members it
+    reads (a stockout, a lost slice) through the kubeconfig Secrets MultiKueue uses."""
+    return LadderConfig(fleet_ladder(steps), FLEET_NAMESPACE, datetime.timedelta(seconds=fleet.step_wait_seconds),
+                        datetime.timedelta(seconds=fleet.max_wait_seconds) if fleet.max_wait_seconds else None,
+                        {c: kubeconfig_secret_name(c) for c in read_members(steps)}, KUEUE_NAMESPACE,
+                        datetime.timedelta(seconds=WATCH_SECONDS), datetime.timedelta(seconds=LADDER_RESYNC_SECONDS),
+                        LADDER_WORKERS, failover.HEALTH_PORT, failover.METRICS_PORT)
 
 
 def ladder_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str,
                       steps: Sequence[FleetStep]) -> dict:
-    return failover.controller_deployment(settings, LADDER_NAME, failover.LADDER_MODULE, configmap, env=[
-        {"name": "FLEET_LADDER", "value": ladder_json(steps)},
-        {"name": "FLEET_NAMESPACE", "value": FLEET_NAMESPACE},
-        {"name": "FLEET_STEP_WAIT_SECONDS", "value": str(fleet.step_wait_seconds)},
-        *([{"name": "FLEET_MAX_WAIT_SECONDS", "value": str(fleet.max_wait_seconds)}] if fleet.max_wait_seconds else []),
-        # What the members say (a stockout, a lost slice), read in them through the kubeconfig Secrets MultiKueue uses.
-        {"name": "FLEET_MEMBERS", "value": json.dumps({c: kubeconfig_secret_name(c) for c in read_members(steps)})},
-        {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
-        {"name": "FLEET_WATCH_SECONDS", "value": str(WATCH_SECONDS)},
-    ])
+    return failover.controller_deployment(settings, LADDER_NAME, failover.LADDER_MODULE, configmap,
+                                          env=ladder_config(fleet, steps).to_env())
 
 
 def read_members(steps: Sequence[FleetStep]) -> list[str]:
@@ -378,18 +394,16 @@ def stockout_reader_binding(fleet: FleetSettings, email: pulumi.Input[str]) -> d
             "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": email}]}
 
 
-def member_access(members: Sequence[MemberHandle]) -> str:
+def member_access(members: Sequence[MemberHandle]) -> dict[str, MemberAccess]:
     """What the renewer reads (FLEET_ACCESS): per member, its Secret here, its server and its CA."""
-    return json.dumps({m.cluster: {"secret": kubeconfig_secret_name(m.cluster), "server": m.access["server"],
-                                   "certificateAuthorityData": m.access["certificateAuthorityData"]}
-                       for m in members}, sort_keys=True)
+    return {m.cluster: MemberAccess(kubeconfig_secret_name(m.cluster), m.access["server"],
+                                    m.access["certificateAuthorityData"]) for m in members}
 
 
 def credentials_deployment(settings: PlatformSettings, configmap: str, members: Sequence[MemberHandle]) -> dict:
-    return failover.controller_deployment(settings, CREDENTIALS_NAME, failover.RENEWER_MODULE, configmap, env=[
-        {"name": "FLEET_ACCESS", "value": member_access(members)},
-        {"name": "FLEET_SECRETS_NAMESPACE", "value": KUEUE_NAMESPACE},
-    ])
+    config = FleetRenewerConfig(member_access(members), KUEUE_NAMESPACE)
+    return failover.controller_deployment(settings, CREDENTIALS_NAME, failover.RENEWER_MODULE, configmap,
+                                          env=config.to_env())
 
 
 def tokenless_kubeconfig(member: MemberHandle) -> str:

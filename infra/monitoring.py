@@ -19,6 +19,7 @@ Ref: https://github.com/GoogleCloudPlatform/prometheus-engine/blob/v0.17.2/pkg/o
 
 from __future__ import annotations
 
+import datetime
 import json
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from failover import credentials
+from failover.config import ScrapeRenewerConfig
 from infra import failover as failover_code
 from infra.failover import METRICS_PORT_NAME, FailoverController
 from infra.failover import NAME as FAILOVER_NAME
@@ -160,11 +162,11 @@ def scrape_renewer_sources() -> dict[str, str]:
 
 def scrape_renewer_deployment(settings: PlatformSettings) -> dict:
     configmap = failover_code.code_configmap_name(scrape_renewer_sources(), SCRAPE_RENEWER)
-    return failover_code.controller_deployment(settings, SCRAPE_RENEWER, failover_code.RENEWER_MODULE, configmap, env=[
-        {"name": "SCRAPE_SERVICE_ACCOUNT", "value": f"{KUEUE_NAMESPACE}/{KUEUE_READER}"},
-        {"name": "SCRAPE_SECRET", "value": f"{KUEUE_NAMESPACE}/{TOKEN_SECRET}"},
-        {"name": "SCRAPE_TOKEN_SECONDS", "value": str(credentials.SCRAPE_TOKEN_SECONDS)},
-    ], namespace=KUEUE_NAMESPACE, files=failover_code.RENEWER_FILES)
+    config = ScrapeRenewerConfig((KUEUE_NAMESPACE, KUEUE_READER), (KUEUE_NAMESPACE, TOKEN_SECRET),
+                                 datetime.timedelta(seconds=credentials.SCRAPE_TOKEN_SECONDS))
+    return failover_code.controller_deployment(settings, SCRAPE_RENEWER, failover_code.RENEWER_MODULE, configmap,
+                                               env=config.to_env(), namespace=KUEUE_NAMESPACE,
+                                               files=failover_code.RENEWER_FILES)
 
 
 def metrics_reader_role() -> dict:

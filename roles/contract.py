@@ -13,8 +13,7 @@ from typing import Any
 
 from infra.cpu import lookup_cpu_machine
 from infra.rungs import RUNG_KINDS
-from infra.settings import (DEFAULTS, FallbackSettings, PlanSettings, PlatformSettings, ReservedSlices,
-                            SystemPoolSettings, duration_seconds)
+from infra.settings import FallbackSettings, PlanSettings, PlatformSettings, ReservedSlices, SystemPoolSettings
 from infra.tpu import lookup_slice
 from workloads.jobs import TeamNamespace
 
@@ -69,15 +68,13 @@ def settings_from_output(published: Mapping[str, Any]) -> PlatformSettings:
         kueue_version=str(kueue["version"]), kueue_chart_repository=str(kueue["chartRepository"]),
         fallback=FallbackSettings(int(fallback["podsReadyTimeoutSeconds"]),
                                   int(fallback["stockoutGracePeriodSeconds"]),
-                                  _recovery_waits(fallback.get("sliceRecoveryWaitSeconds"))),
+                                  _recovery_waits(fallback["sliceRecoveryWaitSeconds"])),
     )
 
 
-def _recovery_waits(published: Mapping[str, Any] | None) -> tuple[tuple[str, int], ...]:
-    """The platform's lost-slice waits; a platform deployed before they existed uses the defaults, as it does."""
-    waits = published if published is not None else {
-        rung: duration_seconds(value) for rung, value in DEFAULTS["fallback"]["sliceRecoveryWait"].items()}
-    return tuple(sorted((str(rung), int(seconds)) for rung, seconds in waits.items()))
+def _recovery_waits(published: Mapping[str, Any]) -> tuple[tuple[str, int], ...]:
+    """The platform's lost-slice waits, as it published them (the stack's settings hold their one default)."""
+    return tuple(sorted((str(rung), int(seconds)) for rung, seconds in published.items()))
 
 
 def team_from_output(teams: Mapping[str, Any], team: str) -> TeamNamespace:

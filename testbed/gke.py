@@ -73,7 +73,7 @@ MIN_GAP = 0.1  # seconds between two autoscaler passes: the changes of a burst (
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/utils/taints/taints.go
 TO_BE_DELETED_TAINT = MappingProxyType({"key": "ToBeDeletedByClusterAutoscaler", "value": "tier",
                                         "effect": "NoSchedule"})
-# What GKE's autoscaler says on a pod when the zone has no capacity (failover/regional/decisions.py matches it).
+# What GKE's autoscaler says on a pod when the zone has no capacity (failover/api/events.py STOCKOUT_MESSAGE matches it).
 STOCKOUT_MESSAGE = ("Node scale up in zones {zone} associated with this pod failed: GCE out of resources. "
                     "Pod is at risk of not being scheduled.")
 # The Pulumi enum of a taint's effect and the Kubernetes one.

@@ -132,7 +132,7 @@ def condition_reason(obj: dict | None, kind: str) -> str | None:
 
 def server_seconds(stamp: str) -> float:
     """An API server's timestamp ("2026-12-03T10:32:34Z": whole seconds, UTC) in seconds since the epoch, read as the
-    controllers read it (failover/regional/decisions.py parse_time)."""
+    controllers read it (failover/api/times.py parse_time)."""
     return parse_time(stamp).timestamp()
 
 

@@ -96,7 +96,7 @@ class LadderFleet(FleetStacks):
         deployment = next(m for m in self.manager_plan.kubernetes_manifests()
                           if m["kind"] == "Deployment" and m["metadata"]["name"] == stack_fleet.LADDER_NAME)
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
-        env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith("FLEET_")}
+        env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith(("FLEET_", "LADDER_"))}
         env["FLEET_LADDER"] = on_the_tiers_clock(env["FLEET_LADDER"])
         kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE,
                                                                       stack_fleet.LADDER_NAME)

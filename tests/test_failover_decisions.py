@@ -8,13 +8,15 @@ import json
 import pytest
 
 from failover import api
+from failover.api import FinishMove, Move, StartMove, WorkloadView, stockout_since
 from failover.regional import decisions
 from failover.regional.decisions import RecordFlavor, decide
-from failover.api import FinishMove, Move, StartMove, WorkloadView, stockout_since
 
 CHAIN = api.Chain.from_json(json.dumps([
-    {"flavor": "on-demand", "clusterQueue": "cluster-queue", "localQueue": "user-queue", "admissionCheck": False},
-    {"flavor": "dws", "clusterQueue": "cluster-queue-dws", "localQueue": "user-queue-dws", "admissionCheck": True},
+    {"flavor": "on-demand", "clusterQueue": "cluster-queue", "localQueue": "user-queue", "admissionCheck": False,
+     "recoverySeconds": 600},
+    {"flavor": "dws", "clusterQueue": "cluster-queue-dws", "localQueue": "user-queue-dws", "admissionCheck": True,
+     "recoverySeconds": 120},
 ]))
 NOW = datetime.datetime(2026, 11, 30, 12, 0, tzinfo=datetime.timezone.utc)
 GRACE = datetime.timedelta(minutes=3)

@@ -156,8 +156,10 @@ def test_the_annotation_round_trips_and_a_bad_one_is_none():
 
 
 CHAIN = api.Chain.from_json(json.dumps([
-    {"flavor": "spot", "clusterQueue": "cluster-queue", "localQueue": "user-queue", "recoverySeconds": 120},
-    {"flavor": "dws", "clusterQueue": "cluster-queue-dws", "localQueue": "user-queue-dws", "admissionCheck": True},
+    {"flavor": "spot", "clusterQueue": "cluster-queue", "localQueue": "user-queue", "admissionCheck": False,
+     "recoverySeconds": 120},
+    {"flavor": "dws", "clusterQueue": "cluster-queue-dws", "localQueue": "user-queue-dws", "admissionCheck": True,
+     "recoverySeconds": 600},
 ]))
 
 
@@ -168,7 +170,7 @@ def view(queue: str, flavor: str, origin: str | None = None) -> api.WorkloadView
 
 def test_after_a_loss_a_job_moves_to_the_next_rung_or_is_requeued_on_the_last():
     assert CHAIN.rungs[0].recovery_seconds == 120
-    assert CHAIN.rungs[1].recovery_seconds == api.DEFAULT_RECOVERY_SECONDS
+    assert CHAIN.rungs[1].recovery_seconds == 600
     moved = decisions.move_after_loss(CHAIN, view("user-queue", "spot"), "spot", NOW).move
     assert (moved.from_flavor, moved.to_flavor, moved.to_local_queue, moved.reason, moved.requeue) == (
         "spot", "dws", "user-queue-dws", api.SLICE_LOST, False)

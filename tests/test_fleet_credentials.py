@@ -16,7 +16,8 @@ import pytest
 import yaml
 
 from failover import credentials
-from failover.credentials import MemberAccess, MetadataTokenSource, Renewer, Token
+from failover.config import FleetRenewerConfig, MemberAccess
+from failover.credentials import MetadataTokenSource, Renewer, Token
 
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
 MEMBERS = {"w1": MemberAccess("w1-kubeconfig", "https://203.0.113.1", "Q0Ex"),
@@ -182,7 +183,9 @@ def test_the_access_list_is_read_as_the_stack_writes_it():
 
     handles = [fleet_objects.MemberHandle(m, {"server": a.server, "certificateAuthorityData":
                                               a.certificate_authority_data}, {}, "p", None) for m, a in MEMBERS.items()]
-    assert credentials.members_from_env(fleet_objects.member_access(handles)) == MEMBERS
+    assert fleet_objects.member_access(handles) == MEMBERS
+    written = FleetRenewerConfig(fleet_objects.member_access(handles), "kueue-system").to_env()
+    assert FleetRenewerConfig.from_env({e["name"]: e["value"] for e in written}).members == MEMBERS
 
 
 def test_a_scrape_token_is_a_one_hour_token_request_of_its_service_account():

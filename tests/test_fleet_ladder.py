@@ -14,9 +14,9 @@ import json
 import pytest
 
 from failover import api
+from failover.api import MOVED, MOVING, RECOVERED, LostSlice, Move
 from failover.ladder import controller as ladder_controller
 from failover.ladder import decisions as ladder_rules
-from failover.api import MOVED, MOVING, RECOVERED, LostSlice, Move
 from infra import failover as failover_objects
 from infra import fleet as fleet_objects
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE
@@ -198,9 +198,12 @@ def test_fleet_ladder_rules(overrides, answers, message):
 # ---- the ladder controller's decisions -----------------------------------------------------------------------
 
 LADDER = api.Ladder.from_json(json.dumps([
-    {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand"},
-    {"localQueue": "fleet-on-demand-w2", "admissionCheck": "fleet-on-demand-w2", "members": ["w2"], "rung": "onDemand"},
-    {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
+    {"localQueue": "fleet-on-demand-w1", "clusterQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1",
+     "members": ["w1"], "rung": "onDemand"},
+    {"localQueue": "fleet-on-demand-w2", "clusterQueue": "fleet-on-demand-w2", "admissionCheck": "fleet-on-demand-w2",
+     "members": ["w2"], "rung": "onDemand"},
+    {"localQueue": "fleet-queue", "clusterQueue": "fleet-cluster-queue", "admissionCheck": "fleet-multikueue",
+     "members": ["w1", "w2"], "rung": ""}]))
 NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
 
 
@@ -708,9 +711,11 @@ def test_a_give_up_in_progress_is_finished_first_and_a_finished_one_is_not_repea
 # ---- the early path (a member's stockout report) -------------------------------------------------------------
 
 GRACE_LADDER = api.Ladder.from_json(json.dumps([
-    {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand",
+    {"localQueue": "fleet-on-demand-w1", "clusterQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1",
+     "members": ["w1"], "rung": "onDemand",
      "stockoutGracePeriodSeconds": 4},
-    {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
+    {"localQueue": "fleet-queue", "clusterQueue": "fleet-cluster-queue", "admissionCheck": "fleet-multikueue",
+     "members": ["w1", "w2"], "rung": ""}]))
 READY_W1 = {"name": "fleet-on-demand-w1", "state": "Ready", "lastTransitionTime": "2026-12-01T11:59:50Z"}
 
 
@@ -736,9 +741,11 @@ def test_a_members_stockout_report_moves_the_job_once_its_grace_period_has_passe
 
 
 NOT_READY_LADDER = api.Ladder.from_json(json.dumps([
-    {"localQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1", "members": ["w1"], "rung": "onDemand",
+    {"localQueue": "fleet-on-demand-w1", "clusterQueue": "fleet-on-demand-w1", "admissionCheck": "fleet-on-demand-w1",
+     "members": ["w1"], "rung": "onDemand",
      "stockoutGracePeriodSeconds": 4, "podsReadyTimeoutSeconds": 30},
-    {"localQueue": "fleet-queue", "admissionCheck": "fleet-multikueue", "members": ["w1", "w2"], "rung": ""}]))
+    {"localQueue": "fleet-queue", "clusterQueue": "fleet-cluster-queue", "admissionCheck": "fleet-multikueue",
+     "members": ["w1", "w2"], "rung": ""}]))
 
 
 def test_a_job_whose_pods_are_not_ready_moves_just_before_the_members_pods_ready_timeout():

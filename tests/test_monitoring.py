@@ -193,7 +193,7 @@ def test_the_scrape_token_reads_metrics_only_and_the_collector_reads_that_token_
         f"{KUEUE_NAMESPACE}/{mon.KUEUE_READER}", f"{KUEUE_NAMESPACE}/{mon.TOKEN_SECRET}", "3600")
     assert "python -m failover.credentials" in container["command"][-1]
     code = manifests[("ConfigMap", deployment["spec"]["template"]["spec"]["volumes"][0]["configMap"]["name"])]
-    assert sorted(code["data"]) == sorted(("__init__.py", "credentials.py", "runtime.__init__.py",
+    assert sorted(code["data"]) == sorted(("__init__.py", "config.py", "credentials.py", "runtime.__init__.py",
                                            "runtime.cluster_client.py", "requirements.txt"))
     (volume,) = deployment["spec"]["template"]["spec"]["volumes"]
     assert [item["path"] for item in volume["configMap"]["items"]] == list(failover_code.RENEWER_FILES)

@@ -13,7 +13,7 @@ from failover.api.moves import (MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_L
                                 PODS_READY_TIMEOUT, REACTIVATE, SLICE_LOST, STEP_BUSY, STOCKOUT,
                                 WAIT_FOR_BACKOFF_RESET, FinishMove, Move, StartMove, move_history,
                                 reactivation_step, with_move_recorded)
-from failover.api.queues import DEFAULT_RECOVERY_SECONDS, Chain, Ladder, Rung, Step
+from failover.api.queues import Chain, Ladder, Rung, Step
 from failover.api.records import GAVE_UP, GIVING_UP, LOST, RECOVERED, GiveUp, LostSlice
 from failover.api.times import format_time, parse_time
 from failover.api.views import WorkloadView
@@ -27,7 +27,7 @@ __all__ = [
     "MEMBER_EVICTED", "MEMBER_NOT_READY", "MEMBER_SLICE_LOST", "MEMBER_STOCKOUT", "MOVED", "MOVING",
     "PODS_READY_TIMEOUT", "REACTIVATE", "SLICE_LOST", "STEP_BUSY", "STOCKOUT", "WAIT_FOR_BACKOFF_RESET",
     "FinishMove", "Move", "StartMove", "move_history", "reactivation_step", "with_move_recorded",
-    "DEFAULT_RECOVERY_SECONDS", "Chain", "Ladder", "Rung", "Step",
+    "Chain", "Ladder", "Rung", "Step",
     "GAVE_UP", "GIVING_UP", "LOST", "RECOVERED", "GiveUp", "LostSlice",
     "format_time", "parse_time",
     "WorkloadView",

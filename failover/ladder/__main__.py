@@ -9,14 +9,19 @@ same step, forever (a stockout after admission: the member's podsReadyTimeout, e
 that from level signals that survive a restart: the step's check is `Retry`, or its `retryCount` is at least 1
 (Kueue counts a check's retries per check, so a new step starts a new entry: pkg/workload/evict/evict.go L220-239,
 and keeps the count when the check turns Ready again: pkg/workload/patching/patching.go L78-103). It then moves
-the job with route D on the manager's Workload, in the order measured clean on Kueue 0.19.2
-(../shared/notes/multikueue-ladder.md §8.8): deactivate; mark the manager's RayJob `Suspended` if it looks active
-(else Kueue's eviction waits for a member to report it, §8.4); wait until quota is released (`spec.queueName` is
-immutable before, CEL); relabel the RayJob and repoint the Workload; wait until `status.admissionChecks` is exactly
-the new step's check (else MultiKueue may dispatch with the old step's config, §8.3); reactivate.
+the job with route D on the manager's Workload, in the order measured clean on Kueue 0.19.2 on the test tier:
+deactivate; mark the manager's RayJob `Suspended` if it looks active (Kueue releases the quota only once the RayJob's
+status, copied from the member, is inactive: with the member cut off that never happens); wait until quota is released
+(`spec.queueName` is immutable before, CEL); relabel the RayJob and repoint the Workload; wait until
+`status.admissionChecks` is exactly the new step's check (reactivated sooner, Kueue may reserve quota before it has
+swapped the checks, and MultiKueue dispatches with the old step's config: a stray copy in 2 of 46 moves measured);
+reactivate.
+Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/jobs/rayjob/rayjob_controller.go#L107-L110
+Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/apis/kueue/v1beta2/workload_types.go#L1195
+Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/admissionchecks/multikueue/workload.go
 
 Early path: a one-member step's member reports that GKE's autoscaler has no capacity for the job's pods ("GCE out
-of resources", the regional failover controller's test: failover/regional/decisions.py stockout_since) while the copy there
+of resources", the regional failover controller's test: failover/api/events.py stockout_since) while the copy there
 is admitted. The manager reads it in the member itself, through the kubeconfig Secret MultiKueue uses: a watch of the
 Warning Events about pods in the fleet's namespace there, and the member's RayJob for its RayCluster's name (the
 pods are named after it). Once the member's stockout grace period (published with its steps) has passed since the
@@ -39,38 +44,37 @@ the RayJob records it) and finished by any pass, as a move is.
 
 The move is written on the manager's Workload in the same write as its deactivation (WORKLOAD_MOVE_ANNOTATION:
 no moment when a move is decided and the job is still active at the step it leaves), then on the RayJob (the
-regional controller's annotation and history, failover/regional/decisions.py); each write is guarded by the resourceVersion it
+regional controller's annotation and history, failover/api/moves.py); each write is guarded by the resourceVersion it
 was decided on, and each step of the move checks first: a restart, `kill -9` included, finishes the move it finds
 and never starts a second one for a hop.
 
-Configuration (environment, set by the fleet stack's Deployment, infra/fleet.py):
+Configuration (environment, set by the fleet stack's Deployment, infra/fleet.py: failover/config.py LadderConfig,
+every variable required but FLEET_MAX_WAIT_SECONDS; one missing or malformed stops it with exit status 2, naming it):
     FLEET_LADDER            JSON list of steps {localQueue, clusterQueue, admissionCheck, rung, members}, first first
-    FLEET_NAMESPACE         the fleet's jobs' namespace (tpu-fleet)
+    FLEET_NAMESPACE         the fleet's jobs' namespace
     FLEET_STEP_WAIT_SECONDS how long a job may wait at a step before the last without being admitted there (its
                             member's capacity is in use: a reservation or on-demand slice admits at once when free)
     FLEET_MAX_WAIT_SECONDS  how long a job may wait without any member admitting it before it is given up (unset: never)
-    FLEET_MEMBERS           JSON {member: its kubeconfig Secret}, FLEET_SECRETS_NAMESPACE (kueue-system): the
-                            members read (every member: the early path's stockouts, a lost slice)
+    FLEET_MEMBERS           JSON {member: its kubeconfig Secret}, FLEET_SECRETS_NAMESPACE (Kueue's): the
+                            members read (every member: the early path's stockouts, a lost slice); {}: none
     FLEET_WATCH_SECONDS     how often the members' kubeconfigs are read again (a renewed token: new watches)
-    LADDER_RESYNC_SECONDS   seconds between resyncs, the safety net (default 60)
-    LADDER_WORKERS          jobs handled at once (default 2)
-    LADDER_HEALTH_PORT      /healthz port (default 8080; 0 turns it off)
-    LADDER_METRICS_PORT     Prometheus /metrics port (default 9090; 0 turns it off)
+    LADDER_RESYNC_SECONDS   seconds between resyncs, the safety net
+    LADDER_WORKERS          jobs handled at once
+    LADDER_HEALTH_PORT      /healthz port (0 turns it off)
+    LADDER_METRICS_PORT     Prometheus /metrics port (0 turns it off)
     KUBECONFIG              outside a cluster; in a Pod the ServiceAccount's credentials are used
 """
 
 from __future__ import annotations
 
-import datetime
-import json
 import logging
 import os
 import sys
 
 from kubernetes import client
 
+from failover.config import ConfigError, LadderConfig
 from failover.ladder.controller import LadderController
-from failover.api import Ladder
 from failover.runtime.cluster_client import api_client
 from failover.runtime.manager import Manager
 from failover.runtime.members import MemberCaches, member_clients  # the kubeconfig Secrets MultiKueue reads
@@ -81,27 +85,24 @@ log = logging.getLogger("tpu-fallback.ladder")
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
-    ladder = Ladder.from_json(os.environ["FLEET_LADDER"])
-    wait, max_wait = os.environ.get("FLEET_STEP_WAIT_SECONDS"), os.environ.get("FLEET_MAX_WAIT_SECONDS")
+    try:
+        config = LadderConfig.from_env(os.environ)
+    except ConfigError as error:
+        print(f"failover.ladder: {error}", file=sys.stderr)
+        return 2
     manager = api_client()
-    secrets = json.loads(os.environ.get("FLEET_MEMBERS") or "{}")  # {member: kubeconfig Secret name}
-    members = (member_clients(client.CoreV1Api(manager), secrets,
-                              os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")) if secrets else None)
-    resync = float(os.environ.get("LADDER_RESYNC_SECONDS", "60"))
-    period = float(os.environ.get("FLEET_WATCH_SECONDS", "10"))
+    members = (member_clients(client.CoreV1Api(manager), dict(config.members), config.secrets_namespace)
+               if config.members else None)
     metrics = LadderMetrics()
     runtime = Manager(manager, metrics=metrics, members=MemberCaches(members) if members else None,
-                      health_port=int(os.environ.get("LADDER_HEALTH_PORT", "8080")),
-                      metrics_port=int(os.environ.get("LADDER_METRICS_PORT", "9090")),
+                      health_port=config.health_port, metrics_port=config.metrics_port,
                       on_event=lambda resource: metrics.watch_events.labels(resource).inc(),
                       on_error=lambda _error: metrics.errors.inc())
     controller = runtime.add(LadderController(
-        manager, ladder, os.environ.get("FLEET_NAMESPACE", "tpu-fleet"),
-        datetime.timedelta(seconds=float(wait)) if wait else None,
-        max_wait=datetime.timedelta(seconds=float(max_wait)) if max_wait else None, members=runtime.members,
+        manager, config.ladder, config.namespace, config.step_wait, max_wait=config.max_wait, members=runtime.members,
         cache=runtime.cache, metrics=metrics))
-    controller.workers = int(os.environ.get("LADDER_WORKERS", "2"))
-    controller.resync_seconds, controller.period_seconds = resync, period
+    controller.workers = config.workers
+    controller.resync_seconds, controller.period_seconds = config.resync.total_seconds(), config.period.total_seconds()
     runtime.run()
     return 0
 

@@ -49,7 +49,8 @@ STAMP_RESOLUTION = datetime.timedelta(seconds=1)
 PODS_READY_LEAD = datetime.timedelta(seconds=5)
 WAIT_FOR_START = "WaitForStart"  # PodsReady's reason while a job's pods were not ready since its admission (Kueue)
 # The manager's RayJob status that Kueue reads as "still running" (rayjob_controller.go IsActive: anything but
-# Suspended and New); an empty status releases at once (measured, §8.4).
+# Suspended and New); an empty status releases at once (measured on the tier).
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/jobs/rayjob/rayjob_controller.go#L107-L110
 INACTIVE_STATES = frozenset({"Suspended", "New", ""})
 _MEMBER_IN_MESSAGE = re.compile(r'worker cluster: "([^"]+)"')
 _DURATION = re.compile(r"^(?:(\d+)d)?(?:(\d+)h)?(?:(\d+)m)?(?:(\d+)s)?$")
@@ -383,11 +384,13 @@ DONE = "done"  # move: active at the new step, the RayJob relabelled: record it 
 DEACTIVATE = "deactivate"  # the deactivation with the move (or give-up) on the Workload (one written by an older
 #                            controller on the RayJob only)
 RECORD = "record"  # the move (or give-up) on the RayJob too: ops status and the history read it there
-MARK_SUSPENDED = "mark-suspended"  # the manager's RayJob Suspended: its copied status says it runs (§8.4)
+MARK_SUSPENDED = "mark-suspended"  # the manager's RayJob Suspended: its copied status says it runs (INACTIVE_STATES)
 WAIT_FOR_QUOTA = "wait-for-quota"  # Kueue has not released the quota yet (`spec.queueName` is immutable before)
 RELABEL = "relabel"  # the RayJob's queue label to the new step's LocalQueue
 REPOINT = "repoint"  # the Workload's `spec.queueName` to it
-WAIT_FOR_CHECKS = "wait-for-checks"  # the Workload's checks are not exactly the new step's yet (§8.3)
+# The Workload's checks are not exactly the new step's yet: reactivated sooner, Kueue may reserve quota before it swaps
+# them and MultiKueue dispatches with the old step's config (failover/ladder/__main__.py)
+WAIT_FOR_CHECKS = "wait-for-checks"
 # then WAIT_FOR_BACKOFF_RESET (Kueue has not cleared the requeue backoff yet) and REACTIVATE (active again, the move
 # taken off the Workload), as in the regional controller: failover.api.reactivation_step
 ANNOUNCE = "announce"  # give-up: its Event, then the done record on the RayJob
@@ -405,7 +408,7 @@ def quota_step(view: LadderView, job: Mapping) -> str | None:
 
 
 def next_in_move(move: Move, view: LadderView, job: Mapping, to_check: str | None) -> str:
-    """Route D (multikueue-ladder.md §8.8) for `move`, its new step's admission check `to_check`: the next step. A
+    """Route D (failover/ladder/__main__.py) for `move`, its new step's admission check `to_check`: the next step. A
     requeue (`move.requeue`: the last step, to itself) takes the same steps but relabels and repoints nothing."""
     label = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
     arrived = view.queue_name == move.to_local_queue
@@ -479,7 +482,7 @@ def move_message(move: Move, member: str) -> str:
 def stockout_in_member(events: Iterable[Mapping], cluster: str | None, admitted: datetime.datetime | None
                        ) -> datetime.datetime | None:
     """When the member's autoscaler first reported, for a pod of the job's RayCluster (KubeRay names them
-    `<cluster>-...`) and since this admission, that it has no capacity (failover/regional/decisions.py's test)."""
+    `<cluster>-...`) and since this admission, that it has no capacity (failover/api/events.py's test)."""
     if not cluster:
         return None
     pods = {(e.get("involvedObject") or {}).get("name") for e in events}

@@ -12,7 +12,7 @@ and RayJobs this manager made; every change queues the jobs it touches. Per job 
 manager's RayJob (annotation `tpu-fallback/fleet`: state, where it runs, Kueue's record, members that do not answer or
 cannot admit it) and an Event when that changes: `FleetRunning`, `FleetRecordStale`, `FleetRunningTwice` (a
 partition's overlap; each run checkpoints under its own run id), `FleetMemberLost`, `FleetMemberCannotAdmit`,
-`FleetWaiting`, `FleetFinished`. Its writes to what Kueue reads (README "Plan C", multikueue-ladder.md §8):
+`FleetWaiting`, `FleetFinished`. Its writes to what Kueue reads (README "Plan C"; measured on the tier):
 - an evicted job's RayJob status is marked `Suspended` when Kueue waits for it to stop, cannot see it, and no member
   that answers runs it (`may_unblock`, Event `FleetEvictionUnblocked`): never where it runs, so never after a return;
 - Kueue's record is repaired when Kueue adopted a returning member's copy but cannot record it (`record_to_repair`,
@@ -22,25 +22,26 @@ the ladder moved the job on are deleted once the member answers again (`stale_st
 `FleetStaleStepRemoved`): Kueue no longer looks there, and they would run next to the run Kueue records.
 
     python -m failover.watch     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS (the period: kubeconfigs re-read,
-                                 # members asked for an answer), FLEET_RESYNC_SECONDS (every job again, default 300),
-                                 # FLEET_SECRETS_NAMESPACE, FLEET_METRICS_PORT (Prometheus /metrics, default 9090;
-                                 # 0 turns it off), FLEET_HEALTH_PORT (/healthz, default 8080; 0 turns it off)
+                                 # members asked for an answer), FLEET_RESYNC_SECONDS (every job again),
+                                 # FLEET_SECRETS_NAMESPACE, FLEET_METRICS_PORT (Prometheus /metrics; 0 turns it off),
+                                 # FLEET_HEALTH_PORT (/healthz; 0 turns it off): failover/config.py FleetWatchConfig,
+                                 # every variable required (one missing or malformed: exit status 2, naming it)
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import sys
 
 from kubernetes import client
 
+from failover.config import ConfigError, FleetWatchConfig
 from failover.runtime.cluster_client import api_client  # the same credentials rule as the failover controller
 from failover.runtime.manager import Manager
 from failover.runtime.members import MemberCaches, member_clients
 from failover.runtime.metrics import FleetMetrics
-from failover.watch.controller import RESYNC_SECONDS, WATCH_SECONDS, FleetWatch
+from failover.watch.controller import FleetWatch
 from failover.watch.decisions import STATES
 
 log = logging.getLogger("tpu-fallback.fleet")
@@ -48,18 +49,19 @@ log = logging.getLogger("tpu-fallback.fleet")
 
 def main() -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    try:
+        config = FleetWatchConfig.from_env(os.environ)
+    except ConfigError as error:
+        print(f"failover.watch: {error}", file=sys.stderr)
+        return 2
     manager = api_client()
-    secrets = json.loads(os.environ["FLEET_MEMBERS"])  # {member: kubeconfig Secret name}
-    namespace = os.environ.get("FLEET_SECRETS_NAMESPACE", "kueue-system")
-    period = float(os.environ.get("FLEET_WATCH_SECONDS", str(WATCH_SECONDS)))
     metrics = FleetMetrics(STATES)
-    metrics_port = int(os.environ.get("FLEET_METRICS_PORT", "9090"))
-    health_port = int(os.environ.get("FLEET_HEALTH_PORT", "8080"))
-    members = MemberCaches(member_clients(client.CoreV1Api(manager), secrets, namespace))
-    runtime = Manager(manager, metrics=metrics, health_port=health_port, metrics_port=metrics_port, members=members)
-    watch = runtime.add(FleetWatch(manager, members, os.environ["FLEET_ORIGIN"], metrics=metrics, cache=runtime.cache,
-                                   resync_seconds=float(os.environ.get("FLEET_RESYNC_SECONDS", str(RESYNC_SECONDS)))))
-    watch.period_seconds = period
+    members = MemberCaches(member_clients(client.CoreV1Api(manager), dict(config.members), config.secrets_namespace))
+    runtime = Manager(manager, metrics=metrics, health_port=config.health_port, metrics_port=config.metrics_port,
+                      members=members)
+    watch = runtime.add(FleetWatch(manager, members, config.origin, metrics=metrics, cache=runtime.cache,
+                                   resync_seconds=config.resync.total_seconds()))
+    watch.period_seconds = config.period.total_seconds()
     runtime.run()
     return 0
 

@@ -186,8 +186,9 @@ def lost_admission(workload: Mapping, rayjob: Mapping, connected: Mapping[str, b
     watch cannot reach it either, while the manager's RayJob still shows that member's last status, a run. Kueue
     will evict the job after workerLostTimeout and wait for that status to stop, which it never will (`eviction_stuck`);
     meanwhile it dispatches the job again, and a member that provisions then has its copy deactivated and its slice
-    request deleted (multikueue-ladder.md §8.5). Marked Suspended beforehand, the eviction finishes at once (Kueue
-    reads the RayJob's status only to finish an eviction: jobframework reconciler step 6)."""
+    request deleted (measured on the tier). Marked Suspended beforehand, the eviction finishes at once (Kueue reads
+    the RayJob's status only to finish an eviction: jobframework reconciler step 6).
+    Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/jobframework/reconciler.go"""
     record = (workload.get("status") or {}).get("clusterName")
     deployment = (rayjob.get("status") or {}).get("jobDeploymentStatus") or "New"
     if (not record or not condition_true(workload, "Admitted") or condition_true(workload, "Evicted")
@@ -201,8 +202,9 @@ def record_to_repair(workload: Mapping, admitted_in: Iterable[str], connected: I
     """The member whose admission Kueue cannot record, if any: the manager's Workload holds quota, is neither evicted
     nor admitted nor finished, records no member, and its MultiKueue check waits (Pending) while exactly one member
     has the copy admitted, a member Kueue is connected to again but did not nominate. Kueue adopted that member's
-    copy on its return, and its webhook refuses `clusterName` outside `nominatedClusterNames` (multikueue-ladder.md
-    §5(b), §8.5): it stays so for good unless the nomination names the member (`repaired_status`)."""
+    copy on its return, and its webhook refuses `clusterName` outside `nominatedClusterNames` (measured on the tier):
+    it stays so for good unless the nomination names the member (`repaired_status`).
+    Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/webhooks/workload_webhook.go"""
     status = workload.get("status") or {}
     if (not condition_true(workload, "QuotaReserved") or any(condition_true(workload, kind) for kind in ("Evicted", "Admitted", "Finished"))
             or status.get("clusterName")):
@@ -249,8 +251,9 @@ def stale_step_copies(workload: Mapping, copies: Mapping[str, Mapping | None],
 
 def repaired_status(workload: Mapping, member: str) -> dict:
     """The Workload's whole current status with `member` added to `nominatedClusterNames`: applied (server-side,
-    forced) as Kueue's own field manager, Kueue's next reconcile records `clusterName: member` (measured 0.2-0.5 s,
-    multikueue-ladder.md §8.6). A merge patch of the list alone is refused by CEL once Kueue writes again."""
+    forced) as Kueue's own field manager, Kueue's next reconcile records `clusterName: member` (measured on the tier:
+    0.2-0.5 s). A merge patch of the list alone is refused by CEL once Kueue writes again.
+    Ref: https://kubernetes.io/docs/reference/using-api/server-side-apply/#conflicts"""
     status = copy_module.deepcopy(dict(workload.get("status") or {}))
     status["nominatedClusterNames"] = sorted(set(status.get("nominatedClusterNames") or []) | {member})
     return status
