@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import base64
+import datetime
 import json
 import os
 import statistics
@@ -41,6 +42,8 @@ REPO = Path(__file__).resolve().parent.parent
 from kubernetes import client, config, watch
 
 from failover.api import FLEET_ANNOTATION, MULTIKUEUE_ORIGIN_LABEL
+from failover.config import FleetWatchConfig
+from infra import fleet as stack_fleet
 from testbed import build, pki
 from testbed.cluster import ControlPlane
 from testbed.kube import poll_every, wait_for
@@ -183,10 +186,13 @@ def main() -> int:
               f"{time.monotonic() - began:.1f} s")
 
         log = open(workdir / "fleet-watch.log", "w")
+        # As the fleet stack configures it (infra/fleet.py), with no probe and no metrics server.
+        watch_config = FleetWatchConfig({m: f"{m}-kubeconfig" for m in members}, ORIGIN, "kueue-system",
+                                        datetime.timedelta(seconds=stack_fleet.WATCH_SECONDS),
+                                        datetime.timedelta(seconds=stack_fleet.WATCH_RESYNC_SECONDS), 0, 0)
         process = subprocess.Popen([sys.executable, "-m", "failover.watch"], cwd=REPO, stdout=log, stderr=log, env={
-            **os.environ, "KUBECONFIG": str(planes["manager"].kubeconfig), "FLEET_ORIGIN": ORIGIN,
-            "FLEET_MEMBERS": json.dumps({m: f"{m}-kubeconfig" for m in members}), "FLEET_METRICS_PORT": "0", "FLEET_HEALTH_PORT": "0",
-            "FLEET_SECRETS_NAMESPACE": "kueue-system"})
+            **os.environ, "KUBECONFIG": str(planes["manager"].kubeconfig),
+            **{item["name"]: item["value"] for item in watch_config.to_env()}})
         custom = client.CustomObjectsApi(manager)
         started = time.monotonic()
 
