@@ -7,7 +7,7 @@ import pulumi_gcp as gcp
 
 from infra.cluster import node_config_common
 from infra.rungs import RESERVATION_AFFINITY_KEY, SPOT_LABEL_KEY
-from infra.settings import PlanSettings, PlatformSettings, PoolSpec
+from infra.settings import NodeShutdown, PlanSettings, PlatformSettings, PoolSpec
 
 # The node label each plan's pools carry and the plan's Kueue ResourceFlavor selects. The seed selects by
 # cloud.google.com/gke-nodepool, which names one pool; a plan of several multi-host slices has several.
@@ -22,6 +22,16 @@ def reservation_affinity(pool: PoolSpec) -> dict:
         return {"consume_reservation_type": "NO_RESERVATION"}
     return {"consume_reservation_type": "SPECIFIC_RESERVATION", "key": RESERVATION_AFFINITY_KEY,
             "values": [pool.reservation]}
+
+
+def spot_shutdown_kubelet_config(shutdown: NodeShutdown) -> dict:
+    """A Spot pool's graceful shutdown beyond GKE's default 30 s, in its node system config: the total and the system
+    pods' part, both given, so that the pods' part (the difference) is the one the TPU workers are sized by
+    (workloads/rayjob.py). Needs GKE 1.35.0-gke.1171000 on the control plane (checked with gkeVersion).
+    Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms
+    Ref: https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/NodeConfig#NodeKubeletConfig"""
+    return {"shutdown_grace_period_seconds": shutdown.seconds,
+            "shutdown_grace_period_critical_pods_seconds": shutdown.critical_pods_seconds}
 
 
 def node_pool_args(settings: PlatformSettings, plan: PlanSettings, pool: PoolSpec,
@@ -61,6 +71,8 @@ def node_pool_args(settings: PlatformSettings, plan: PlanSettings, pool: PoolSpe
         # Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/spot-vms
         node_config["spot"] = True
         node_config["taints"] = [{"key": SPOT_LABEL_KEY, "value": "true", "effect": "NO_SCHEDULE"}]
+        if plan.shutdown is not None and not plan.shutdown.gke_default:
+            node_config["kubelet_config"] = spot_shutdown_kubelet_config(plan.shutdown)
     if plan.kind.reservation:
         # Take the reserved VMs wherever they are free first. Ref: gke-tpu.md (location_policy)
         args["autoscaling"]["location_policy"] = "ANY"

@@ -35,14 +35,14 @@ from infra.settings.keys import DEFAULTS, KEYS, key_default, setting
 from infra.settings.monitoring import AlertSettings, MonitoringSettings, read_monitoring_settings
 from infra.settings.regional import PlatformSettings, read_platform_settings
 from infra.settings.reader import ConfigReader, SettingsError
-from infra.settings.rungs import PlanSettings, PoolSpec, ReservedSlices, tpu_quota
+from infra.settings.rungs import NodeShutdown, PlanSettings, PoolSpec, ReservedSlices, tpu_quota
 from infra.settings.teams import (TEAM_FIELDS, TeamSettings, read_groups_domain, read_team_share_order,
                                   read_teams)
 
 __all__ = [
     "DEFAULTS", "KEYS", "key_default", "setting",
     "AlertSettings", "ClusterKeys", "ConfigReader", "ControllerRuntime", "FallbackSettings", "FleetMemberSettings",
-    "MonitoringSettings", "PlanSettings", "PlatformSettings", "PoolSpec", "ReservedSlices", "SettingsError",
+    "MonitoringSettings", "NodeShutdown", "PlanSettings", "PlatformSettings", "PoolSpec", "ReservedSlices", "SettingsError",
     "SystemPoolSettings", "TeamSettings",
     "read_cluster_keys", "read_controller_runtime", "read_fallback_settings", "read_fleet_member",
     "read_groups_domain", "read_monitoring_settings", "read_platform_settings", "read_team_share_order",

@@ -10,7 +10,8 @@ import pulumi
 
 from infra.cpu import CpuMachineType, lookup_cpu_machine
 from infra.settings.constants import (MAX_SYSTEM_NODES, MIN_GKE_FOR_QUEUED_TPU, MIN_GKE_FOR_RAY_OPERATOR,
-                                      MIN_KUEUE_VERSION, MIN_SYSTEM_NODES, SYSTEM_POOL_NAME)
+                                      MIN_GKE_FOR_SPOT_GRACE, MIN_KUEUE_VERSION, MIN_SYSTEM_NODES,
+                                      SPOT_GRACE_SECONDS, SYSTEM_POOL_NAME)
 from infra.settings.formats import (CHART_REPOSITORY, CLUSTER_NAME, GKE_VERSION, PROJECT_ID, SEMVER, ZONE,
                                     gke_version_at_least)
 from infra.settings.keys import DEFAULTS
@@ -90,6 +91,12 @@ def check_versions_and_zones(reader: ConfigReader, plans: tuple[PlanSettings, ..
     if generation is not None:
         reader.check("gkeVersion", gke_version_at_least(gke_version, generation.min_gke_version),
                      f"{gke_version} is older than TPU {generation.name}'s {generation.min_gke_version}")
+    for plan in plans:  # the enabled rungs: a Spot rung that is off sends nothing to GKE
+        if plan.shutdown is not None and not plan.shutdown.gke_default:
+            reader.check(f"{plan.config_key}.gracefulTermination",
+                         gke_version_at_least(gke_version, MIN_GKE_FOR_SPOT_GRACE),
+                         f"{plan.shutdown.seconds}s needs GKE {MIN_GKE_FOR_SPOT_GRACE} or later on the control plane "
+                         f"(gkeVersion is {gke_version}); raise gkeVersion, or use {SPOT_GRACE_SECONDS}s")
     if not any(plan.flex_start for plan in plans):
         return
     reader.check("gkeVersion", gke_version_at_least(gke_version, MIN_GKE_FOR_QUEUED_TPU),

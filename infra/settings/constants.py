@@ -17,6 +17,9 @@ MIN_KUEUE_VERSION = (0, 16, 0)
 MIN_GKE_FOR_QUEUED_TPU = "1.34"
 # Ray Operator add-on. Ref: https://cloud.google.com/kubernetes-engine/docs/add-on/ray-on-gke/how-to/enable-ray-on-gke
 MIN_GKE_FOR_RAY_OPERATOR = "1.30.0-gke.1747000"
+# A Standard pool's Spot VMs get more than GKE's default 30 s of graceful shutdown (`spot.gracefulTermination`)
+# once the cluster's control plane runs this. Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms
+MIN_GKE_FOR_SPOT_GRACE = "1.35.0-gke.1171000"
 
 # --- Sizes ---
 MAX_SLICES_PER_PLAN = 64  # a sanity bound: 64 multi-host slices is already 64 node pools
@@ -37,6 +40,18 @@ DEFAULT_RUNG = "default"  # the entry of a per-rung wait (sliceRecoveryWait, pen
 # A lost slice's recovery wait (failover/slices.py): at least the time for the controller to see the loss and for
 # KubeRay to replace the pods; a wait past a day is no longer a wait.
 MIN_RECOVERY_WAIT_SECONDS, MAX_RECOVERY_WAIT_SECONDS = 30, 24 * 3600
+
+# --- A Spot VM's notice (`spot.gracefulTermination`) ---
+# GKE's graceful node shutdown of a Spot VM, from the preemption notice: 30 s by default, the pods first (15 s),
+# then the pods of the system-node-critical and system-cluster-critical priority classes (15 s). The node system
+# config sets the total (NodeKubeletConfig.shutdownGracePeriodSeconds: "Allowed values: 0, 30, 120", 0 turning the
+# graceful shutdown off) and the critical pods' part (shutdownGracePeriodCriticalPodsSeconds); the other pods get the
+# difference. Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms
+# Ref: https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/NodeConfig#NodeKubeletConfig
+# Ref: https://kubernetes.io/docs/concepts/cluster-administration/node-shutdown/#graceful-node-shutdown
+SPOT_GRACE_SECONDS = 30  # GKE's default, sent to no pool
+SPOT_GRACE_CHOICES = (30, 120)
+SPOT_CRITICAL_PODS_SECONDS = 15  # the system pods' part at GKE's default, kept when the total is extended
 
 # --- Alerts (`monitoring.alerts`, infra/monitoring.py) ---
 # A wait alert needs a few 30 s scrapes to be more than a blip; a day is as long as a queued job is watched here.

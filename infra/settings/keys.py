@@ -16,9 +16,11 @@ from infra.rungs import FLEX_START, ON_DEMAND, RUNG_KINDS, SPOT, RungKind
 from infra.settings.constants import (DEFAULT_RUNG, MAX_MOVES_PER_HOUR, MAX_PENDING_ALERT_SECONDS,
                                       MAX_PODS_READY_TIMEOUT_SECONDS, MAX_RECOVERY_WAIT_SECONDS,
                                       MAX_SLICES_PER_PLAN, MAX_SYSTEM_NODES, MIN_GKE_FOR_QUEUED_TPU,
-                                      MIN_GKE_FOR_RAY_OPERATOR, MIN_KUEUE_VERSION, MIN_PENDING_ALERT_SECONDS,
-                                      MIN_PODS_READY_TIMEOUT_SECONDS, MIN_RECOVERY_WAIT_SECONDS, MIN_SYSTEM_NODES,
-                                      SHARE_ORDERS, SYSTEM_NAMESPACE_PREFIXES, SYSTEM_NAMESPACES)
+                                      MIN_GKE_FOR_RAY_OPERATOR, MIN_GKE_FOR_SPOT_GRACE, MIN_KUEUE_VERSION,
+                                      MIN_PENDING_ALERT_SECONDS, MIN_PODS_READY_TIMEOUT_SECONDS,
+                                      MIN_RECOVERY_WAIT_SECONDS, MIN_SYSTEM_NODES, SHARE_ORDERS,
+                                      SPOT_CRITICAL_PODS_SECONDS, SPOT_GRACE_CHOICES, SPOT_GRACE_SECONDS,
+                                      SYSTEM_NAMESPACE_PREFIXES, SYSTEM_NAMESPACES)
 from infra.settings.keys_roles import FLEET, PLATFORM_STACK, TEAM, WORKLOADS
 from infra.settings.schema import (BOOLEAN, DURATION, INTEGER, OBJECT, OBJECTS, PER_RUNG, REQUIRED, STRING,
                                    STRINGS, UNSET, REGION, Bounds, Setting)
@@ -31,13 +33,24 @@ _NODE_POOL_RULE = ("a GKE node pool name (lowercase letters, digits, hyphens; st
 _SLICES = Bounds(0, MAX_SLICES_PER_PLAN)
 
 
-def _plan(kind: RungKind, description: str, max_slices: int) -> Setting:
-    """An on-demand, Spot or DWS rung: its pools' name and how many slices it may hold."""
+def _plan(kind: RungKind, description: str, max_slices: int, *more: Setting) -> Setting:
+    """An on-demand, Spot or DWS rung: its pools' name and how many slices it may hold (and its own fields)."""
     return S(kind.key, OBJECT, description, fields=(
         S("nodePool", STRING, "the rung's node pool (suffixed -1..-N for N multi-host slices)",
           kind.default_node_pool, rule=_NODE_POOL_RULE),
         S("maxSlices", INTEGER, "the most slices the rung holds at once, 0 to turn it off (at least one rung must "
-                                "be on)", max_slices, bounds=_SLICES)))
+                                "be on)", max_slices, bounds=_SLICES), *more))
+
+
+_SPOT_GRACE = S(
+    "gracefulTermination", DURATION,
+    f"how long a Spot VM shuts down gracefully after GKE's preemption notice: {SPOT_GRACE_SECONDS}s, GKE's default "
+    f"(the pods {SPOT_GRACE_SECONDS - SPOT_CRITICAL_PODS_SECONDS} s, then the system pods "
+    f"{SPOT_CRITICAL_PODS_SECONDS} s), or {SPOT_GRACE_CHOICES[-1]}s through the pools' node system config (the pods "
+    f"{SPOT_GRACE_CHOICES[-1] - SPOT_CRITICAL_PODS_SECONDS} s). The TPU workers' preStop hook and "
+    "terminationGracePeriodSeconds follow the pods' part (docs/disruptions.md)", f"{SPOT_GRACE_SECONDS}s",
+    choices=tuple(f"{seconds}s" for seconds in SPOT_GRACE_CHOICES),
+    rule=f"{SPOT_GRACE_CHOICES[-1]}s needs gkeVersion {MIN_GKE_FOR_SPOT_GRACE} or later while the rung is on")
 
 
 _ROUTES = (
@@ -72,7 +85,7 @@ _ROUTES = (
                 bounds=Bounds(1, MAX_SLICES_PER_PLAN)))))),
     _plan(ON_DEMAND, "Plan A: on-demand TPUs.", 1),
     _plan(SPOT, "Rung: Spot TPUs (cheaper, interruptible; preemptible quota). Its pools are tainted "
-                "cloud.google.com/gke-spot=true:NoSchedule, tolerated through the Kueue flavor.", 0),
+                "cloud.google.com/gke-spot=true:NoSchedule, tolerated through the Kueue flavor.", 0, _SPOT_GRACE),
     _plan(FLEX_START, "Plan B: DWS flex-start with queued provisioning, used when plan A's quota is taken.", 1),
     S("rungOrder", STRINGS, "The order Kueue and the failover controller try the enabled rungs, e.g. [reservation, "
                             "onDemand, spot, flexStart]; empty: that catalogue order.", [],

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import pulumi
 
-from infra.rungs import RUNG_KINDS
+from infra.rungs import RUNG_KINDS, SPOT
 from infra.settings.cluster import (SystemPoolSettings, check_versions_and_zones, read_cluster_keys, read_kueue,
                                     read_tpu)
 from infra.settings.constants import SECURITY_GROUP_NAME
@@ -15,7 +15,7 @@ from infra.settings.fleet_member import FleetMemberSettings, read_fleet_member
 from infra.settings.keys import DEFAULTS
 from infra.settings.monitoring import MonitoringSettings, read_monitoring_settings
 from infra.settings.reader import ConfigReader
-from infra.settings.rungs import PlanSettings, check_plans, read_plan, read_rung_order
+from infra.settings.rungs import NodeShutdown, PlanSettings, check_plans, read_plan, read_rung_order
 from infra.settings.teams import (TeamSettings, check_team_capacity, read_groups_domain, read_team_share_order,
                                   read_teams)
 from infra.tpu import TpuSlice
@@ -60,6 +60,13 @@ class PlatformSettings:
     @property
     def flex_start(self) -> PlanSettings | None:
         return self.plan("flexStart")
+
+    @property
+    def spot_shutdown(self) -> NodeShutdown:
+        """The graceful shutdown the TPU workers' preStop hook and grace period are sized by: the Spot rung's while
+        the rung is on, else GKE's default (no pool of this stack extends it)."""
+        spot = self.plan(SPOT.key)
+        return spot.shutdown if spot is not None and spot.shutdown is not None else NodeShutdown()
 
     def service_account_id(self, role: str) -> str:
         """`<cluster>-<role>`: service account IDs are 6-30 characters, so a long cluster name is cut."""

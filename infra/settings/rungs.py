@@ -6,8 +6,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from infra.rungs import RUNG_KINDS, RungKind
-from infra.settings.constants import MAX_SLICES_PER_PLAN, SYSTEM_POOL_NAME
-from infra.settings.formats import NODE_POOL_NAME, RESERVATION
+from infra.settings.constants import (MAX_SLICES_PER_PLAN, SPOT_CRITICAL_PODS_SECONDS, SPOT_GRACE_CHOICES,
+                                      SPOT_GRACE_SECONDS, SYSTEM_POOL_NAME)
+from infra.settings.formats import NODE_POOL_NAME, RESERVATION, duration_seconds
 from infra.settings.keys import DEFAULTS
 from infra.settings.reader import ConfigReader
 from infra.tpu import TpuSlice
@@ -32,6 +33,26 @@ class PoolSpec:
 
 
 @dataclass(frozen=True)
+class NodeShutdown:
+    """GKE's graceful shutdown of a Spot VM from its preemption notice (`spot.gracefulTermination`): the kubelet
+    terminates the pods first, then the system pods (system-node-critical, system-cluster-critical) in their part.
+    Ref: https://kubernetes.io/docs/concepts/cluster-administration/node-shutdown/#graceful-node-shutdown"""
+
+    seconds: int = SPOT_GRACE_SECONDS
+    critical_pods_seconds: int = SPOT_CRITICAL_PODS_SECONDS
+
+    @property
+    def pods_seconds(self) -> int:
+        """The pods' part: the kubelet gives a pod the lesser of this and its terminationGracePeriodSeconds."""
+        return self.seconds - self.critical_pods_seconds
+
+    @property
+    def gke_default(self) -> bool:
+        """GKE's own setting: nothing to send, no version to require."""
+        return self.seconds == SPOT_GRACE_SECONDS
+
+
+@dataclass(frozen=True)
 class PlanSettings:
     """One rung of the ladder: a kind of capacity (infra/rungs.py) with its pools' name and size."""
 
@@ -39,6 +60,7 @@ class PlanSettings:
     node_pool: str
     max_slices: int
     reservations: tuple[ReservedSlices, ...] = ()
+    shutdown: NodeShutdown | None = None  # the Spot rung's VMs' graceful shutdown; None on the other rungs
 
     @property
     def config_key(self) -> str:
@@ -89,7 +111,21 @@ def read_plan(reader: ConfigReader, kind: RungKind) -> PlanSettings:
         return PlanSettings(kind, raw["nodePool"], sum(r.slices for r in reservations), reservations)
     reader.check(f"{key}.maxSlices", 0 <= raw["maxSlices"] <= MAX_SLICES_PER_PLAN,
                  f"{raw['maxSlices']} is out of range; use 0 (rung off) to {MAX_SLICES_PER_PLAN}")
-    return PlanSettings(kind, raw["nodePool"], raw["maxSlices"])
+    shutdown = _read_spot_shutdown(reader, key, raw["gracefulTermination"]) if kind.spot else None
+    return PlanSettings(kind, raw["nodePool"], raw["maxSlices"], shutdown=shutdown)
+
+
+def _read_spot_shutdown(reader: ConfigReader, key: str, value: str) -> NodeShutdown:
+    """`spot.gracefulTermination`: one of the totals GKE allows a Spot VM (0, its third, turns the graceful shutdown
+    off, and with it the notice the training saves on). The version it needs is checked with gkeVersion
+    (cluster.py)."""
+    seconds = duration_seconds(value)
+    allowed = ", ".join(f"{choice}s" for choice in SPOT_GRACE_CHOICES)
+    if not reader.check(f"{key}.gracefulTermination", seconds in SPOT_GRACE_CHOICES,
+                        f"{value!r} is not one of {allowed}: the totals GKE allows a Spot VM's graceful shutdown "
+                        f"({SPOT_GRACE_SECONDS}s is GKE's default)"):
+        return NodeShutdown()
+    return NodeShutdown(seconds)
 
 
 def _read_reservations(reader: ConfigReader, key: str, items: list) -> tuple[ReservedSlices, ...]:
