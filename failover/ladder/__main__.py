@@ -67,43 +67,28 @@ every variable required but FLEET_MAX_WAIT_SECONDS; one missing or malformed sto
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 
-from kubernetes import client
-
-from failover.config import ConfigError, LadderConfig
+from failover.config import LadderConfig
 from failover.ladder.controller import LadderController
 from failover.runtime.cluster_client import api_client
-from failover.runtime.manager import Manager
-from failover.runtime.members import MemberCaches, member_clients  # the kubeconfig Secrets MultiKueue reads
+from failover.runtime.manager import Manager, configured
+from failover.runtime.members import MemberCaches  # the kubeconfig Secrets MultiKueue reads
 from failover.runtime.metrics import LadderMetrics
-
-log = logging.getLogger("tpu-fallback.ladder")
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
-    try:
-        config = LadderConfig.from_env(os.environ)
-    except ConfigError as error:
-        print(f"failover.ladder: {error}", file=sys.stderr)
-        return 2
-    manager = api_client()
-    members = (member_clients(client.CoreV1Api(manager), dict(config.members), config.secrets_namespace)
-               if config.members else None)
+    config = configured("failover.ladder", LadderConfig.from_env)
     metrics = LadderMetrics()
-    runtime = Manager(manager, metrics=metrics, members=MemberCaches(members) if members else None,
-                      health_port=config.health_port, metrics_port=config.metrics_port,
-                      on_event=lambda resource: metrics.watch_events.labels(resource).inc(),
-                      on_error=lambda _error: metrics.errors.inc())
-    controller = runtime.add(LadderController(
-        manager, config.ladder, config.namespace, config.step_wait, max_wait=config.max_wait, members=runtime.members,
-        cache=runtime.cache, metrics=metrics))
-    controller.workers = config.workers
-    controller.resync_seconds, controller.period_seconds = config.resync.total_seconds(), config.period.total_seconds()
-    runtime.run()
+    api = api_client()
+    manager = Manager(api, metrics=metrics, health_port=config.health_port, metrics_port=config.metrics_port,
+                      members=MemberCaches.from_secrets(api, config.members, config.secrets_namespace)
+                      if config.members else None)  # none: no early path
+    manager.add(LadderController(api, config.ladder, config.namespace, config.step_wait, max_wait=config.max_wait,
+                                 members=manager.members, cache=manager.cache, metrics=metrics,
+                                 workers=config.workers, resync_seconds=config.resync.total_seconds(),
+                                 period_seconds=config.period.total_seconds()))
+    manager.run()
     return 0
 
 

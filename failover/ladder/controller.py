@@ -47,8 +47,10 @@ class LadderController(GuardedWrites, Reconciler):
     def __init__(self, api_client: client.ApiClient, ladder: Ladder, namespace: str,
                  step_wait: datetime.timedelta | None = None, clock: Callable[[], datetime.datetime] = utcnow,
                  max_wait: datetime.timedelta | None = None, members: MemberCaches | None = None,
-                 cache: Cache | None = None, metrics: LadderMetrics | None = None):
+                 cache: Cache | None = None, metrics: LadderMetrics | None = None, workers: int = 2,
+                 resync_seconds: float = RESYNC_SECONDS, period_seconds: float = WATCH_SECONDS):
         Reconciler.__init__(self)
+        self.workers, self.resync_seconds, self.period_seconds = workers, resync_seconds, period_seconds
         self.api = dynamic.DynamicClient(api_client)
         self.core = client.CoreV1Api(api_client)
         self.workloads = self.api.resources.get(api_version=WORKLOAD[0], kind=WORKLOAD[1])

@@ -56,10 +56,11 @@ class LadderSeen:
         # When this process first saw MultiKueue send a job to its step's members: (the step's queue, that moment), or
         # None for the moment when it was so at this process's first list (then the step's own time is used).
         self._dispatched_seen: dict[Key, tuple[str, datetime.datetime | None]] = {}
-        self._lost: dict[str, set[str]] = {}  # member -> the RayJobs its failover controller made a SliceLost Event about
+        self._lost: dict[str, set[str]] = {}  # member -> the RayJobs its failover controller said lost their slice
 
     def watches(self) -> list[Watch]:
-        return [Watch(self.watched_rayjobs, self._rayjob_changed), Watch(self.watched_workloads, self._workload_changed)]
+        return [Watch(self.watched_rayjobs, self._rayjob_changed),
+                Watch(self.watched_workloads, self._workload_changed)]
 
     # ---- the manager's objects ---------------------------------------------------------------------------------
     def _workload_changed(self, change: Change) -> list[Key]:

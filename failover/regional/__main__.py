@@ -15,36 +15,23 @@ required; one missing or malformed stops it with exit status 2, naming it):
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 
-from failover.config import ConfigError, RegionalConfig
+from failover.config import RegionalConfig
 from failover.regional.controller import Controller
 from failover.regional.decisions import possible_moves
 from failover.runtime.cluster_client import api_client
-from failover.runtime.manager import Manager
+from failover.runtime.manager import Manager, configured
 from failover.runtime.metrics import Metrics
-
-log = logging.getLogger("tpu-fallback.failover")
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
-    try:
-        config = RegionalConfig.from_env(os.environ)
-    except ConfigError as error:
-        print(f"failover.regional: {error}", file=sys.stderr)
-        return 2
-    chain = config.chain
+    config = configured("failover.regional", RegionalConfig.from_env)
     metrics = Metrics()
-    metrics.declare_moves(possible_moves(chain))
-    client = api_client()
-    manager = Manager(client, metrics=metrics, health_port=config.health_port, metrics_port=config.metrics_port,
-                      on_event=lambda resource: metrics.watch_events.labels(resource).inc(),
-                      on_error=lambda _error: metrics.errors.inc())
-    controller = manager.add(Controller(client, chain, config.stockout_grace, metrics=metrics, cache=manager.cache))
-    controller.workers, controller.resync_seconds = config.workers, config.resync.total_seconds()
+    metrics.declare_moves(possible_moves(config.chain))
+    manager = Manager(api_client(), metrics=metrics, health_port=config.health_port, metrics_port=config.metrics_port)
+    manager.add(Controller(manager.api_client, config.chain, config.stockout_grace, metrics=metrics,
+                           cache=manager.cache, workers=config.workers, resync_seconds=config.resync.total_seconds()))
     manager.run()
     return 0
 

@@ -46,8 +46,9 @@ class Controller(GuardedWrites, Reconciler):
 
     def __init__(self, api_client: client.ApiClient, chain: Chain, grace: datetime.timedelta,
                  clock: Callable[[], datetime.datetime] = utcnow, metrics: Metrics | None = None,
-                 cache: Cache | None = None):
+                 cache: Cache | None = None, workers: int = 4, resync_seconds: float = 300.0):
         Reconciler.__init__(self)
+        self.workers, self.resync_seconds = workers, resync_seconds
         self.api = dynamic.DynamicClient(api_client)
         self.core = client.CoreV1Api(api_client)
         self.workloads = self.api.resources.get(api_version=WORKLOAD[0], kind=WORKLOAD[1])

@@ -9,9 +9,12 @@ Ref: https://pkg.go.dev/sigs.k8s.io/controller-runtime/pkg/manager
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import TypeVar
 
 from failover.runtime.cache import Cache, Change
 from failover.runtime.controller import Reconciler, Watch
@@ -20,19 +23,22 @@ from failover.runtime.members import MemberCaches
 from failover.runtime.workqueue import work
 
 log = logging.getLogger("tpu-fallback.runtime")
+C = TypeVar("C")
 LOOP_SECONDS = 1.0  # the main loop's beat at most: the liveness tick, due resyncs and ticks
 
 
 class Manager:
     """`add` controllers, then `run` (or `start`, and `step` from a loop of one's own). `metrics` is served at
     /metrics on `metrics_port` and /healthz on `health_port` (0: not served); `on_event` (a resource name) and
-    `on_error` are told of each watched event and each failed watch of the program's own cluster."""
+    `on_error` are told of each watched event and each failed watch of the program's own cluster (by default
+    counted in the metrics' `watch_events` and `errors`, where it exports them)."""
 
     def __init__(self, api_client, *, metrics=None, health_port: int = 0, metrics_port: int = 0,
-                 members: MemberCaches | None = None, on_event: Callable[[str], object] = lambda _resource: None,
-                 on_error: Callable[[Exception], object] = lambda _error: None,
-                 clock: Callable[[], float] = time.monotonic):
-        self.cache = Cache(api_client, on_event=on_event, on_error=on_error)
+                 members: MemberCaches | None = None, on_event: Callable[[str], object] | None = None,
+                 on_error: Callable[[Exception], object] | None = None, clock: Callable[[], float] = time.monotonic):
+        self.api_client = api_client
+        self.cache = Cache(api_client, on_event=on_event or _counter(metrics, "watch_events", labelled=True),
+                           on_error=on_error or _counter(metrics, "errors"))
         self.members = members
         self.metrics, self.health_port, self.metrics_port = metrics, health_port, metrics_port
         self.controllers: list[Reconciler] = []
@@ -118,6 +124,25 @@ class Manager:
     def _work(self, controller: Reconciler) -> None:
         work(controller.queue, controller.reconcile, self.stopping, controller.log, on_error=controller.failed,
              api_error_delay=controller.api_error_delay, after=controller.reconciled)
+
+
+def configured(program: str, read: Callable[[Mapping[str, str]], C]) -> C:
+    """Logging as every program logs, and the program's configuration read from its environment (failover/config.py
+    `from_env`): one that cannot be read ends the program, exit status 2, with a line that names the variable."""
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    try:
+        return read(os.environ)
+    except ValueError as error:  # failover/config.py's ConfigError
+        print(f"{program}: {error}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+def _counter(metrics, name: str, labelled: bool = False) -> Callable[..., None]:
+    """A callback that counts in `metrics.<name>` (by its first argument when `labelled`), or does nothing."""
+    counter = getattr(metrics, name, None)
+    if counter is None:
+        return lambda *_args: None
+    return (lambda label: counter.labels(label).inc()) if labelled else (lambda *_args: counter.inc())
 
 
 def _enqueuer(controller: Reconciler, watch: Watch) -> Callable[[list[Change], bool], None]:

@@ -93,6 +93,11 @@ class MemberCaches:
         self._lock = threading.Lock()
         self._members: dict[str, Member] = {}
 
+    @classmethod
+    def from_secrets(cls, api_client: client.ApiClient, secrets: Mapping[str, str], namespace: str) -> MemberCaches:
+        """The members whose kubeconfigs are the Secrets `secrets` names (member -> Secret) in `namespace`."""
+        return cls(member_clients(client.CoreV1Api(api_client), secrets, namespace))
+
     def get(self, name: str) -> Member | None:
         with self._lock:
             return self._members.get(name)

@@ -39,7 +39,8 @@ class GuardedWrites:
                 return None
             raise
 
-    def _read(self, workload_name: str, namespace: str, view_of: Callable[[dict], Any]) -> tuple[dict, Any, dict] | None:
+    def _read(self, workload_name: str, namespace: str,
+              view_of: Callable[[dict], Any]) -> tuple[dict, Any, dict] | None:
         """A Workload as read now, its view (`view_of`, which names its RayJob: `.rayjob`), and its RayJob; None
         once either is gone."""
         workload = self._get(self.workloads, workload_name, namespace)

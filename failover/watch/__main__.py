@@ -30,40 +30,28 @@ the ladder moved the job on are deleted once the member answers again (`stale_st
 
 from __future__ import annotations
 
-import logging
-import os
 import sys
 
-from kubernetes import client
-
-from failover.config import ConfigError, FleetWatchConfig
+from failover.config import FleetWatchConfig
 from failover.runtime.cluster_client import api_client  # the same credentials rule as the failover controller
-from failover.runtime.manager import Manager
-from failover.runtime.members import MemberCaches, member_clients
+from failover.runtime.manager import Manager, configured
+from failover.runtime.members import MemberCaches
 from failover.runtime.metrics import FleetMetrics
 from failover.watch.controller import FleetWatch
 from failover.watch.decisions import STATES
 
-log = logging.getLogger("tpu-fallback.fleet")
-
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
-    try:
-        config = FleetWatchConfig.from_env(os.environ)
-    except ConfigError as error:
-        print(f"failover.watch: {error}", file=sys.stderr)
-        return 2
-    manager = api_client()
+    config = configured("failover.watch", FleetWatchConfig.from_env)
     metrics = FleetMetrics(STATES)
-    members = MemberCaches(member_clients(client.CoreV1Api(manager), dict(config.members), config.secrets_namespace))
-    runtime = Manager(manager, metrics=metrics, health_port=config.health_port, metrics_port=config.metrics_port,
-                      members=members)
-    watch = runtime.add(FleetWatch(manager, members, config.origin, metrics=metrics, cache=runtime.cache,
-                                   resync_seconds=config.resync.total_seconds()))
-    watch.period_seconds = config.period.total_seconds()
-    runtime.run()
+    api = api_client()
+    manager = Manager(api, metrics=metrics, health_port=config.health_port, metrics_port=config.metrics_port,
+                      members=MemberCaches.from_secrets(api, config.members, config.secrets_namespace))
+    manager.add(FleetWatch(api, manager.members, config.origin, metrics=metrics, cache=manager.cache,
+                           resync_seconds=config.resync.total_seconds(), period_seconds=config.period.total_seconds()))
+    manager.run()
     return 0
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -171,8 +171,9 @@ class FleetWatch(_Writes, Reconciler):
     def __init__(self, manager: client.ApiClient, members: MemberCaches, origin: str,
                  clock: Callable[[], datetime.datetime] | None = None, metrics: FleetMetrics | None = None,
                  resync_seconds: float = RESYNC_SECONDS, settle_seconds: float = SETTLE_SECONDS,
-                 cache: Cache | None = None):
+                 cache: Cache | None = None, period_seconds: float = WATCH_SECONDS):
         Reconciler.__init__(self)
+        self.period_seconds = period_seconds
         self.custom = client.CustomObjectsApi(manager)
         self.core = client.CoreV1Api(manager)
         self.raw = RawClient(manager)
