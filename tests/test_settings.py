@@ -8,7 +8,8 @@ import pytest
 import yaml
 
 from infra.offline import OfflineEngine
-from infra.settings import DEFAULTS, ConfigReader, SettingsError, gke_version_at_least, read_fallback_settings
+from infra.settings import (DEFAULTS, ConfigReader, SettingsError, gke_version_at_least, read_fallback_settings,
+                            read_platform_settings)
 from workloads.settings import WORKLOAD_DEFAULTS
 from tests.conftest import REPO, config_with, plan_for
 
@@ -77,6 +78,10 @@ BAD_CONFIGS = [
     ("recovery-wait-unknown-rung", {"fallback": {"sliceRecoveryWait": {"preemptible": "1m"}}},
      "tpu-fallback:fallback.sliceRecoveryWait.preemptible"),
     ("recovery-wait-not-a-dict", {"fallback": {"sliceRecoveryWait": "5m"}}, "tpu-fallback:fallback.sliceRecoveryWait"),
+    ("spot-grace-not-one-gke-allows", {"spot": {"maxSlices": 1, "gracefulTermination": "60s"}},
+     "tpu-fallback:spot.gracefulTermination"),
+    ("spot-grace-120s-on-gke-1.34", {"spot": {"maxSlices": 1, "gracefulTermination": "120s"}},
+     "tpu-fallback:spot.gracefulTermination"),
 ]
 
 
@@ -210,3 +215,66 @@ def test_failover_controller_runtime_rules(runtime, key):
     with pytest.raises(SettingsError) as error:
         plan_for("dev", {"failoverController": runtime})
     assert any(p.startswith(f"tpu-fallback:{key}:") for p in error.value.problems), error.value.problems
+
+
+# --- spot.gracefulTermination: a Spot VM's graceful shutdown ---
+
+@pytest.mark.parametrize("value, seconds, pods", [("30s", 30, 15), ("120s", 120, 105), ("2m", 120, 105)])
+def test_spot_grace_is_one_gke_allows_and_gives_the_pods_all_but_the_system_pods_15_s(value, seconds, pods):
+    """GKE's default 30 s is 15 s for the pods, then 15 s for the system pods; the extended 120 s keeps the system
+    pods' 15 s, so the pods get 105 s. Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms"""
+    platform = _platform({"gkeVersion": "1.35.0-gke.1171000", "spot": {"maxSlices": 1, "gracefulTermination": value}})
+    shutdown = platform.plan("spot").shutdown
+    assert (shutdown.seconds, shutdown.critical_pods_seconds, shutdown.pods_seconds) == (seconds, 15, pods)
+    assert platform.spot_shutdown == shutdown
+
+
+@pytest.mark.parametrize("value", ["0s", "15s", "29s", "31s", "60s", "119s", "121s", "5m", "2 minutes"])
+def test_spot_grace_other_than_30s_or_120s_is_refused_listing_both(value):
+    """NodeKubeletConfig.shutdownGracePeriodSeconds: "Allowed values: 0, 30, 120"; 0 turns the graceful shutdown off,
+    and with it the notice the training saves on. Ref:
+    https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/NodeConfig#NodeKubeletConfig"""
+    with pytest.raises(SettingsError) as raised:
+        plan_for(overrides={"gkeVersion": "1.35", "spot": {"maxSlices": 1, "gracefulTermination": value}})
+    (problem,) = raised.value.problems
+    assert problem.startswith("tpu-fallback:spot.gracefulTermination:") and "30s, 120s" in problem, problem
+
+
+@pytest.mark.parametrize("version, accepted", [
+    ("1.34", False),
+    ("1.34.1-gke.1829001", False),
+    ("1.35.0-gke.1170999", False),
+    ("1.35.0-gke.1171000", True),
+    ("1.35", True),  # a prefix lets GKE pick a current 1.35 patch
+    ("1.36.2-gke.1000", True),
+])
+def test_spot_grace_of_120s_needs_gke_1_35_0_gke_1171000(version, accepted):
+    """GKE extends a Standard pool's Spot VMs' graceful termination to 120 s (node system config) only when the
+    cluster's control plane runs 1.35.0-gke.1171000 or later; gkeVersion is that control plane's minimum.
+    Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms"""
+    config = {"gkeVersion": version, "spot": {"maxSlices": 1, "gracefulTermination": "120s"}}
+    if accepted:
+        assert _platform(config).spot_shutdown.seconds == 120
+        return
+    with pytest.raises(SettingsError) as raised:
+        plan_for(overrides=config)
+    (problem,) = raised.value.problems
+    assert problem == (f"tpu-fallback:spot.gracefulTermination: 120s needs GKE 1.35.0-gke.1171000 or later on the "
+                       f"control plane (gkeVersion is {version}); raise gkeVersion, or use 30s")
+
+
+def test_spot_grace_of_a_spot_rung_that_is_off_needs_no_version_and_sizes_nothing():
+    """No pool carries it, so nothing asks GKE for it: the workers keep GKE's default."""
+    platform = _platform({"spot": {"maxSlices": 0, "gracefulTermination": "120s"}})
+    assert platform.plan("spot") is None
+    assert (platform.spot_shutdown.seconds, platform.spot_shutdown.pods_seconds) == (30, 15)
+
+
+def _platform(overrides: dict):
+    """The dev stack's PlatformSettings with these keys replaced, read the way the program reads them."""
+    config = {key.split(":", 1)[1]: value for key, value in config_with(overrides).items()
+              if key.startswith("tpu-fallback:")}
+    reader = ConfigReader(StubConfig(config))
+    platform = read_platform_settings(reader, StubConfig({"project": "example-project"}))
+    assert reader.problems == []
+    return platform

@@ -82,3 +82,19 @@ def test_flex_start_output_is_the_gcloud_check():
     outputs = plan_for().outputs
     assert outputs["flexStart"] == {"dws-pool": True}
     assert outputs["nodePools"] == {"onDemand": ["on-demand-pool"], "flexStart": ["dws-pool"]}
+
+
+def test_spot_pool_keeps_gkes_graceful_shutdown_unless_extended():
+    """30s is GKE's default: nothing sent, so no pool asks for a version. 120s: the Spot pools, only they, carry the
+    total and the system pods' 15 s in their node system config (pulumi-gcp node_config.kubelet_config ->
+    NodeConfig.kubeletConfig). Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms"""
+    pools = pools_by_name(plan_for(overrides={"spot": {"maxSlices": 1}}))
+    assert all("kubeletConfig" not in pool["nodeConfig"] for pool in pools.values())
+    pools = pools_by_name(plan_for(overrides={"gkeVersion": "1.35.0-gke.1171000",
+                                              "spot": {"maxSlices": 2, "gracefulTermination": "120s"}}))
+    spot = sorted(name for name in pools if name.startswith("spot-pool"))
+    assert spot == ["spot-pool-1", "spot-pool-2"]
+    for name, pool in pools.items():
+        expected = ({"shutdownGracePeriodSeconds": 120, "shutdownGracePeriodCriticalPodsSeconds": 15}
+                    if name in spot else None)
+        assert pool["nodeConfig"].get("kubeletConfig") == expected, name

@@ -9,6 +9,7 @@ import re
 import shlex
 import subprocess
 import tempfile
+import time
 
 import pytest
 import yaml
@@ -143,21 +144,70 @@ def test_checkpoint_interval_comes_from_config():
 
 def test_tpu_workers_get_gkes_termination_notice_as_the_training_reads_it():
     """GKE's notice reaches the TPU workers through their preStop hook (the SIGTERM goes to `ray start`, which drains
-    for 30 s first): the hook creates the file train.py looks for after each step, then gives it time to save."""
+    for 30 s first): the hook creates the file train.py looks for after each step, then gives it time to save. With
+    GKE's default 30 s, a Spot VM's pods get 15 s (the system pods the next 15 s): the pods' grace period is those
+    15 s, the hook waits at most 10 of them and leaves 5 to the SIGTERM.
+    Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms"""
     job = rayjobs(plan_for())["rayjob-tpu-v6e-dws-1"]
     (worker,) = job["spec"]["rayClusterSpec"]["workerGroupSpecs"]
     (container,) = worker["template"]["spec"]["containers"]
-    command = container["lifecycle"]["preStop"]["exec"]["command"]
+    assert container["lifecycle"] == rayjob.termination_notice_hook(10, train.DEFAULT_NOTICE_FILE)
+    assert worker["template"]["spec"]["terminationGracePeriodSeconds"] == 15
+    assert rayjob.SIGTERM_SECONDS == 5
+    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert "lifecycle" not in head["containers"][0]  # the head trains nothing
+    assert "terminationGracePeriodSeconds" not in head
+
+
+def _run_hook(seconds: int, notice: str, consume_after: float | None = None) -> float:
+    """Run the preStop hook's script here, as the kubelet would; `consume_after`: train.py's save, which removes the
+    notice once done. The seconds the hook took."""
+    command = rayjob.termination_notice_hook(seconds, notice)["preStop"]["exec"]["command"]
     assert command[:2] == ["/bin/sh", "-c"]
-    # Run the hook's script here, on a temporary path: it creates the notice where train.py looks.
+    started = time.monotonic()
+    hook = subprocess.Popen(command)
+    if consume_after is not None:
+        deadline = started + 5
+        while not os.path.exists(notice):  # the hook creates it where train.py looks
+            assert time.monotonic() < deadline, "the hook created no notice"
+            time.sleep(0.01)
+        time.sleep(consume_after)
+        os.remove(notice)
+    assert hook.wait(timeout=seconds + 10) == 0
+    return time.monotonic() - started
+
+
+def test_the_notice_hook_ends_once_the_training_has_saved():
+    """A pod deleted for a move or an eviction gets the same hook: it must not wait out the whole notice once
+    train.py has saved (train.py removes the notice file after its save)."""
     with tempfile.TemporaryDirectory() as directory:
         notice = f"{directory}/notice/file"
-        hook = rayjob.termination_notice_hook(notice, seconds=0)["preStop"]["exec"]["command"]
-        subprocess.run(hook, check=True, timeout=10)
-        assert os.path.exists(notice)
-    assert command[2].endswith(f"sleep {rayjob.NOTICE_SAVE_SECONDS}") and rayjob.NOTICE_SAVE_SECONDS < 15
-    head = job["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
-    assert "lifecycle" not in head  # the head trains nothing
+        assert _run_hook(8, notice, consume_after=0.2) < 4  # polled once a second
+        assert not os.path.exists(notice)
+
+
+def test_the_notice_hook_waits_at_most_its_window_when_nothing_saves():
+    with tempfile.TemporaryDirectory() as directory:
+        notice = f"{directory}/notice/file"
+        took = _run_hook(2, notice)
+        assert os.path.exists(notice)  # left for train.py, whenever it looks
+        assert 2 <= took < 6
+        assert _run_hook(0, notice) < 2
+
+
+@pytest.mark.parametrize("grace, pods, window", [("30s", 15, 10), ("120s", 105, 100)])
+def test_worker_grace_and_notice_window_follow_spot_graceful_termination(grace, pods, window):
+    """On a node's shutdown the kubelet gives a pod the lesser of the pods' part and its terminationGracePeriodSeconds:
+    the workers' grace period is the pods' part, so an extended one reaches them.
+    Ref: https://kubernetes.io/docs/concepts/cluster-administration/node-shutdown/#graceful-node-shutdown"""
+    plan = plan_for(overrides={"gkeVersion": "1.35.0-gke.1171000",
+                               "spot": {"maxSlices": 1, "gracefulTermination": grace}})
+    for job in rayjobs(plan).values():
+        spec = worker_group(job)["template"]["spec"]
+        assert spec["terminationGracePeriodSeconds"] == pods
+        (container,) = spec["containers"]
+        assert container["lifecycle"] == rayjob.termination_notice_hook(window, train.DEFAULT_NOTICE_FILE)
+        assert window + rayjob.SIGTERM_SECONDS == pods
 
 
 def test_script_configmap_is_named_by_content_and_mounted_everywhere():

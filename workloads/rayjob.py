@@ -15,18 +15,23 @@ import yaml
 
 from failover.api import TPU_RESOURCE
 from infra.kueue import NODEPOOL_LABEL_KEY, QUEUED_TAINT_KEY, tolerate_no_schedule
-from infra.settings import PlatformSettings
+from infra.settings import NodeShutdown, PlatformSettings
 from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY
 from workloads.settings import WorkloadSettings
 from workloads.train import DEFAULT_NOTICE_FILE
 
 RUNTIME_REQUIREMENTS = Path(__file__).resolve().parent / "requirements-runtime.txt"
 SCRIPT_PATH = Path(__file__).resolve().parent / "train.py"
-# GKE gives a Spot VM's pods 15 s between its notice and the end (more for a TPU maintenance); the kubelet runs the
-# preStop hook first, then sends SIGTERM, which `ray start --block` answers with a 30 s drain (Ray 2.60) that never
-# reaches the training workers in time. So the hook itself tells them (train.py --notice-file) and gives them this
-# long to save the step they reached before the SIGTERM. Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms
-NOTICE_SAVE_SECONDS = 10
+# GKE shuts a preempted Spot VM down gracefully, the pods first, in their part of the notice (15 s of GKE's default
+# 30 s, 105 s of 120 s: `spot.gracefulTermination`, infra/settings NodeShutdown). The kubelet runs the preStop hook
+# first, then sends SIGTERM, which `ray start --block` answers with a 30 s drain (Ray 2.60) that never reaches the
+# training workers in time. So the hook itself tells them (train.py --notice-file) and waits while they save the step
+# they reached: until train.py has consumed the notice (it removes the file once saved), at most the pods' part less
+# SIGTERM_SECONDS. The pods' terminationGracePeriodSeconds is the pods' part: on a node's shutdown the kubelet gives a
+# pod the lesser of the two, so a longer part needs a longer grace period. docs/disruptions.md has the timeline.
+# Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms
+# Ref: https://kubernetes.io/docs/concepts/cluster-administration/node-shutdown/#graceful-node-shutdown
+SIGTERM_SECONDS = 5  # the end of the pods' part, left to `ray start` to stop the host's Ray processes before the kill
 SCRIPT_MOUNT = "/app"
 SCRIPT_KEY = "train.py"
 RAY_IMAGE_REPOSITORY = "rayproject/ray"
@@ -90,13 +95,20 @@ def entrypoint(platform: PlatformSettings, settings: WorkloadSettings, job_name:
     return shlex.join(["python", f"{SCRIPT_MOUNT}/{SCRIPT_KEY}", *flags, *settings.training_args])
 
 
-def termination_notice_hook(notice_file: str = DEFAULT_NOTICE_FILE, seconds: int = NOTICE_SAVE_SECONDS) -> dict:
-    """The TPU workers' preStop hook: the termination notice train.py looks for after each step, then the time to
-    save before the kubelet's SIGTERM."""
+def notice_save_seconds(shutdown: NodeShutdown) -> int:
+    """How long the preStop hook waits at most for the training's save: the pods' part, less the SIGTERM's end."""
+    return shutdown.pods_seconds - SIGTERM_SECONDS
+
+
+def termination_notice_hook(seconds: int, notice_file: str = DEFAULT_NOTICE_FILE) -> dict:
+    """The TPU workers' preStop hook: the termination notice train.py looks for after each step, then a wait, once a
+    second, until train.py has consumed it (saved) or `seconds` have passed, before the kubelet's SIGTERM. Ending at
+    the save keeps a pod deleted for a move or an eviction from waiting out the whole notice."""
     directory = notice_file.rsplit("/", 1)[0]
+    notice = shlex.quote(notice_file)
     return {"preStop": {"exec": {"command": [
         "/bin/sh", "-c", shlex.join(["mkdir", "-p", directory]) + " && " + shlex.join(["touch", notice_file])
-        + f" && sleep {seconds}"]}}}
+        + f' && i=0 && while [ "$i" -lt {seconds} ] && [ -e {notice} ]; do sleep 1; i=$((i + 1)); done']}}}
 
 
 def max_replicas(platform: PlatformSettings) -> int:
@@ -163,6 +175,7 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
     if plan_b:
         tolerations.append(tolerate_no_schedule(QUEUED_TAINT_KEY))
     replicas = max_replicas(platform)
+    shutdown = platform.spot_shutdown
     head = {
         "rayStartParams": {},
         "template": {"spec": {
@@ -191,13 +204,14 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
             "serviceAccountName": service_account,
             "nodeSelector": {ACCELERATOR_LABEL_KEY: tpu.accelerator_label, TOPOLOGY_LABEL_KEY: tpu.topology},
             "tolerations": tolerations,
+            "terminationGracePeriodSeconds": shutdown.pods_seconds,
             "containers": [{
                 "name": "ray-worker",
                 "image": pins.image(settings.ray_image_repository),
                 "env": [{"name": "JAX_PLATFORMS", "value": "tpu,cpu"}],
                 "resources": _resources(settings.worker_cpu, settings.worker_memory, tpu.chips_per_host),
                 "volumeMounts": [mount],
-                "lifecycle": termination_notice_hook(),
+                "lifecycle": termination_notice_hook(notice_save_seconds(shutdown)),
             }],
             "volumes": [volume],
         }},
