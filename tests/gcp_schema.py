@@ -257,6 +257,9 @@ PROSE_RULES: Mapping[tuple[str, str], ProseRule] = MappingProxyType({
         '"1.X.Y-gke.N": picks an explicit Kubernetes version - "","-": picks the default Kubernetes version',
         'latest, 1.X, 1.X.Y, 1.X.Y-gke.N, "" or -',
         _fullmatch(r"latest|-|1\.\d+(\.\d+(-gke\.\d+)?)?", 64, min_len=0)),
+    ("container.v1", "NodeKubeletConfig.shutdownGracePeriodSeconds"): ProseRule(
+        "This field is only valid for Spot VMs. Allowed values: 0, 30, 120.", "0, 30 or 120 (seconds)",
+        lambda value: value in (0, 30, 120)),
     ("container.v1", "MonitoringComponentConfig.enableComponents"): ProseRule(
         "An empty set would disable all monitoring.", "at least one component (SYSTEM_COMPONENTS keeps GKE's "
         "system metrics)", lambda value: isinstance(value, list) and len(value) > 0),

@@ -38,6 +38,8 @@ CONFIGS: dict[str, tuple[str, dict | None]] = {
     "shortest-cluster-name": ("dev", {"clusterName": "a"}),
     "deletion-protection": ("dev", {"deletionProtection": True}),
     "own-workload-namespace": ("dev", {"workloads": {"namespace": "team-a"}}),
+    "spot-graceful-termination-120s": ("dev", {"gkeVersion": "1.35.0-gke.1171000",
+                                               "spot": {"maxSlices": 1, "gracefulTermination": "120s"}}),
 }
 
 
