@@ -111,9 +111,15 @@ def start_command(settings: PlatformSettings, module: str = REGIONAL_MODULE) -> 
 
 def deployment(settings: PlatformSettings, config: RegionalConfig, configmap: str) -> dict:
     return controller_deployment(settings, NAME, REGIONAL_MODULE, configmap, env=config.to_env(),
-                                 ports=[{"name": "health", "containerPort": config.health_port},
-                                        {"name": METRICS_PORT_NAME, "containerPort": config.metrics_port}],
-                                 probe={"httpGet": {"path": "/healthz", "port": "health"}})
+                                 **served(config.health_port, config.metrics_port))
+
+
+def served(health_port: int, metrics_port: int) -> dict:
+    """A controller's ports and liveness probe: every program serves /healthz and /metrics (failover/runtime/
+    manager.py), the failover controller, the fleet watch and the fleet ladder alike."""
+    return {"ports": [{"name": "health", "containerPort": health_port},
+                      {"name": METRICS_PORT_NAME, "containerPort": metrics_port}],
+            "probe": {"httpGet": {"path": "/healthz", "port": "health"}}}
 
 
 def controller_deployment(settings: PlatformSettings, name: str, module: str, configmap: str, env: list[dict],

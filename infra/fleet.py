@@ -358,8 +358,7 @@ def watch_config(fleet: FleetSettings) -> FleetWatchConfig:
 def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str) -> dict:
     config = watch_config(fleet)
     return failover.controller_deployment(settings, WATCH_NAME, failover.WATCH_MODULE, configmap, env=config.to_env(),
-                                          ports=[{"name": failover.METRICS_PORT_NAME,
-                                                  "containerPort": config.metrics_port}])
+                                          **failover.served(config.health_port, config.metrics_port))
 
 
 def ladder_config(fleet: FleetSettings, steps: Sequence[FleetStep]) -> LadderConfig:
@@ -374,8 +373,9 @@ def ladder_config(fleet: FleetSettings, steps: Sequence[FleetStep]) -> LadderCon
 
 def ladder_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str,
                       steps: Sequence[FleetStep]) -> dict:
-    return failover.controller_deployment(settings, LADDER_NAME, failover.LADDER_MODULE, configmap,
-                                          env=ladder_config(fleet, steps).to_env())
+    config = ladder_config(fleet, steps)
+    return failover.controller_deployment(settings, LADDER_NAME, failover.LADDER_MODULE, configmap, env=config.to_env(),
+                                          **failover.served(config.health_port, config.metrics_port))
 
 
 def read_members(steps: Sequence[FleetStep]) -> list[str]:

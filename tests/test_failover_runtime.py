@@ -358,3 +358,25 @@ def test_the_failover_controllers_watches_queue_the_workloads_a_change_touches()
     informers[WATCHED_EVENTS].on_event("ADDED", stockout)
     # Admitted in the namespace on a rung that stocks out after admission: wl-a only.
     assert queued[7:] == [("ns", "wl-a")] and len(seen.stockouts_in("ns")) == 1
+
+
+# ---- every program serves /healthz and /metrics, and its Deployment says where -----------------------------------
+
+@pytest.mark.parametrize("stack, name, prefix", [
+    ("dev", "failover-controller", "FAILOVER"), ("fleet", "fleet-watch", "FLEET"), ("fleet", "fleet-ladder", "LADDER")])
+def test_every_program_s_deployment_probes_healthz_on_the_port_it_serves(stack, name, prefix):
+    from infra import failover as stack_failover
+    from tests.conftest import plan_for
+    from tests.test_fleet_ladder import cached_ladder_plan
+
+    plan = plan_for() if stack == "dev" else cached_ladder_plan()
+    (deployment,) = [m for m in plan.kubernetes_manifests()
+                     if m["kind"] == "Deployment" and m["metadata"]["name"] == name]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {item["name"]: item["value"] for item in container["env"]}
+    ports = {port["name"]: port["containerPort"] for port in container["ports"]}
+    assert ports == {"health": stack_failover.HEALTH_PORT,
+                     stack_failover.METRICS_PORT_NAME: stack_failover.METRICS_PORT}
+    assert env[f"{prefix}_HEALTH_PORT"] == str(ports["health"])
+    assert env[f"{prefix}_METRICS_PORT"] == str(ports["metrics"])
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
