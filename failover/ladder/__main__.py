@@ -48,21 +48,10 @@ regional controller's annotation and history, failover/api/moves.py); each write
 was decided on, and each step of the move checks first: a restart, `kill -9` included, finishes the move it finds
 and never starts a second one for a hop.
 
-Configuration (environment, set by the fleet stack's Deployment, infra/fleet.py: failover/config.py LadderConfig,
-every variable required but FLEET_MAX_WAIT_SECONDS; one missing or malformed stops it with exit status 2, naming it):
-    FLEET_LADDER            JSON list of steps {localQueue, clusterQueue, admissionCheck, rung, members}, first first
-    FLEET_NAMESPACE         the fleet's jobs' namespace
-    FLEET_STEP_WAIT_SECONDS how long a job may wait at a step before the last without being admitted there (its
-                            member's capacity is in use: a reservation or on-demand slice admits at once when free)
-    FLEET_MAX_WAIT_SECONDS  how long a job may wait without any member admitting it before it is given up (unset: never)
-    FLEET_MEMBERS           JSON {member: its kubeconfig Secret}, FLEET_SECRETS_NAMESPACE (Kueue's): the
-                            members read (every member: the early path's stockouts, a lost slice); {}: none
-    FLEET_WATCH_SECONDS     how often the members' kubeconfigs are read again (a renewed token: new watches)
-    LADDER_RESYNC_SECONDS   seconds between resyncs, the safety net
-    LADDER_WORKERS          jobs handled at once
-    LADDER_HEALTH_PORT      /healthz port (0 turns it off)
-    LADDER_METRICS_PORT     Prometheus /metrics port (0 turns it off)
-    KUBECONFIG              outside a cluster; in a Pod the ServiceAccount's credentials are used
+Configuration: the FLEET_* and LADDER_* variables of its Deployment (infra/fleet.py), as failover/config.py
+LadderConfig reads them (each one named and explained there; every one required but FLEET_MAX_WAIT_SECONDS: one
+missing or malformed ends it, exit status 2, naming it). KUBECONFIG outside a cluster; in a Pod the ServiceAccount's
+credentials are used. It serves /healthz and /metrics.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Run the failover controller: `python -m failover.regional`.
 
-Configuration (environment, set by the stack's Deployment: failover/config.py RegionalConfig, every variable
-required; one missing or malformed stops it with exit status 2, naming it):
-    FAILOVER_CHAIN            JSON list of {flavor, clusterQueue, localQueue, admissionCheck, recoverySeconds}, rung
-                              0 first
-    FAILOVER_GRACE_SECONDS    how long the autoscaler must report no capacity before the early move
-    FAILOVER_RESYNC_SECONDS   seconds between resyncs, the safety net that queues every Workload again; changes are
-                              handled as the watches deliver them
-    FAILOVER_WORKERS          Workloads reconciled at once (a move waits up to 10 s for Kueue)
-    FAILOVER_HEALTH_PORT      /healthz port (0 turns it off)
-    FAILOVER_METRICS_PORT     Prometheus /metrics port (0 turns it off)
-    KUBECONFIG                outside a cluster; in a Pod the ServiceAccount's credentials are used
+Configuration: the FAILOVER_* variables of its Deployment, as failover/config.py RegionalConfig reads them (each
+one named and explained there; every one required: one missing or malformed ends it, exit status 2, naming it).
+KUBECONFIG outside a cluster; in a Pod the ServiceAccount's credentials are used. It serves /healthz and /metrics.
 """
 
 from __future__ import annotations

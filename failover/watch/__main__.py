@@ -6,8 +6,8 @@ cannot change that record once set, nor set it to a member it did not nominate. 
 another member runs the job; when the first member comes back, Kueue keeps its older admission, deletes the newer
 run, and keeps naming the other member, or none. The job then runs where the manager's record says it does not.
 
-The watch keeps, through informers (failover/runtime/informer.py), the manager's Workloads, RayJobs and MultiKueueClusters
-and, in every member it can reach (through the kubeconfig Secrets MultiKueue uses, re-read every period), the copies
+The watch keeps, through the runtime's cache (failover/runtime/), the manager's Workloads, RayJobs and
+MultiKueueClusters and, in every member it can reach (through the kubeconfig Secrets MultiKueue uses, re-read every period), the copies
 and RayJobs this manager made; every change queues the jobs it touches. Per job it writes what is true on the
 manager's RayJob (annotation `tpu-fallback/fleet`: state, where it runs, Kueue's record, members that do not answer or
 cannot admit it) and an Event when that changes: `FleetRunning`, `FleetRecordStale`, `FleetRunningTwice` (a
@@ -21,11 +21,11 @@ And one in the members: a copy and its run that an older step of the fleet's lad
 the ladder moved the job on are deleted once the member answers again (`stale_step_copies`, Event
 `FleetStaleStepRemoved`): Kueue no longer looks there, and they would run next to the run Kueue records.
 
-    python -m failover.watch     # FLEET_MEMBERS, FLEET_ORIGIN, FLEET_WATCH_SECONDS (the period: kubeconfigs re-read,
-                                 # members asked for an answer), FLEET_RESYNC_SECONDS (every job again),
-                                 # FLEET_SECRETS_NAMESPACE, FLEET_METRICS_PORT (Prometheus /metrics; 0 turns it off),
-                                 # FLEET_HEALTH_PORT (/healthz; 0 turns it off): failover/config.py FleetWatchConfig,
-                                 # every variable required (one missing or malformed: exit status 2, naming it)
+    python -m failover.watch
+
+Configuration: the FLEET_* variables of its Deployment (infra/fleet.py), as failover/config.py FleetWatchConfig reads
+them (each one named and explained there; every one required: one missing or malformed ends it, exit status 2, naming
+it). It serves /healthz and /metrics.
 """
 
 from __future__ import annotations
