@@ -71,7 +71,7 @@ def node_pool_args(settings: PlatformSettings, plan: PlanSettings, pool: PoolSpe
         # Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/spot-vms
         node_config["spot"] = True
         node_config["taints"] = [{"key": SPOT_LABEL_KEY, "value": "true", "effect": "NO_SCHEDULE"}]
-        if plan.shutdown is not None and not plan.shutdown.gke_default:
+        if plan.shutdown is not None:  # extended beyond GKE's default
             node_config["kubelet_config"] = spot_shutdown_kubelet_config(plan.shutdown)
     if plan.kind.reservation:
         # Take the reserved VMs wherever they are free first. Ref: gke-tpu.md (location_policy)

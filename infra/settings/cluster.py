@@ -92,7 +92,7 @@ def check_versions_and_zones(reader: ConfigReader, plans: tuple[PlanSettings, ..
         reader.check("gkeVersion", gke_version_at_least(gke_version, generation.min_gke_version),
                      f"{gke_version} is older than TPU {generation.name}'s {generation.min_gke_version}")
     for plan in plans:  # the enabled rungs: a Spot rung that is off sends nothing to GKE
-        if plan.shutdown is not None and not plan.shutdown.gke_default:
+        if plan.shutdown is not None:
             reader.check(f"{plan.config_key}.gracefulTermination",
                          gke_version_at_least(gke_version, MIN_GKE_FOR_SPOT_GRACE),
                          f"{plan.shutdown.seconds}s needs GKE {MIN_GKE_FOR_SPOT_GRACE} or later on the control plane "

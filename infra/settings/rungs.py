@@ -60,7 +60,7 @@ class PlanSettings:
     node_pool: str
     max_slices: int
     reservations: tuple[ReservedSlices, ...] = ()
-    shutdown: NodeShutdown | None = None  # the Spot rung's VMs' graceful shutdown; None on the other rungs
+    shutdown: NodeShutdown | None = None  # the Spot rung's extended graceful shutdown; None: GKE's default
 
     @property
     def config_key(self) -> str:
@@ -115,17 +115,18 @@ def read_plan(reader: ConfigReader, kind: RungKind) -> PlanSettings:
     return PlanSettings(kind, raw["nodePool"], raw["maxSlices"], shutdown=shutdown)
 
 
-def _read_spot_shutdown(reader: ConfigReader, key: str, value: str) -> NodeShutdown:
+def _read_spot_shutdown(reader: ConfigReader, key: str, value: str) -> NodeShutdown | None:
     """`spot.gracefulTermination`: one of the totals GKE allows a Spot VM (0, its third, turns the graceful shutdown
-    off, and with it the notice the training saves on). The version it needs is checked with gkeVersion
-    (cluster.py)."""
+    off, and with it the notice the training saves on); None for GKE's default. The version it needs is checked with
+    gkeVersion (cluster.py)."""
     seconds = duration_seconds(value)
     allowed = ", ".join(f"{choice}s" for choice in SPOT_GRACE_CHOICES)
     if not reader.check(f"{key}.gracefulTermination", seconds in SPOT_GRACE_CHOICES,
                         f"{value!r} is not one of {allowed}: the totals GKE allows a Spot VM's graceful shutdown "
                         f"({SPOT_GRACE_SECONDS}s is GKE's default)"):
-        return NodeShutdown()
-    return NodeShutdown(seconds)
+        return None
+    shutdown = NodeShutdown(seconds)
+    return None if shutdown.gke_default else shutdown
 
 
 def _read_reservations(reader: ConfigReader, key: str, items: list) -> tuple[ReservedSlices, ...]:
