@@ -116,9 +116,9 @@ def read_plan(reader: ConfigReader, kind: RungKind) -> PlanSettings:
 
 
 def _read_spot_shutdown(reader: ConfigReader, key: str, value: str) -> NodeShutdown | None:
-    """`spot.gracefulTermination`: one of the totals GKE allows a Spot VM (0, its third, turns the graceful shutdown
-    off, and with it the notice the training saves on); None for GKE's default. The version it needs is checked with
-    gkeVersion (cluster.py)."""
+    """`spot.gracefulTermination`: one of the totals GKE allows a Spot VM; None for GKE's default. GKE also allows 0,
+    which turns the graceful shutdown off, and with it the notice the training saves on. The version 120 s needs is
+    checked with gkeVersion (cluster.py)."""
     seconds = duration_seconds(value)
     allowed = ", ".join(f"{choice}s" for choice in SPOT_GRACE_CHOICES)
     if not reader.check(f"{key}.gracefulTermination", seconds in SPOT_GRACE_CHOICES,
