@@ -13,7 +13,8 @@ from typing import Any
 
 from infra.cpu import lookup_cpu_machine
 from infra.rungs import RUNG_KINDS
-from infra.settings import FallbackSettings, PlanSettings, PlatformSettings, ReservedSlices, SystemPoolSettings
+from infra.settings import (FallbackSettings, NodeShutdown, PlanSettings, PlatformSettings, ReservedSlices,
+                            SystemPoolSettings)
 from infra.tpu import lookup_slice
 from workloads.jobs import TeamNamespace
 
@@ -32,14 +33,22 @@ def platform_output(settings: PlatformSettings) -> dict[str, Any]:
         "systemPool": {"machineType": settings.system_pool.machine.name, "nodeCount": settings.system_pool.node_count},
         "tpu": {"machineType": settings.tpu.machine_type.name, "topology": settings.tpu.topology},
         # The enabled rungs in the order Kueue tries them.
-        "rungs": [{"rung": plan.config_key, "nodePool": plan.node_pool, "maxSlices": plan.max_slices,
-                   "reservations": [{"name": r.name, "slices": r.slices} for r in plan.reservations]}
-                  for plan in settings.plans],
+        "rungs": [_rung_output(plan) for plan in settings.plans],
         "kueue": {"version": settings.kueue_version, "chartRepository": settings.kueue_chart_repository},
         "fallback": {"podsReadyTimeoutSeconds": settings.fallback.pods_ready_timeout_seconds,
                      "stockoutGracePeriodSeconds": settings.fallback.stockout_grace_period_seconds,
                      "sliceRecoveryWaitSeconds": dict(settings.fallback.slice_recovery_wait)},
     }
+
+
+def _rung_output(plan: PlanSettings) -> dict[str, Any]:
+    """One enabled rung; the Spot rung's extended graceful shutdown only when set (a team stack sizes its TPU
+    workers' grace period from it: workloads/rayjob.py), so a platform at GKE's default publishes what it did."""
+    rung = {"rung": plan.config_key, "nodePool": plan.node_pool, "maxSlices": plan.max_slices,
+            "reservations": [{"name": r.name, "slices": r.slices} for r in plan.reservations]}
+    if plan.shutdown is not None:
+        rung["gracefulTerminationSeconds"] = plan.shutdown.seconds
+    return rung
 
 
 def cluster_id(settings: PlatformSettings) -> str:
@@ -58,8 +67,10 @@ def settings_from_output(published: Mapping[str, Any]) -> PlatformSettings:
     for rung in published["rungs"]:
         if rung["rung"] not in RUNG_KINDS:
             raise ValueError(f"unknown rung {rung['rung']!r}")
+        shutdown = rung.get("gracefulTerminationSeconds")
         plans.append(PlanSettings(RUNG_KINDS[rung["rung"]], rung["nodePool"], int(rung["maxSlices"]),
-                                  tuple(ReservedSlices(r["name"], int(r["slices"])) for r in rung["reservations"])))
+                                  tuple(ReservedSlices(r["name"], int(r["slices"])) for r in rung["reservations"]),
+                                  NodeShutdown(int(shutdown)) if shutdown is not None else None))
     return PlatformSettings(
         project=str(published["project"]), zone=str(published["zone"]), cluster_name=str(published["clusterName"]),
         gke_version=str(published["gkeVersion"]), deletion_protection=False,  # the platform's to decide, not read

@@ -229,3 +229,16 @@ def test_offline_command_names_a_missing_platform_stack(tmp_path, monkeypatch, c
     with pytest.raises(SystemExit):
         offline_main(["anything", "--out", str(tmp_path)])
     assert "Pulumi.nowhere.yaml" in capsys.readouterr().err
+
+
+def test_a_platforms_extended_spot_grace_reaches_its_team_stacks():
+    """A team stack sizes its TPU workers' grace period from the platform's Spot rung: 105 s of a 120 s shutdown,
+    not GKE's default 15 s (the platform publishes the extension only when it has one)."""
+    overrides = {"gkeVersion": "1.35.0-gke.1171000", "spot": {"maxSlices": 1, "gracefulTermination": "120s"}}
+    pulumi.runtime.set_all_config(config_with(overrides, PLATFORM))
+    from infra.settings import ConfigReader, read_platform_settings
+
+    settings = read_platform_settings(ConfigReader(pulumi.Config()), pulumi.Config("gcp"))
+    back = settings_from_output(yaml.safe_load(yaml.safe_dump(platform_output(settings))))
+    assert back.plans == settings.plans
+    assert (back.spot_shutdown.seconds, back.spot_shutdown.pods_seconds) == (120, 105)
