@@ -71,6 +71,36 @@ def _run_dir(root: Path, run: str, run_id: str | None = None) -> Path:
     return Path(train.run_checkpoint_dir(str(root / f"{run}-orbax"), run_id))
 
 
+def _goodput(root: Path, run: str) -> tuple[dict, list]:
+    """The job's goodput result (<checkpoint-dir>/goodput.json) and every run's records, oldest first (payloads)."""
+    orbax = str(root / f"{run}-orbax")
+    records = train.GoodputFileLogger(train.goodput_records_dir(orbax), train.goodput_job_name(run, orbax)).records()
+    return json.loads((root / f"{run}-orbax" / train.GOODPUT_RESULT).read_text()), [r["payload"] for r in records]
+
+
+def _step_starts(records: list) -> list:
+    return [r["step_count"] for r in records if "step_start_time" in r]
+
+
+# The library's badput kinds (ml_goodput_measurement 0.2.3 BadputType, lower case), as the result names them.
+BADPUT_KEYS = {"tpu_initialization", "training_prep", "program_startup", "data_loading_sync", "data_loading_async",
+               "unproductive_checkpoint_save_time", "unproductive_checkpoint_restore_time",
+               "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption", "custom_badput_events",
+               "other"}
+
+
+def _assert_goodput_shape(result: dict) -> None:
+    assert 0 < result["goodput"] <= 1 and result["finished"] and result["records"] == "file", result
+    assert set(result["badput"]) == set(result["seconds"]["badput"]) == BADPUT_KEYS, result
+    assert result["max_productive_step"] >= STEPS and result["seconds"]["job"] > result["seconds"]["productive"] > 0
+    # Orbax's save events and the wait for its commit reached the records: every run here saves.
+    assert result["seconds"]["badput"]["unproductive_checkpoint_save_time"] > 0, result
+    assert result["seconds"]["badput"]["custom_badput_events"][train.CHECKPOINT_SAVE_WAIT] > 0, result
+    # Nothing counted twice: goodput and the kinds of badput (async data loading overlaps training) make the whole.
+    parts = [v for k, v in result["badput"].items() if k not in ("custom_badput_events", "data_loading_async")]
+    assert result["goodput"] + sum(parts) + sum(result["badput"]["custom_badput_events"].values()) == pytest.approx(1)
+
+
 def _final_state(root: Path, run: str, step: int, run_id: str | None = None) -> dict:
     cfg = train.model_config(train.resolve_config(train.build_parser().parse_args([])))
     return train.load_checkpoint(str(_run_dir(root, run, run_id)), cfg, step=step)
@@ -81,7 +111,8 @@ def baseline(ray_cpu, tmp_path_factory):
     """An uninterrupted run of STEPS steps; its final state is read at once (the second dispatch extends it)."""
     root = tmp_path_factory.mktemp("baseline")
     result = train.main(_argv(root, "base", STEPS))
-    return {"root": root, "result": result, "state": _final_state(root, "base", STEPS)}
+    return {"root": root, "result": result, "state": _final_state(root, "base", STEPS),
+            "goodput": _goodput(root, "base")}  # read now: the second dispatch adds to the job's
 
 
 def test_loss_falls_below_half_of_log_vocab(baseline):
@@ -92,6 +123,15 @@ def test_loss_falls_below_half_of_log_vocab(baseline):
     # (0.38 * log V). Half of log V (2.43) leaves about 10% margin.
     assert metrics["loss"] < 0.5 * LOG_V, metrics
     assert metrics["tokens_per_s"] > 0 and metrics["tflops_per_device"] > 0
+
+
+def test_an_uninterrupted_runs_goodput_is_written_beside_its_checkpoints(baseline):
+    result, records = baseline["goodput"]
+    _assert_goodput_shape(result)
+    assert result["disruptions"] == 0 and _step_starts(records) == list(range(STEPS + 1))  # + "progress kept"
+    badput = result["seconds"]["badput"]
+    assert badput["wasted_progress_from_disruption"] == badput["infrastructure_recovery_from_disruption"] == 0
+    assert badput["unproductive_checkpoint_restore_time"] == 0  # a fresh start restores nothing
 
 
 def test_a_notice_loses_no_step_a_crash_at_most_one_interval_and_both_match_the_uninterrupted_run(baseline,
@@ -128,6 +168,18 @@ def test_a_notice_loses_no_step_a_crash_at_most_one_interval_and_both_match_the_
     for (path, want), (_, have) in zip(expected, got):
         np.testing.assert_allclose(have, want, rtol=0, atol=0, err_msg=jax.tree_util.keystr(path))
 
+    # Goodput over the three worker groups' records, which outlived the groups that wrote them: each group's steps, the
+    # first two ending in the step the next began at (the notice's "progress kept" at NOTICE_AT; FAIL_AT - 1, the last
+    # step begun before the death, after 10), so the library counts two disruptions, the steps lost and the recovery.
+    goodput, records = _goodput(tmp_path, "crash")
+    _assert_goodput_shape(goodput)
+    assert _step_starts(records) == [*range(NOTICE_AT + 1), *range(NOTICE_AT, FAIL_AT), *range(10, STEPS + 1)]
+    assert sum("job_start_time" in r for r in records) == 1 + 3  # the driver's, and each worker group's
+    assert goodput["disruptions"] == 2, goodput
+    badput = goodput["seconds"]["badput"]
+    assert badput["wasted_progress_from_disruption"] > 0 and badput["infrastructure_recovery_from_disruption"] > 0
+    assert badput["unproductive_checkpoint_restore_time"] > 0, goodput
+
 
 def _files(directory: Path) -> dict:
     """{relative path: (size, mtime in ns)} of every file under ``directory``."""
@@ -149,6 +201,7 @@ def test_a_second_dispatch_of_the_job_resumes_from_the_first_and_writes_only_its
     a_ray, b_ray = root / "ray" / job / a_id, root / "ray" / job / "dispatch-b"
     a_newest = _steps(a_orbax)[-1]
     a_files, a_ray_files = _files(a_orbax), _files(a_ray)
+    a_records = _files(root / f"{job}-orbax" / "goodput")
     assert a_newest == STEPS and a_files and a_ray_files and not b_orbax.exists()
 
     b = train.main(_argv(root, job, a_newest + CKPT_EVERY, "--run-id", "dispatch-b"))
@@ -156,8 +209,16 @@ def test_a_second_dispatch_of_the_job_resumes_from_the_first_and_writes_only_its
     assert b.metrics["step"] == a_newest + CKPT_EVERY
     # B wrote, changed and deleted nothing of A's (orbax steps, Ray Train run) and saved into its own only.
     assert _files(a_orbax) == a_files and _files(a_ray) == a_ray_files
+    assert {f: v for f, v in _files(root / f"{job}-orbax" / "goodput").items() if f != "dispatch-b.jsonl"} == a_records
+    # The job's goodput now spans both runs: B began at A's last step, one disruption of the job.
+    goodput, records = _goodput(root, job)
+    _assert_goodput_shape(goodput)
+    assert goodput["disruptions"] == 1 and goodput["max_productive_step"] == a_newest + CKPT_EVERY
+    assert _step_starts(records) == [*range(a_newest + 1), *range(a_newest, a_newest + CKPT_EVERY + 1)]
     assert _steps(b_orbax) == [a_newest + CKPT_EVERY]
-    assert sorted(p.name for p in (root / f"{job}-orbax").iterdir()) == ["runs"]  # no step at the root
+    # No step at the root; the job's goodput records (one file per run) and result beside the runs.
+    assert sorted(p.name for p in (root / f"{job}-orbax").iterdir()) == ["goodput", "goodput.json", "runs"]
+    assert sorted(p.name for p in (root / f"{job}-orbax" / "goodput").iterdir()) == sorted([f"{a_id}.jsonl", "dispatch-b.jsonl"])
     assert sorted(p.name for p in a_orbax.parent.iterdir()) == sorted([a_id, "dispatch-b"])
     assert sorted(p.name for p in (root / "ray" / job).iterdir()) == sorted([a_id, "dispatch-b"])
     assert Path(b.path) == b_ray

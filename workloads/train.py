@@ -54,12 +54,21 @@ Without notice (a host that fails), the loss is at most ``--checkpoint-every`` s
 
 Metrics, reported through ``ray.train.report`` every ``--report-every`` steps and at every checkpoint:
 loss, global tokens/s, step time, model TFLOP/s per device and, given ``--peak-tflops-per-device``, MFU.
+
+Goodput: rank 0 records the job's events with Google's ml-goodput-measurement (the recorder MaxText uses): each worker
+group's start (the job's first, or a restart after a disruption), TPU initialisation, training preparation, each step's
+start, orbax's save and restore events, the wait for a save's commit, and the step up to which a run kept its progress.
+The records go to Cloud Logging, as the library does, where the checkpoints are on gs:// (GKE), else to JSON lines under
+``<checkpoint-dir>/goodput/`` (one file per run; ``--goodput-logger``). When fit() ends, the driver runs the library's
+calculator over every record of the job and writes ``<checkpoint-dir>/goodput.json``: goodput, and badput by cause, as
+fractions of the job's time and in seconds.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import hashlib
 import json
 import logging
 import math
@@ -328,12 +337,14 @@ def run_checkpoint_dir(checkpoint_dir: str, run_id: str) -> str:
     return f"{checkpoint_dir.rstrip('/')}/{RUNS_DIR}/{run_id}"
 
 
-def checkpoint_manager(directory: str, read_only: bool = False):
+def checkpoint_manager(directory: str, read_only: bool = False, logger=None):
+    """``logger``: where orbax logs its save and restore events (``checkpoint_event_logger``); None: orbax's default."""
     import orbax.checkpoint as ocp
     if read_only:  # another run's directory (or an offline reader): never create, save or delete there
-        return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True))
+        return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(read_only=True), logger=logger)
     # max_to_keep=3 bounds storage; save() is only called on checkpoint steps, so no interval policy.
-    return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=3, create=True))
+    return ocp.CheckpointManager(directory, options=ocp.CheckpointManagerOptions(max_to_keep=3, create=True),
+                                 logger=logger)
 
 
 def choose_resume_run(latest_steps: dict, own_run_id: str) -> str | None:
@@ -426,6 +437,212 @@ def _fail_once(checkpoint_dir: str, step: int) -> None:
 DEFAULT_NOTICE_FILE = "/tmp/tpu-fallback/termination-notice"
 
 # --------------------------------------------------------------------------------------------------
+# Goodput: Google's ml-goodput-measurement records the job's events; its calculator turns them into goodput
+# (productive step time over job time) and badput by cause. Ref: https://github.com/AI-Hypercomputer/ml-goodput-measurement
+# --------------------------------------------------------------------------------------------------
+
+GOODPUT_LOG_NAME = "tpu-fallback-goodput"  # the records' log: one per Cloud Logging project, one job_name per job
+GOODPUT_RESULT = "goodput.json"  # <checkpoint-dir>/goodput.json: the calculator's result, newest computation
+GOODPUT_RECORDS_DIR = "goodput"  # <checkpoint-dir>/goodput/<run-id>.jsonl: the file logger's records, one per run
+# Training waits for orbax's background commit after every save (the Ray marker must not name an unfinished step);
+# orbax's save event times only the blocking part, so the wait is recorded as a custom badput event of its own.
+CHECKPOINT_SAVE_WAIT = "checkpoint_save_wait"
+GOODPUT_LOGGERS = ("auto", "cloud", "file", "off")
+
+
+def goodput_job_name(run_name: str, checkpoint_dir: str) -> str:
+    """The job in goodput records: its run name and a hash of its checkpoint root. The root is the job's identity (every
+    restart, RayJob retry and dispatch that resumes from it is the same job), and stacks that share a Cloud Logging
+    project have the same job names but not the same bucket. Path-safe: the calculator names cache files after it."""
+    digest = hashlib.sha256(checkpoint_dir.rstrip("/").encode()).hexdigest()[:8]
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '-', run_name)}-{digest}"
+
+
+class GoodputFileLogger:
+    """The library's Cloud Logging logger (ml_goodput_measurement.src.goodput._CloudLogger: write_cloud_logging_entry,
+    read_cloud_logging_entries, flush) backed by JSON lines, for where there is no Cloud Logging: locally and in tests.
+    Also orbax's checkpoint logger (log_entry, as orbax's CloudLogger), so save and restore events land beside them.
+
+    Each run appends to ``<records_dir>/<run_id>.jsonl`` only (a run writes only its own files); a read merges every
+    run's file in time order, so the records of a restarted or re-dispatched run survive it, as they do in Cloud Logging.
+    """
+
+    def __init__(self, records_dir: str, job_name: str, run_id: str = "local"):
+        self.records_dir, self.job_name = records_dir, job_name
+        self.path = os.path.join(records_dir, f"{valid_run_id(run_id)}.jsonl")
+        self._written = 0
+
+    def write_cloud_logging_entry(self, entry: dict | None) -> None:
+        if entry is None or entry.get("job_name") != self.job_name:  # as the library's logger: this job's only
+            return
+        self._written += 1
+        line = json.dumps({"timestamp": time.time(), "id": f"{os.getpid()}-{self._written}", "payload": entry},
+                          default=str)
+        os.makedirs(self.records_dir, exist_ok=True)
+        with open(self.path, "a") as f:  # one write per line, O_APPEND: the driver and rank 0 share the file
+            f.write(line + "\n")
+
+    def log_entry(self, entry: dict, severity: str = "INFO") -> None:
+        """orbax.checkpoint.logging.AbstractLogger's one method; orbax's CloudLogger tags entries with the job too."""
+        self.write_cloud_logging_entry({**entry, "job_name": self.job_name})
+
+    def flush(self) -> None:
+        """Every write is on disk when it returns."""
+
+    def records(self) -> list:
+        """Every run's records of this job, oldest first: [{"timestamp", "id", "payload"}]."""
+        if not os.path.isdir(self.records_dir):
+            return []
+        found = []
+        for name in sorted(os.listdir(self.records_dir)):
+            if name.endswith(".jsonl"):
+                with open(os.path.join(self.records_dir, name)) as f:
+                    found.extend(json.loads(line) for line in f if line.strip())
+        return sorted((r for r in found if r["payload"].get("job_name") == self.job_name),
+                      key=lambda r: r["timestamp"])
+
+    def read_cloud_logging_entries(self, start_time=None, end_time=None, last_entry_info=None):
+        """The library's query: payloads in (start, end] (after ``last_entry_info``'s entry, if given), oldest first,
+        and the (timestamp, id) of the last one."""
+        import datetime
+        # Compared as the library passes them back: datetimes (microseconds), with the entry's id after a tie.
+        dated = [(datetime.datetime.fromtimestamp(r["timestamp"], datetime.timezone.utc), r) for r in self.records()]
+        after = tuple(last_entry_info) if last_entry_info else None
+        start = start_time if after is None else None
+        chosen = [(when, r) for when, r in dated if (end_time is None or when <= end_time)
+                  and (start is None or when > start) and (after is None or (when, r["id"]) > after)]
+        last = (chosen[-1][0], chosen[-1][1]["id"]) if chosen else (None, None)
+        return [r["payload"] for _, r in chosen], last
+
+
+def _write_whole(path: str, text: str) -> None:
+    """A reader sees the previous text or this one: an object store writes an object whole; a file is replaced."""
+    if _is_uri(path):
+        from etils import epath  # orbax's own path layer: gs:// through gcsfs
+        epath.Path(path).write_text(text)
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    partial = f"{path}.{os.getpid()}.tmp"
+    with open(partial, "w") as f:
+        f.write(text)
+    os.replace(partial, path)
+
+
+def goodput_records_dir(checkpoint_dir: str) -> str:
+    return f"{checkpoint_dir.rstrip('/')}/{GOODPUT_RECORDS_DIR}"
+
+
+def goodput_logger(config: dict) -> GoodputFileLogger | None:
+    """The records' logger for the library: ours where config says "file"; None lets the library create its own Cloud
+    Logging logger (on GKE, through the pod's Workload Identity)."""
+    if config["goodput_logger"] != "file":
+        return None
+    return GoodputFileLogger(goodput_records_dir(config["checkpoint_dir"]),
+                             goodput_job_name(config["run_name"], config["checkpoint_dir"]), config["run_id"])
+
+
+def goodput_recorder(config: dict, enabled: bool):
+    """The library's GoodputRecorder; every record_* call is a no-op where it is not enabled (all ranks but 0, as the
+    library asks, or with --goodput-logger off), or where Cloud Logging's client cannot be made (no credentials): the
+    library's writes are asynchronous and log their errors, so a recorder never fails the training."""
+    from ml_goodput_measurement import goodput
+    job_name = goodput_job_name(config["run_name"], config["checkpoint_dir"])
+    if enabled and config["goodput_logger"] != "off":
+        try:
+            return goodput.GoodputRecorder(job_name, GOODPUT_LOG_NAME, logging_enabled=True,
+                                           cloud_logger=goodput_logger(config))
+        except Exception as err:  # noqa: BLE001 - google.auth's DefaultCredentialsError and the like
+            _log(f"[goodput] not recorded: {type(err).__name__}: {err}")
+    return goodput.GoodputRecorder(job_name, GOODPUT_LOG_NAME, logging_enabled=False)
+
+
+class _CheckpointEvents:
+    """orbax's logger interface (log_entry) around another logger: an event that cannot be written is logged, never
+    raised. Orbax's CloudLogger writes synchronously inside CheckpointManager.save and restore, and a report must not
+    fail a save."""
+
+    def __init__(self, logger):
+        self.logger = logger
+
+    def log_entry(self, entry: dict, *args, **kwargs) -> None:
+        try:
+            self.logger.log_entry(entry, *args, **kwargs)
+        except Exception as err:  # noqa: BLE001 - e.g. Cloud Logging's write denied
+            _log(f"[goodput] checkpoint event not recorded: {type(err).__name__}: {err}")
+
+
+def checkpoint_event_logger(config: dict, enabled: bool) -> _CheckpointEvents | None:
+    """Where orbax logs its save and restore events for the calculator: the records' log (rank 0's), else None (orbax's
+    default, absl logging). Ref: orbax.checkpoint.logging.CloudLogger, which the library's calculator reads back."""
+    if not enabled or config["goodput_logger"] == "off":
+        return None
+    if config["goodput_logger"] == "file":
+        return _CheckpointEvents(goodput_logger(config))
+    import orbax.checkpoint as ocp
+    try:
+        return _CheckpointEvents(ocp.logging.CloudLogger(ocp.logging.CloudLoggerOptions(
+            job_name=goodput_job_name(config["run_name"], config["checkpoint_dir"]), logger_name=GOODPUT_LOG_NAME)))
+    except Exception as err:  # noqa: BLE001 - no credentials: orbax logs its events as it does by default
+        _log(f"[goodput] checkpoint events not recorded: {type(err).__name__}: {err}")
+        return None
+
+
+def _badput_by_name(values: dict, scale: float, like: dict | None = None) -> dict:
+    """{BadputType: value or {event: value}} -> {"tpu_initialization": value * scale, ...}: JSON keys, the library's
+    enum names (and its custom events', which it upper-cases) in lower case. Every key of ``like`` that ``values``
+    lacks is there as nothing (0 or {})."""
+    named = {kind.name.lower(): ({event.lower(): v * scale for event, v in value.items()} if isinstance(value, dict)
+                                 else value * scale) for kind, value in values.items()}
+    for kind, value in (like or {}).items():
+        named.setdefault(kind, {} if isinstance(value, dict) else 0.0)
+    return named
+
+
+def goodput_result(config: dict, finished: bool) -> dict:
+    """The library's calculation over every record of the job, as plain JSON: ``goodput`` and ``badput`` as fractions
+    of the job's time (the library gives percent), ``seconds`` the same in seconds."""
+    from ml_goodput_measurement import goodput
+    job_name = goodput_job_name(config["run_name"], config["checkpoint_dir"])
+    # A cache of its own per calculation: the library's default (/tmp/<job>_timeline.jsonl) would fold in the records
+    # of an earlier job of the same name.
+    with tempfile.TemporaryDirectory() as cache:
+        calculator = goodput.GoodputCalculator(job_name, GOODPUT_LOG_NAME, cloud_logger=goodput_logger(config),
+                                               cache_dir=cache)
+        percent, breakdown, _ = calculator.get_job_goodput(include_badput_breakdown=True)
+        details = calculator.get_job_goodput_details()
+    return {
+        "job": job_name,
+        "records": config["goodput_logger"],
+        "computed_at": time.time(),
+        "finished": finished,  # False: the job is still running, or this run ended early (the window ends now)
+        "goodput": percent / 100,
+        "badput": (badput := _badput_by_name(breakdown, 1 / 100)),
+        # The same kinds in seconds (the library leaves out the ones that did not occur).
+        "seconds": {"job": details["total_elapsed_time"],
+                    "productive": details["goodput_time"][goodput.GoodputType.TOTAL],
+                    "badput": _badput_by_name(details["badput_time"], 1, like=badput)},
+        "max_productive_step": details["max_productive_step"],
+        "disruptions": details["disruption_count"],
+    }
+
+
+def write_goodput_result(config: dict, finished: bool) -> dict | None:
+    """``<checkpoint-dir>/goodput.json`` (whole, never half written) and one compact line in the driver's log; None,
+    with the reason logged, when there is nothing to compute or the records cannot be read: goodput is a report, and
+    must not fail a training that succeeded."""
+    if config["goodput_logger"] == "off":
+        return None
+    try:
+        result = goodput_result(config, finished)
+        _write_whole(f"{config['checkpoint_dir'].rstrip('/')}/{GOODPUT_RESULT}", json.dumps(result, indent=1,
+                                                                                           sort_keys=True))
+    except Exception as err:  # noqa: BLE001 - e.g. no records yet, Cloud Logging's read denied, storage unreachable
+        _log(f"[goodput] not written: {type(err).__name__}: {err}")
+        return None
+    _log("[goodput] " + json.dumps(result, separators=(",", ":"), sort_keys=True))
+    return result
+
+# --------------------------------------------------------------------------------------------------
 # The per-worker training loop
 # --------------------------------------------------------------------------------------------------
 
@@ -470,12 +687,19 @@ def train_loop_per_worker(config: dict) -> None:
     logging.getLogger("absl").setLevel(logging.WARNING)  # orbax logs every save at INFO through absl
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    # Rank 0 records; a worker group's start is the job's first start or its restart after a disruption, which the
+    # library measures from the last step recorded before it (infrastructure recovery).
+    recorder = goodput_recorder(config, enabled=rank == 0)
+    recorder.record_job_start_time()
+    recorder.record_tpu_init_start_time()
     if not config["use_tpu"] and world > 1:
         _init_jax_distributed_cpu(rank, world)  # on TPU, JaxTrainer has already done it
 
     cfg = model_config(config)
-    mesh = make_mesh()
+    mesh = make_mesh()  # the first jax.devices(): the backend (on a TPU host, the TPU) initialises here
     n_dev, n_proc, proc = jax.device_count(), jax.process_count(), jax.process_index()
+    recorder.record_tpu_init_end_time()
+    recorder.record_training_preparation_start_time()
     if config["batch_size"] % n_dev:
         raise ValueError(f"--batch-size {config['batch_size']} is not a multiple of {n_dev} devices")
     local_batch = config["batch_size"] // n_proc
@@ -486,7 +710,8 @@ def train_loop_per_worker(config: dict) -> None:
 
     run_id, root = config["run_id"], config["checkpoint_dir"]
     own_dir = run_checkpoint_dir(root, run_id)
-    mngr = checkpoint_manager(own_dir)  # collective (creates the directory): every process
+    events = checkpoint_event_logger(config, enabled=rank == 0)
+    mngr = checkpoint_manager(own_dir, logger=events)  # collective (creates the directory): every process
     # Rank 0 chooses and broadcasts: another run may finish a step between two processes' listings.
     source = None
     if rank == 0:
@@ -494,11 +719,12 @@ def train_loop_per_worker(config: dict) -> None:
         chosen = choose_resume_run(steps, run_id)
         source = None if chosen is None else (chosen, steps[chosen])
     source = broadcast_from_rank_zero(source)
+    recorder.record_training_preparation_end_time()  # the restore is orbax's event of its own
     start = 0
     if source is not None:
         source_run, source_step = source
         src = mngr if source_run == run_id else checkpoint_manager(run_checkpoint_dir(root, source_run),
-                                                                   read_only=True)
+                                                                   read_only=True, logger=events)
         state = src.restore(source_step, args=ocp.args.StandardRestore(state))
         if src is not mngr:
             src.close()
@@ -516,6 +742,7 @@ def train_loop_per_worker(config: dict) -> None:
               "resumed_from": source[0] if source else ""}
     first_loss, t0, timed_steps, loss = None, 0.0, 0, None
     for step in range(start, total):  # state["step"] == step here
+        recorder.record_step_start_time(step)
         local = synthetic_batch(config["seed"], step, proc, local_batch, cfg.seq_len, cfg.vocab)
         state, loss = train_step(state, shard_batch(local, mesh))
         done = step + 1
@@ -547,13 +774,16 @@ def train_loop_per_worker(config: dict) -> None:
                                        for k, v in metrics.items()))
         if is_ckpt:
             mngr.save(done, args=ocp.args.StandardSave(state))  # collective: every process calls it
+            recorder.record_custom_badput_event_start_time(custom_badput_event_type=CHECKPOINT_SAVE_WAIT)
             mngr.wait_until_finished()  # the Ray marker must not point at a step orbax has not finished
+            recorder.record_custom_badput_event_end_time(custom_badput_event_type=CHECKPOINT_SAVE_WAIT)
         _report(metrics, done if (is_ckpt and rank == 0) else None, own_dir)
         t0, timed_steps = time.perf_counter(), 0
         if noticed:
             if os.path.exists(config["notice_file"]):
                 os.remove(config["notice_file"])  # consumed: on a host that outlives the notice, it is not seen twice
             mngr.close()
+            _record_progress_kept(recorder, done)
             if rank == 0:
                 _log(f"[train] termination notice: saved step {done}; exiting")
             raise TerminationNotice(f"termination notice: saved step {done}")
@@ -565,6 +795,18 @@ def train_loop_per_worker(config: dict) -> None:
         _report({"step": start, **common}, None, own_dir)
     mngr.wait_until_finished()
     mngr.close()
+    _record_progress_kept(recorder, max(start, total))
+    recorder.record_job_end_time()
+    recorder.flush()
+
+
+def _record_progress_kept(recorder, step: int) -> None:
+    """The start of step ``step`` after its predecessor's checkpoint, though no step runs: the library reads a step
+    recorded twice as a restart that kept every step before it. So the run that resumes at ``step`` counts the time in
+    between as recovery, and the save before it as the last step's, instead of one long productive step.
+    Ref: ml_goodput_measurement 0.2.3 goodput.py, GoodputCalculator._get_current_productive_and_unproductive_time."""
+    recorder.record_step_start_time(step)
+    recorder.flush()
 
 
 def _report(metrics: dict, marker_step: int | None, checkpoint_dir: str) -> None:
@@ -623,6 +865,10 @@ def build_parser() -> argparse.ArgumentParser:
       help="testing: the last rank creates --notice-file after this step, once (marker in --checkpoint-dir)")
     a("--fail-at-step", type=int, default=None,
       help="testing: the last rank exits after this step, once (marker in --checkpoint-dir, for all runs)")
+    a("--goodput-logger", choices=GOODPUT_LOGGERS, default="auto",
+      help="where goodput records go: cloud (Cloud Logging, the library's own; on GKE), file (JSON lines under "
+           "<checkpoint-dir>/goodput/, local paths only), off; auto: cloud for a gs:// --checkpoint-dir, else file. "
+           "The result goes to <checkpoint-dir>/goodput.json")
     a("--use-tpu", action="store_true")
     a("--topology", default=None, help='TPU slice topology, e.g. "4x4"')
     a("--accelerator-type", default=None, help='Ray TPU type: "TPU-V6E", "TPU-V5LITEPOD", "TPU-V5P"')
@@ -654,6 +900,11 @@ def resolve_config(args: argparse.Namespace) -> dict:
             config["run_id"] = valid_run_id(os.environ.get("RAY_CLUSTER_NAME") or "local")
         except argparse.ArgumentTypeError as err:
             raise ValueError(f"RAY_CLUSTER_NAME: {err}; pass --run-id") from None
+    if config["goodput_logger"] == "auto":
+        # Object storage cannot append to a file; a job that keeps its checkpoints there runs on GKE (Cloud Logging).
+        config["goodput_logger"] = "cloud" if _is_uri(config["checkpoint_dir"]) else "file"
+    elif config["goodput_logger"] == "file" and _is_uri(config["checkpoint_dir"]):
+        raise ValueError("--goodput-logger file appends to a local file: not under a --checkpoint-dir URI")
     return config
 
 
@@ -694,8 +945,23 @@ def make_trainer(config: dict):
 
 
 def main(argv=None):
-    """Train with JaxTrainer; returns the ``ray.train.Result`` (``.metrics``: last checkpoint's metrics)."""
-    result = make_trainer(resolve_config(build_parser().parse_args(argv))).fit()
+    """Train with JaxTrainer; returns the ``ray.train.Result`` (``.metrics``: last checkpoint's metrics).
+
+    The job's goodput, over every run's records, goes to ``<checkpoint-dir>/goodput.json`` once fit() ends, however it
+    ends (``write_goodput_result``)."""
+    import datetime
+    started = datetime.datetime.now(datetime.timezone.utc)
+    config = resolve_config(build_parser().parse_args(argv))
+    # The program's start is the job's (a restarted worker group records its own start too).
+    recorder = goodput_recorder(config, enabled=True)
+    recorder.record_job_start_time(started)
+    recorder.flush()
+    finished = False
+    try:
+        result = make_trainer(config).fit()
+        finished = True
+    finally:
+        write_goodput_result(config, finished)
     print("[train] final metrics: " + json.dumps(result.metrics, sort_keys=True, default=str), flush=True)
     return result
 

@@ -1,0 +1,245 @@
+"""Goodput in workloads/train.py without Ray: the file-backed logger that stands in for Cloud Logging, and the result
+that the library's calculator makes of scripted records (backfilled times, so every number is known). The records of a
+real training, with its restarts, are checked in test_train_ray.py.
+"""
+
+import dataclasses
+import datetime
+import json
+
+import pytest
+from ml_goodput_measurement import goodput
+from orbax.checkpoint.logging import step_statistics
+
+from workloads import train
+
+T0 = 1_700_000_000.0
+# What the library's breakdown holds (ml_goodput_measurement 0.2.3, GoodputCalculator._get_job_badput_breakdown),
+# by BadputType name in lower case; the elastic kinds are only for elastic jobs.
+BADPUT_KEYS = {"tpu_initialization", "training_prep", "program_startup", "data_loading_sync", "data_loading_async",
+               "unproductive_checkpoint_save_time", "unproductive_checkpoint_restore_time",
+               "wasted_progress_from_disruption", "infrastructure_recovery_from_disruption", "custom_badput_events",
+               "other"}
+FLAT = BADPUT_KEYS - {"custom_badput_events", "data_loading_async"}  # async data loading overlaps training
+
+
+def at(seconds: float) -> datetime.datetime:
+    return datetime.datetime.fromtimestamp(T0 + seconds, datetime.timezone.utc)
+
+
+def config(root, run_id="a", logger="file") -> dict:
+    return {"goodput_logger": logger, "checkpoint_dir": str(root / "orbax"), "run_name": "job", "run_id": run_id}
+
+
+def steps(recorder, starts: dict) -> None:
+    for step, second in starts.items():
+        recorder.record_step_start_time(step, at(second))
+
+
+def save_event(step: int, blocking: float) -> dict:
+    """What orbax's CheckpointManager.save logs (its own dataclass), with the blocking part lasting ``blocking``."""
+    return dataclasses.asdict(step_statistics.SaveStepStatistics(
+        step=step, directory="/ckpt", checkpoint_manager_blocking_duration_secs=blocking,
+        checkpointer_blocking_duration_secs=blocking, wait_for_prev_duration_secs=0.0,
+        get_old_steps_duration_secs=0.0))
+
+
+def restore_event(step: int, duration: float) -> dict:
+    return dataclasses.asdict(step_statistics.RestoreStepStatistics(
+        step=step, directory="/ckpt", checkpointer_duration_secs=duration, checkpoint_manager_duration_secs=duration))
+
+
+def total(result: dict) -> float:
+    return result["goodput"] + sum(result["badput"][k] for k in FLAT) + sum(
+        result["badput"]["custom_badput_events"].values())
+
+
+def test_file_logger_keeps_each_runs_records_in_its_own_file_and_reads_them_all_in_time_order(tmp_path):
+    records = tmp_path / "goodput"
+    a = train.GoodputFileLogger(str(records), "job-1", "a")
+    b = train.GoodputFileLogger(str(records), "job-1", "b")
+    a.write_cloud_logging_entry({"job_name": "job-1", "job_start_time": T0})
+    b.write_cloud_logging_entry({"job_name": "job-1", "step_count": 0, "step_start_time": T0 + 1})
+    a.write_cloud_logging_entry({"job_name": "another-job", "job_start_time": T0})  # not this job's: dropped
+    a.write_cloud_logging_entry(None)
+    a.log_entry(restore_event(10, 0.5))  # orbax's interface: tagged with the job, as orbax's CloudLogger does
+    assert sorted(p.name for p in records.iterdir()) == ["a.jsonl", "b.jsonl"]
+    assert len((records / "a.jsonl").read_text().splitlines()) == 2
+
+    # A new logger (a restarted run, another process) reads what the others wrote, oldest first.
+    payloads, (last_time, last_id) = train.GoodputFileLogger(str(records), "job-1", "c").read_cloud_logging_entries()
+    assert [sorted(p) for p in payloads] == [["job_name", "job_start_time"], ["job_name", "step_count", "step_start_time"],
+                                            sorted(["job_name", *restore_event(10, 0.5)])]
+    assert payloads[2]["job_name"] == "job-1" and payloads[2]["checkpoint_manager_duration_secs"] == 0.5
+    # The library's incremental query: after the last entry seen, nothing new; an end before every entry, nothing.
+    assert a.read_cloud_logging_entries(last_time, None, (last_time, last_id))[0] == []
+    first = json.loads((records / "a.jsonl").read_text().splitlines()[0])
+    before = datetime.datetime.fromtimestamp(first["timestamp"] - 1, datetime.timezone.utc)
+    assert a.read_cloud_logging_entries(end_time=before) == ([], (None, None))
+    assert train.GoodputFileLogger(str(tmp_path / "none"), "job-1").read_cloud_logging_entries() == ([], (None, None))
+
+
+def test_job_name_is_the_run_name_and_the_checkpoint_roots_hash_path_safe():
+    name = train.goodput_job_name("rayjob-tpu-v6e-4x4-1", "gs://bucket-a/rayjob-tpu-v6e-4x4-1/orbax")
+    assert name.startswith("rayjob-tpu-v6e-4x4-1-") and len(name) == len("rayjob-tpu-v6e-4x4-1-") + 8
+    assert name == train.goodput_job_name("rayjob-tpu-v6e-4x4-1", "gs://bucket-a/rayjob-tpu-v6e-4x4-1/orbax/")
+    assert name != train.goodput_job_name("rayjob-tpu-v6e-4x4-1", "gs://bucket-b/rayjob-tpu-v6e-4x4-1/orbax")
+    assert train.goodput_job_name("a/b c", "/x").startswith("a-b-c-")
+
+
+def test_records_go_to_cloud_logging_for_a_gs_checkpoint_dir_else_to_a_file(monkeypatch):
+    monkeypatch.delenv("RAY_CLUSTER_NAME", raising=False)
+    parse = lambda *argv: train.resolve_config(train.build_parser().parse_args(list(argv)))  # noqa: E731
+    assert parse("--storage-path", "gs://bucket/ray")["goodput_logger"] == "cloud"
+    assert parse("--storage-path", "/tmp/x")["goodput_logger"] == "file"
+    assert parse("--storage-path", "gs://b/ray", "--goodput-logger", "off")["goodput_logger"] == "off"
+    with pytest.raises(ValueError, match="local file"):
+        parse("--storage-path", "gs://b/ray", "--goodput-logger", "file")
+
+
+def test_one_uninterrupted_run_goodput_and_badput_by_cause(tmp_path):
+    """0-1 s TPU init, 1-2 s preparation, step 0 from 2 s (2 s with the compile), steps 1-3 one second each, the
+    checkpoint after step 3: orbax blocks 0.25 s and the commit wait takes 0.25 s more; progress kept at 7 s, job end."""
+    cfg = config(tmp_path)
+    recorder = train.goodput_recorder(cfg, enabled=True)
+    recorder.record_job_start_time(at(0))
+    recorder.record_tpu_init_start_time(at(0))
+    recorder.record_tpu_init_end_time(at(1))
+    recorder.record_training_preparation_start_time(at(1))
+    recorder.record_training_preparation_end_time(at(2))
+    steps(recorder, {0: 2, 1: 4, 2: 5, 3: 6})
+    train.checkpoint_event_logger(cfg, enabled=True).log_entry(save_event(4, blocking=0.25))
+    recorder.record_custom_badput_event_start_time(at(6.5), train.CHECKPOINT_SAVE_WAIT)
+    recorder.record_custom_badput_event_end_time(at(6.75), train.CHECKPOINT_SAVE_WAIT)
+    steps(recorder, {4: 7})  # train._record_progress_kept
+    recorder.record_job_end_time(at(7))
+
+    result = train.write_goodput_result(cfg, finished=True)
+    assert json.loads((tmp_path / "orbax" / "goodput.json").read_text()) == result
+    assert set(result["badput"]) == BADPUT_KEYS
+    # Steps 1-3 take 1, 1 and 0.75 s (the commit wait is the save's); their mean, 11/12 s, is what step 0 costs
+    # without the start-up; orbax's blocking 0.25 s is the save's too.
+    startup = 2 - 2.75 / 3
+    productive = 2 + 2.75 - startup - 0.25
+    assert result["goodput"] == pytest.approx(productive / 7)
+    seconds = result["seconds"]
+    assert seconds["job"] == pytest.approx(7) and seconds["productive"] == pytest.approx(productive)
+    assert seconds["badput"]["program_startup"] == pytest.approx(startup)
+    assert seconds["badput"]["tpu_initialization"] == pytest.approx(1)
+    assert seconds["badput"]["training_prep"] == pytest.approx(1)
+    assert seconds["badput"]["unproductive_checkpoint_save_time"] == pytest.approx(0.25)
+    assert seconds["badput"]["custom_badput_events"] == {train.CHECKPOINT_SAVE_WAIT: pytest.approx(0.25)}
+    assert result["badput"]["unproductive_checkpoint_save_time"] == pytest.approx(0.25 / 7)
+    assert result["badput"]["wasted_progress_from_disruption"] == 0
+    assert result["badput"]["other"] == pytest.approx(0, abs=1e-9)
+    assert total(result) == pytest.approx(1)
+    assert (result["disruptions"], result["max_productive_step"], result["finished"]) == (0, 4, True)
+    assert (result["records"], result["job"]) == ("file", train.goodput_job_name("job", cfg["checkpoint_dir"]))
+
+
+def test_a_restarted_runs_records_survive_and_count_the_lost_steps_and_the_recovery(tmp_path):
+    """Run "a" starts at 0 s, steps 0-3 start at 1, 3, 4 and 5 s, and dies without notice: its newest checkpoint holds
+    steps 0-1. Run "b" (another process, another file) starts at 10 s, restores 0.5 s, starts again at step 2 at 12 s,
+    and ends after step 3."""
+    a = train.goodput_recorder(config(tmp_path, "a"), enabled=True)
+    a.record_job_start_time(at(0))
+    steps(a, {0: 1, 1: 3, 2: 4, 3: 5})
+    early = train.write_goodput_result(config(tmp_path, "a"), finished=False)  # a's driver, after its fit failed
+    assert (early["finished"], early["disruptions"], early["max_productive_step"]) == (False, 0, 2)
+    b_config = config(tmp_path, "b")
+    b = train.goodput_recorder(b_config, enabled=True)
+    b.record_job_start_time(at(10))
+    train.checkpoint_event_logger(b_config, enabled=True).log_entry(restore_event(2, 0.5))
+    steps(b, {2: 12, 3: 13, 4: 14})
+    b.record_job_end_time(at(14))
+
+    result = train.write_goodput_result(b_config, finished=True)
+    assert json.loads((tmp_path / "orbax" / "goodput.json").read_text()) == result  # the newest replaces a's
+    seconds = result["seconds"]["badput"]
+    assert result["disruptions"] == 1
+    # Run a: step 0 (2 s; 1 s start-up beyond step 1's second) and step 1 kept; step 2 lost. Run b: steps 2 and 3.
+    assert result["seconds"]["productive"] == pytest.approx(2 + 2)
+    assert seconds["wasted_progress_from_disruption"] == pytest.approx(1)
+    assert seconds["program_startup"] == pytest.approx(1)
+    # From the last step that a began (3, at 5 s) to b's start.
+    assert seconds["infrastructure_recovery_from_disruption"] == pytest.approx(5)
+    assert seconds["unproductive_checkpoint_restore_time"] == pytest.approx(0.5)
+    # 0-1 s before a's first step and 10-12 s before b's, less the restore: no cause recorded.
+    assert seconds["other"] == pytest.approx(1 + 2 - 0.5)
+    assert result["goodput"] == pytest.approx(4 / 14) and total(result) == pytest.approx(1)
+
+
+def test_no_records_no_result_and_off_records_nothing(tmp_path, capsys):
+    cfg = config(tmp_path)
+    assert train.write_goodput_result(cfg, finished=False) is None  # the library: "Total job time is zero"
+    assert "[goodput] not written: ValueError" in capsys.readouterr().out
+    assert not (tmp_path / "orbax" / "goodput.json").exists()
+
+    off = config(tmp_path, logger="off")
+    train.goodput_recorder(off, enabled=True).record_job_start_time(at(0))
+    assert train.checkpoint_event_logger(off, enabled=True) is None
+    assert train.write_goodput_result(off, finished=True) is None
+    assert not (tmp_path / "orbax").exists()
+    # Ranks other than 0 record nothing either, with any logger.
+    train.goodput_recorder(cfg, enabled=False).record_job_start_time(at(0))
+    assert train.checkpoint_event_logger(cfg, enabled=False) is None
+    assert not (tmp_path / "orbax").exists()
+
+
+def test_cloud_records_use_the_librarys_cloud_logger_and_orbaxs(monkeypatch, tmp_path):
+    """On GKE nothing of ours stands in: the library creates its Cloud Logging logger, orbax its CloudLogger, both on the
+    same log and job (stubbed: no credentials here)."""
+    import orbax.checkpoint as ocp
+    created, written = {}, []
+
+    class FakeCloudLogger:
+        def __init__(self, job_name, log_name, **kwargs):
+            created["recorder"] = (job_name, log_name)
+
+        def write_cloud_logging_entry(self, entry):
+            written.append(entry)
+
+    class FakeOrbaxLogger:
+        def __init__(self, options):
+            created["orbax"] = (options.job_name, options.logger_name)
+
+        def log_entry(self, entry):
+            written.append(entry)
+
+    monkeypatch.setattr(goodput, "_CloudLogger", FakeCloudLogger)
+    monkeypatch.setattr(ocp.logging, "CloudLogger", FakeOrbaxLogger)
+    cfg = config(tmp_path, logger="cloud") | {"checkpoint_dir": "gs://bucket/job/orbax"}
+    assert train.goodput_logger(cfg) is None
+    train.goodput_recorder(cfg, enabled=True).record_job_start_time(at(0))
+    train.checkpoint_event_logger(cfg, enabled=True).log_entry(restore_event(1, 0.5))
+    job = train.goodput_job_name("job", "gs://bucket/job/orbax")
+    assert created == {"recorder": (job, train.GOODPUT_LOG_NAME), "orbax": (job, train.GOODPUT_LOG_NAME)}
+    assert written == [{"job_name": job, "job_start_time": T0}, restore_event(1, 0.5)]
+
+
+def test_without_cloud_logging_the_training_goes_on_unrecorded(monkeypatch, tmp_path, capsys):
+    """No credentials, or a write denied: goodput is a report, nothing raises into the training."""
+    import orbax.checkpoint as ocp
+
+    def no_credentials(*args, **kwargs):
+        raise RuntimeError("no credentials")
+
+    class DeniedOrbaxLogger:
+        def __init__(self, options):
+            pass
+
+        def log_entry(self, entry):
+            raise PermissionError("logging.logEntries.create denied")
+
+    monkeypatch.setattr(goodput, "_CloudLogger", no_credentials)
+    monkeypatch.setattr(ocp.logging, "CloudLogger", DeniedOrbaxLogger)
+    cfg = config(tmp_path, logger="cloud") | {"checkpoint_dir": "gs://bucket/job/orbax"}
+    train.goodput_recorder(cfg, enabled=True).record_job_start_time(at(0))  # a disabled recorder
+    train.checkpoint_event_logger(cfg, enabled=True).log_entry(restore_event(1, 0.5))
+    assert train.write_goodput_result(cfg, finished=True) is None
+    out = capsys.readouterr().out
+    assert "[goodput] not recorded: RuntimeError: no credentials" in out
+    assert "[goodput] checkpoint event not recorded: PermissionError" in out
+    assert "[goodput] not written: RuntimeError: no credentials" in out
+    monkeypatch.setattr(ocp.logging, "CloudLogger", no_credentials)
+    assert train.checkpoint_event_logger(cfg, enabled=True) is None
