@@ -19,10 +19,10 @@ Binaries must be built (`python -m testbed build`).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 
+from bench.report import print_medians, run_line
 from testbed import jobs
 from testbed.failover_tier import NAMESPACE, RESYNC_SECONDS, start_failover_tier
 from failover.api import parse_time
@@ -87,14 +87,12 @@ def main() -> None:
             results.setdefault("early path: created -> dws request", []).append(asked)
             results.setdefault("early path: eviction -> pods Running on dws", []).append(moved)
             tier.delete_all_jobs()
-            print(f"run {run + 1}: " + ", ".join(f"{k.split(':')[0]} {v[-1]:.1f} s" for k, v in results.items()),
-                  flush=True)
+            print(run_line(run, results), flush=True)
     finally:
         tier.plane.stop()
-    print(f"\nmedian of {args.runs} runs (min-max); podsReadyTimeout {args.timeout} s, stockoutGracePeriod "
-          f"{args.grace} s, slice scale-up {args.scale_up} s, controller pass every {RESYNC_SECONDS} s:")
-    for label, values in results.items():
-        print(f"  {label}: {statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})")
+    print_medians(f"median of {args.runs} runs (min-max); podsReadyTimeout {args.timeout} s, stockoutGracePeriod "
+                  f"{args.grace} s, slice scale-up {args.scale_up} s, controller pass every {RESYNC_SECONDS} s:",
+                  results)
 
 
 if __name__ == "__main__":

@@ -17,10 +17,10 @@ Binaries must be built (`python -m testbed build`).
 from __future__ import annotations
 
 import argparse
-import statistics
 import time
 
 
+from bench.report import print_medians, run_line
 from failover import api
 from testbed import jobs
 from testbed.failover_tier import NAMESPACE, start_failover_tier
@@ -75,13 +75,11 @@ def main() -> None:
             results.setdefault("failed host, no capacity: signal -> Running on Spot", []).append(
                 _running(tier, job, "spot") - signal)
             tier.delete_all_jobs()
-            print(f"run {run + 1}: " + ", ".join(f"{v[-1]:.1f} s" for v in results.values()), flush=True)
+            print(run_line(run, results), flush=True)
     finally:
         tier.plane.stop()
-    print(f"\nmedian of {args.runs} runs (min-max); on-demand's sliceRecoveryWait {args.wait} s, a new slice 0.5 s "
-          f"after the scheduler found no node:")
-    for label, values in results.items():
-        print(f"  {label}: {statistics.median(values):.2f} s ({min(values):.2f}-{max(values):.2f})")
+    print_medians(f"median of {args.runs} runs (min-max); on-demand's sliceRecoveryWait {args.wait} s, a new slice "
+                  f"0.5 s after the scheduler found no node:", results)
 
 
 if __name__ == "__main__":

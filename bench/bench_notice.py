@@ -16,11 +16,11 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 from pathlib import Path
 
 
+from bench.report import print_medians, run_line
 from workloads import train
 
 NOTICE_AT, FAIL_AT = 5, 15
@@ -59,13 +59,11 @@ def main() -> None:
             with tempfile.TemporaryDirectory() as directory:
                 for label, value in one_run(Path(directory), args.steps, args.checkpoint_every).items():
                     results.setdefault(label, []).append(value)
-            print(f"run {run + 1}: " + ", ".join(f"{k} {v[-1]:.1f}" for k, v in results.items()), flush=True)
+            print(run_line(run, results, unit=""), flush=True)
     finally:
         ray.shutdown()
-    print(f"\nmedian of {args.runs} runs (min-max); checkpoint every {args.checkpoint_every} steps, notice after step "
-          f"{NOTICE_AT}, a worker killed after step {FAIL_AT}:")
-    for label, values in results.items():
-        print(f"  {label}: {statistics.median(values):.2f} ({min(values):.2f}-{max(values):.2f})")
+    print_medians(f"median of {args.runs} runs (min-max); checkpoint every {args.checkpoint_every} steps, notice "
+                  f"after step {NOTICE_AT}, a worker killed after step {FAIL_AT}:", results, unit="")
 
 
 if __name__ == "__main__":
