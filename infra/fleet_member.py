@@ -12,7 +12,8 @@
 - where the manager reaches this cluster (`fleetMember.access`: its endpoint and CA, neither secret); the manager's
   renewer writes them with a short-lived token into the kubeconfig Secret MultiKueue reads (failover/credentials.py).
 
-Ref: ../shared/notes/multikueue.md (Kueue 0.19.2: kubeconfig rules, worker RBAC, dispatch).
+Ref: https://kueue.sigs.k8s.io/docs/tasks/manage/setup_multikueue/ (kubeconfig rules, the worker's RBAC) and
+https://kueue.sigs.k8s.io/docs/concepts/multikueue/ (dispatch), for Kueue 0.19.2.
 """
 
 from __future__ import annotations

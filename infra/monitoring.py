@@ -94,7 +94,7 @@ LEADER = 'replica_role!="follower"'  # a follower replica (leader election) woul
 
 # ---- alerts ----
 # Each query is proven on Prometheus's own rule engine (tests/test_alerts_promtool.py) over series shaped as the
-# exporters and Managed Prometheus make them (../shared/notes/alerts-promql.md): labelled counters born at their
+# exporters and Managed Prometheus make them (docs/monitoring.md): labelled counters born at their
 # first increment, a counter's first sample dropped by GMP, no staleness markers (a gone target's series lingers
 # for the 5-minute lookback), `increase()` extrapolated to its window's edges, and `for` counting only from the
 # first evaluation that returns a series.

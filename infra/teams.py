@@ -1,8 +1,8 @@
 """Several teams on one platform: per team a namespace, its chain of queues with its guaranteed share, and its
 groups' access; the root Cohort holds what no team is guaranteed (Spot, DWS, what is left of the rest).
 
-Where the quota sits decides whether a team can take its share back. Measured on Kueue 0.19.2 (Ref:
-../shared/notes/kueue-multi-team.md, "Measured"): a share on a Cohort is never reclaimed, and a job that borrows
+Where the quota sits decides whether a team can take its share back. Measured on real Kueue 0.19.2 (the teams tier,
+tests/test_teams_controlplane.py; docs/teams.md): a share on a Cohort is never reclaimed, and a job that borrows
 anything (the Ray head's CPU included) cannot reclaim. So each share, its heads' CPU included, is nominal quota on the
 team's first-rung ClusterQueue, and that queue takes its own shares in the ladder's order, reclaiming a lent one
 before going down a rung, and anyone else's only when none of its own can serve (FIRST_RUNG_FUNGIBILITY;

@@ -118,7 +118,8 @@ def read_platform(reader: ConfigReader, stack: TeamStackSettings, published: Any
 def check_head_within_share(reader: ConfigReader, workloads: WorkloadSettings) -> None:
     """A team's share holds each job's Ray head at the platform's per-job size (JOB_HEAD_CPU, infra/settings/).
     A bigger head borrows CPU for every job, and a job that borrows anything cannot reclaim the team's share
-    (measured: ../shared/notes/kueue-multi-team.md): reclaim would silently never happen."""
+    (measured on real Kueue 0.19.2: tests/test_teams_controlplane.py, docs/teams.md): reclaim would silently never
+    happen."""
     for field, given, amount, extra, limit, unit in (
             ("headCpu", workloads.head_cpu, cpu_cores(workloads.head_cpu), SUBMITTER_CPU, JOB_HEAD_CPU, "vCPU"),
             ("headMemory", workloads.head_memory, memory_gib(workloads.head_memory), SUBMITTER_MEMORY_GIB,
