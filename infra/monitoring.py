@@ -35,7 +35,7 @@ from infra.failover import METRICS_PORT_NAME, FailoverController
 from infra.failover import NAME as FAILOVER_NAME
 from infra.failover import NAMESPACE as FAILOVER_NAMESPACE
 from infra.fleet import CLUSTER_QUEUE as FLEET_CLUSTER_QUEUE
-from infra.fleet import WATCH_NAME, FleetManager
+from infra.fleet import LADDER_NAME, WATCH_NAME, FleetManager
 from infra.kueue import CHART_NAME, RELEASE_NAME, Kueue, queue_chain
 from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
 from infra.settings import DEFAULT_RUNG, PlatformSettings
@@ -229,6 +229,10 @@ def failover_pod_monitoring() -> dict:
 
 def fleet_watch_pod_monitoring() -> dict:
     return controller_pod_monitoring(WATCH_NAME)
+
+
+def fleet_ladder_pod_monitoring() -> dict:
+    return controller_pod_monitoring(LADDER_NAME)
 
 
 # ---- the dashboard -----------------------------------------------------------------------------------------------
@@ -479,11 +483,13 @@ def platform_alerts(settings: PlatformSettings, controller: bool) -> list[Alert]
 
 
 def fleet_alerts(settings: PlatformSettings) -> list[Alert]:
-    """A fleet job waiting too long for a member, the fleet watch down, a member that does not answer."""
+    """A fleet job waiting too long for a member, the fleet watch or the fleet's ladder controller down, a member that
+    does not answer."""
     seconds = settings.monitoring.alerts.pending_seconds(DEFAULT_RUNG)
     return [waiting_alert("fleet", "for a fleet member", [FLEET_CLUSTER_QUEUE], [FLEET_CLUSTER_QUEUE], seconds,
                           settings),
-            down_alert(WATCH_NAME, "fleet watch", settings), member_alert(settings)]
+            down_alert(WATCH_NAME, "fleet watch", settings),
+            down_alert(LADDER_NAME, "fleet's ladder controller", settings), member_alert(settings)]
 
 
 def alert_policy(alert: Alert, settings: PlatformSettings) -> dict:
@@ -598,12 +604,13 @@ class Monitoring(_Observed):
 
 
 class FleetMonitoring(_Observed):
-    """A fleet manager's (plan C): Kueue's scrape as on a platform, the fleet watch's PodMonitoring, the fleet's
-    dashboard and alerts (`tpu-fallback:infra:FleetMonitoring`)."""
+    """A fleet manager's (plan C): Kueue's scrape as on a platform, the fleet watch's and the fleet ladder's
+    PodMonitorings, the fleet's dashboard and alerts (`tpu-fallback:infra:FleetMonitoring`)."""
 
     def __init__(self, name: str, settings: PlatformSettings, manager: FleetManager, provider: k8s.Provider,
                  opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-fallback:infra:FleetMonitoring", name, provider, opts)
         self._scrape_kueue(settings, manager.release)
         self._scrape("watch", fleet_watch_pod_monitoring(), [manager.watch])
+        self._scrape("ladder", fleet_ladder_pod_monitoring(), [manager.ladder])
         self._publish(settings, dashboard(settings, fleet_widgets(settings), kind="fleet"), fleet_alerts(settings))

@@ -475,7 +475,8 @@ def test_the_fleet_manager_runs_managed_prometheus_and_shares_the_platforms_kueu
     children = {r.name for r in plan.resources if r.parent == component.urn}
     assert children == {f"monitoring-{suffix}" for suffix in (
         "reader-account", "reader-token", "reader-role", "reader-binding", "collector-role", "collector-binding",
-        "renewer-account", "renewer-role", "renewer-binding", "renewer-code", "renewer", "kueue", "watch", "api", "dashboard", "alert-waiting-fleet", "alert-fleet-watch-down",
+        "renewer-account", "renewer-role", "renewer-binding", "renewer-code", "renewer", "kueue", "watch", "ladder",
+        "api", "dashboard", "alert-waiting-fleet", "alert-fleet-watch-down", "alert-fleet-ladder-down",
         "alert-member-unreachable")}
     manifests = {(m["kind"], m["metadata"]["name"]): m for m in plan.kubernetes_manifests()}
     # The very objects a platform declares, from the same builders.
@@ -488,13 +489,16 @@ def test_the_fleet_manager_runs_managed_prometheus_and_shares_the_platforms_kueu
     assert plan.outputs["dashboardUrl"] == f"{mon.CONSOLE}/monitoring-dashboard-id?project=example-project"
 
 
-def test_the_fleet_watchs_monitoring_selects_its_pods_and_metrics_port():
-    from infra.fleet import WATCH_NAME
+@pytest.mark.parametrize("program, port_variable", [("watch", "FLEET_METRICS_PORT"),
+                                                    ("ladder", "LADDER_METRICS_PORT")])
+def test_each_fleet_programs_monitoring_selects_its_pods_and_metrics_port(program, port_variable):
+    from infra.fleet import LADDER_NAME, WATCH_NAME
 
+    name = {"watch": WATCH_NAME, "ladder": LADDER_NAME}[program]
     plan = _plan("fleet")
-    monitor = pod_monitorings(plan)[WATCH_NAME]
+    monitor = pod_monitorings(plan)[name]
     deployment = next(m for m in plan.kubernetes_manifests()
-                      if m["kind"] == "Deployment" and m["metadata"]["name"] == WATCH_NAME)
+                      if m["kind"] == "Deployment" and m["metadata"]["name"] == name)
     template = deployment["spec"]["template"]
     assert monitor["metadata"]["namespace"] == deployment["metadata"]["namespace"]
     assert monitor["spec"]["selector"]["matchLabels"].items() <= template["metadata"]["labels"].items()
@@ -503,13 +507,13 @@ def test_the_fleet_watchs_monitoring_selects_its_pods_and_metrics_port():
     (endpoint,) = monitor["spec"]["endpoints"]
     assert ports[endpoint["port"]] == METRICS_PORT and endpoint["scheme"] == "http"
     env = {e["name"]: e["value"] for e in container["env"]}
-    assert env["FLEET_METRICS_PORT"] == str(METRICS_PORT)  # the port the watch serves on (failover/watch/ main)
-    assert plan.named("fleet-watch").urn in plan.named("monitoring-watch").dependencies
+    assert env[port_variable] == str(METRICS_PORT)  # the port the program serves /metrics on (failover/config.py)
+    assert plan.named(f"fleet-{program}").urn in plan.named(f"monitoring-{program}").dependencies
 
 
 def test_every_fleet_pod_monitoring_validates_strictly_against_gmps_crd(podmonitoring_crd):
     found = pod_monitorings(_plan("fleet"))
-    assert sorted(found) == ["fleet-watch", "kueue-controller-manager"]
+    assert sorted(found) == ["fleet-ladder", "fleet-watch", "kueue-controller-manager"]
     for name, manifest in found.items():
         assert validation_errors(manifest, podmonitoring_crd) == [], name
 
@@ -525,13 +529,14 @@ def test_the_fleet_dashboard_validates_and_is_named_for_the_fleet():
         "Pending workloads per ClusterQueue", "Fleet watch: pass duration"]
 
 
-def test_the_fleet_alerts_on_its_queue_its_watch_and_its_members():
+def test_the_fleet_alerts_on_its_queue_its_watch_its_ladder_and_its_members():
     found = policies(_plan("fleet"))
     waiting = condition(found["alert-waiting-fleet"])
     assert "duration" not in waiting and "[3630s:30s]" in waiting["query"]
     assert 'cluster_queue="fleet-cluster-queue"' in waiting["query"]
     assert mon.KUEUE_RESERVING in waiting["query"]  # a job holding quota while MultiKueue has not dispatched it
     assert 'job="fleet-watch"' in condition(found["alert-fleet-watch-down"])["query"]
+    assert 'job="fleet-ladder"' in condition(found["alert-fleet-ladder-down"])["query"]
     member = condition(found["alert-member-unreachable"])
     assert member == {"query": f'min by (member) ({mon.FLEET_REACHABLE}{{cluster="tpu-fleet",location="us-central1-a"}})'
                                " == 0", "duration": "300s", "disableMetricValidation": True}
