@@ -32,6 +32,15 @@ class WorkloadView:
     tpu_hosts: int = 0  # the TPU pods the job needs: its TPU pod sets' counts
     finished: bool = False  # Kueue's Finished: the job ended (its pods go as they should)
     requeue_state: bool = False  # status.requeueState is set (the requeue backoff of a PodsReady eviction)
+    # When things last changed, for a job's time account (failover/api/goodput.py): Kueue keeps only each condition's
+    # last transition.
+    created_at: datetime.datetime | None = None
+    admitted_since: datetime.datetime | None = None  # Admitted True since (a rung with a check: once it is Ready)
+    pods_ready_reason: str | None = None  # PodsReady's reason, True or False: Started, Recovered, WaitForRecovery...
+    pods_ready_changed_at: datetime.datetime | None = None  # its last transition, True or False
+    requeued_reason: str | None = None  # Requeued True's reason: Reactivated once a move's deactivation ends
+    requeued_at: datetime.datetime | None = None  # and since when
+    finished_at: datetime.datetime | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping) -> WorkloadView:
@@ -40,6 +49,9 @@ class WorkloadView:
 
         def true(kind: str) -> bool:
             return (conditions.get(kind) or {}).get("status") == "True"
+
+        def changed(kind: str) -> datetime.datetime | None:
+            return parse_time((conditions.get(kind) or {}).get("lastTransitionTime"))
 
         flavor = None
         for assignment in (status.get("admission") or {}).get("podSetAssignments") or []:
@@ -65,4 +77,11 @@ class WorkloadView:
             multikueue_origin=(meta.get("labels") or {}).get(MULTIKUEUE_ORIGIN_LABEL),
             pods_ready_since=(parse_time(conditions["PodsReady"].get("lastTransitionTime"))
                               if reserved and true("PodsReady") else None),
-            tpu_hosts=tpu_hosts, finished=true("Finished"), requeue_state=status.get("requeueState") is not None)
+            tpu_hosts=tpu_hosts, finished=true("Finished"), requeue_state=status.get("requeueState") is not None,
+            created_at=parse_time(meta.get("creationTimestamp")),
+            admitted_since=changed("Admitted") if true("Admitted") else None,
+            pods_ready_reason=(conditions.get("PodsReady") or {}).get("reason"),
+            pods_ready_changed_at=changed("PodsReady"),
+            requeued_reason=(conditions["Requeued"].get("reason") if true("Requeued") else None),
+            requeued_at=changed("Requeued") if true("Requeued") else None,
+            finished_at=changed("Finished") if true("Finished") else None)
