@@ -23,7 +23,7 @@ import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from failover.api import LOST, RECOVERED, LostSlice, format_time, parse_time
+from failover.api import CHECKPOINT_REQUEST_ANNOTATION, LOST, RECOVERED, LostSlice, format_time, parse_time
 
 # Node taints that say a host is going, with why. GKE adds the first during a Spot VM's (or preemptible VM's)
 # termination notice; the cluster autoscaler adds the second before it deletes a node; the node lifecycle controller
@@ -73,6 +73,7 @@ class HostView:
     ready: bool
     ready_since: datetime.datetime | None  # the Ready condition's lastTransitionTime
     deleting_since: datetime.datetime | None = None  # deletionTimestamp less the grace period: when it was asked
+    checkpoint_request: str | None = None  # its CHECKPOINT_REQUEST_ANNOTATION (failover/checkpoints.py)
 
     @classmethod
     def from_object(cls, obj: Mapping) -> HostView:
@@ -83,7 +84,8 @@ class HostView:
             deleting -= datetime.timedelta(seconds=meta.get("deletionGracePeriodSeconds") or 0)
         return cls(meta["name"], (obj.get("spec") or {}).get("nodeName"),
                    status.get("phase") == "Running" and (ready or {}).get("status") == "True",
-                   parse_time((ready or {}).get("lastTransitionTime")), deleting)
+                   parse_time((ready or {}).get("lastTransitionTime")), deleting,
+                   (meta.get("annotations") or {}).get(CHECKPOINT_REQUEST_ANNOTATION))
 
 
 @dataclass(frozen=True)

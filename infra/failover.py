@@ -40,11 +40,14 @@ METRICS_PORT_NAME = "metrics"  # the container port's name, which the PodMonitor
 RESYNC_SECONDS = 300
 WORKERS = 4  # Workloads reconciled at once (a move waits up to 10 s for Kueue)
 
-# Least privilege: watch Workloads, RayJobs, events, pods and nodes; write only what a move or a loss changes.
+# Least privilege: watch Workloads, RayJobs, events, pods and nodes; write only what a move or a loss changes, and a
+# checkpoint request on a job's pods.
 RBAC_RULES = (
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    # patch: the checkpoint request on a running job's TPU worker pods (failover/checkpoints.py)
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create"]},
 )
 

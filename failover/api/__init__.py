@@ -1,12 +1,15 @@
 """The vocabulary the programs share with each other, with `ops status`, the benchmarks and the tests: the labels and
 annotations they write (annotations), the Events (events), the records kept on a RayJob (moves, records), what they
-read of a Workload (views), the queues they are given (queues) and timestamps (times). Controllers, `ops/` and
-`bench/` import it from here; nothing outside a controller's package imports the controller.
+read of a Workload (views), a checkpoint request to a running job (checkpoints), the queues they are given (queues)
+and timestamps (times). Controllers, `ops/` and `bench/` import it from here; nothing outside a controller's package
+imports the controller.
 """
 
-from failover.api.annotations import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, FLEET_ANNOTATION,
-                                      GAVE_UP_ANNOTATION, MAX_WAIT_ANNOTATION, MOVES_ANNOTATION,
-                                      MULTIKUEUE_ORIGIN_LABEL, QUEUE_LABEL, SLICE_LOST_ANNOTATION, TPU_RESOURCE)
+from failover.api.annotations import (ADMITTED_FLAVOR_ANNOTATION, CHECKPOINT_REQUEST_ANNOTATION,
+                                      FAILOVER_ANNOTATION, FLEET_ANNOTATION, GAVE_UP_ANNOTATION, MAX_WAIT_ANNOTATION,
+                                      MOVES_ANNOTATION, MULTIKUEUE_ORIGIN_LABEL, QUEUE_LABEL, SLICE_LOST_ANNOTATION,
+                                      TPU_RESOURCE)
+from failover.api.checkpoints import CheckpointRequest
 from failover.api.events import (LOSS_EVENT_REASON, MOVE_EVENT_REASON, RECOVERY_EVENT_REASON,
                                  SCALE_UP_FAILURE_REASONS, STOCKOUT_MESSAGE, stockout_since)
 from failover.api.moves import (MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVED, MOVING,
@@ -19,9 +22,10 @@ from failover.api.times import format_time, parse_time
 from failover.api.views import WorkloadView
 
 __all__ = [
-    "ADMITTED_FLAVOR_ANNOTATION", "FAILOVER_ANNOTATION", "FLEET_ANNOTATION", "GAVE_UP_ANNOTATION",
-    "MAX_WAIT_ANNOTATION", "MOVES_ANNOTATION", "MULTIKUEUE_ORIGIN_LABEL", "QUEUE_LABEL", "SLICE_LOST_ANNOTATION",
-    "TPU_RESOURCE",
+    "ADMITTED_FLAVOR_ANNOTATION", "CHECKPOINT_REQUEST_ANNOTATION", "FAILOVER_ANNOTATION", "FLEET_ANNOTATION",
+    "GAVE_UP_ANNOTATION", "MAX_WAIT_ANNOTATION", "MOVES_ANNOTATION", "MULTIKUEUE_ORIGIN_LABEL", "QUEUE_LABEL",
+    "SLICE_LOST_ANNOTATION", "TPU_RESOURCE",
+    "CheckpointRequest",
     "LOSS_EVENT_REASON", "MOVE_EVENT_REASON", "RECOVERY_EVENT_REASON", "SCALE_UP_FAILURE_REASONS",
     "STOCKOUT_MESSAGE", "stockout_since",
     "MEMBER_EVICTED", "MEMBER_NOT_READY", "MEMBER_SLICE_LOST", "MEMBER_STOCKOUT", "MOVED", "MOVING",

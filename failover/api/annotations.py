@@ -20,6 +20,10 @@ FAILOVER_ANNOTATION = "tpu-fallback/failover"
 MOVES_ANNOTATION = "tpu-fallback/moves"
 # On the RayJob: the slice it lost this admission (JSON, see LostSlice).
 SLICE_LOST_ANNOTATION = "tpu-fallback/slice-lost"
+# On a running job's TPU worker pods: a request to save the step it reached and go on training (the value:
+# failover.api.CheckpointRequest). The pods read their own annotations through a downwardAPI volume
+# (workloads/rayjob.py), so the job needs no new rights; train.py saves once per new request id.
+CHECKPOINT_REQUEST_ANNOTATION = "tpu-fallback/checkpoint-request"
 
 # ---- the fleet's (failover/watch/, failover/ladder/) -------------------------------------------------------------
 # On the manager's RayJob: where the job runs as the members show it, against Kueue's record (the watch's Finding).
