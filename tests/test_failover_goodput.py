@@ -220,3 +220,126 @@ def test_clipped_counts_a_window_of_a_timeline():
     segments = account(times(rayjob(), wl), at(300)).segments
     assert goodput.clipped(segments, at(20), at(100)) == {(QUOTA_WAIT, ON_DEMAND): 10, (STARTING, ON_DEMAND): 60,
                                                           (RUNNING, ON_DEMAND): 10}
+
+
+# ---- the goodput controller ---------------------------------------------------------------------------------------
+
+CHAIN = api.Chain((api.Rung(ON_DEMAND, "cluster-queue", "user-queue", False, 600),
+                   api.Rung(DWS, "cluster-queue-dws", "user-queue-dws", True, 120)))
+GOODPUT, SECONDS = "tpu_fallback_job_scheduling_goodput", "tpu_fallback_scheduling_seconds_total"
+
+
+class Clock:
+    def __init__(self, seconds: float):
+        self.now = at(seconds)
+
+    def __call__(self) -> datetime.datetime:
+        return self.now
+
+    def set(self, seconds: float) -> None:
+        self.now = at(seconds)
+
+
+def controller(clock: Clock, *objects: tuple[dict, dict]):
+    """A goodput controller over a cache holding these (Workload, RayJob metadata) pairs; no server."""
+    from failover.regional.goodput import GoodputController
+    from failover.runtime.cache import Cache
+    from failover.runtime.metrics import Metrics
+
+    made = GoodputController(Cache(None), CHAIN, Metrics(CollectorRegistry()), clock)
+    show(made, *objects)
+    return made
+
+
+def show(made, *objects: tuple[dict, dict]) -> None:
+    made.workloads.replace([wl for wl, _ in objects])
+    made.jobs.replace([{"metadata": job} for _, job in objects])
+
+
+def sample(made, name: str, **labels: str) -> float | None:
+    return made.metrics.registry.get_sample_value(name, labels)
+
+
+def running_job(ready: float = 90) -> tuple[dict, dict]:
+    return (workload(condition("QuotaReserved", 30), condition("Admitted", 30),
+                     condition("PodsReady", ready, reason="Started"), flavor=ON_DEMAND), rayjob())
+
+
+def test_each_jobs_goodput_and_each_states_seconds_per_rung():
+    """The first pass declares the namespace's series at 0; a pass a scrape later counts everything since the
+    controller started."""
+    clock = Clock(100)
+    made = controller(clock, running_job())
+    made.tick()
+    assert sample(made, GOODPUT, namespace="team", job="job") == pytest.approx(10 / 100)
+    assert sample(made, SECONDS, namespace="team", state=RUNNING, rung=ON_DEMAND) == 0
+    assert sample(made, SECONDS, namespace="team", state=MOVE, rung=DWS) == 0
+    clock.set(140)
+    made.tick()
+    assert sample(made, GOODPUT, namespace="team", job="job") == pytest.approx(50 / 140)
+    assert sample(made, SECONDS, namespace="team", state=RUNNING, rung=ON_DEMAND) == 40  # 100 to 140
+    assert sample(made, SECONDS, namespace="team", state=STARTING, rung=ON_DEMAND) == 0  # before it started
+    clock.set(150)
+    made.tick()
+    assert sample(made, SECONDS, namespace="team", state=RUNNING, rung=ON_DEMAND) == 50
+
+
+def test_a_restarted_controller_shows_the_same_goodput_and_counts_only_from_its_start():
+    clock = Clock(10)
+    first = controller(clock, running_job())
+    for seconds in (10, 50, 300):
+        clock.set(seconds)
+        first.tick()
+    again = controller(clock, running_job())  # started at 300
+    clock.set(400)
+    again.tick()
+    assert sample(again, GOODPUT, namespace="team", job="job") == pytest.approx(310 / 400)
+    clock.set(450)
+    again.tick()
+    assert sample(again, SECONDS, namespace="team", state=RUNNING, rung=ON_DEMAND) == 150  # 300 to 450
+
+
+def test_what_the_controller_watched_before_a_move_stays_exact_until_it_restarts():
+    """It saw the job wait 100 s for quota and start for 50 s on spot, then run; after the slice was lost and the
+    job moved, the objects estimate the run from the submission (400 s) where the controller remembers 250 s."""
+    chain = api.Chain((api.Rung("spot", "cluster-queue", "user-queue", False, 120),) + CHAIN.rungs[1:])
+    clock = Clock(300)
+    on_spot = workload(condition("QuotaReserved", 100), condition("Admitted", 100),
+                       condition("PodsReady", 150, reason="Started"), flavor="spot")
+    made = controller(clock, (on_spot, rayjob()))
+    made.chain = chain
+    made.tick()
+    moved = workload(condition("QuotaReserved", 519, status=False), condition("Evicted", 519, reason="Deactivated"),
+                     condition("Requeued", 521, reason="Reactivated"), queue="user-queue-dws", recorded="spot")
+    job = rayjob((move("spot", DWS, api.SLICE_LOST, 520),), lost=lost_slice("spot", 400, 520))
+    show(made, (moved, job))
+    clock.set(600)
+    made.tick()
+    assert sample(made, GOODPUT, namespace="team", job="job") == pytest.approx(250 / 600)
+    restarted = controller(clock, (moved, job))
+    restarted.chain = chain
+    restarted.tick()
+    assert sample(restarted, GOODPUT, namespace="team", job="job") == pytest.approx(400 / 600)
+
+
+def test_a_finished_or_deleted_job_leaves_no_series_and_a_job_outside_the_chain_none():
+    clock = Clock(200)
+    outside = workload(condition("QuotaReserved", 30), queue="another-queue")
+    outside["metadata"]["name"] = "other-x1"
+    outside["metadata"]["ownerReferences"][0]["name"] = "other"
+    made = controller(clock, running_job(), (outside, {**rayjob(), "name": "other"}))
+    made.tick()
+    assert sample(made, GOODPUT, namespace="team", job="job") is not None
+    assert sample(made, GOODPUT, namespace="team", job="other") is None
+    done = running_job()
+    done[0]["status"]["conditions"].append(condition("Finished", 250, reason="Succeeded"))
+    show(made, done)
+    clock.set(300)
+    made.tick()
+    assert sample(made, GOODPUT, namespace="team", job="job") is None
+    show(made, running_job())
+    made.tick()
+    assert sample(made, GOODPUT, namespace="team", job="job") is not None
+    show(made)
+    made.tick()
+    assert sample(made, GOODPUT, namespace="team", job="job") is None

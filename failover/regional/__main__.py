@@ -12,6 +12,7 @@ import sys
 from failover.config import RegionalConfig
 from failover.regional.controller import Controller
 from failover.regional.decisions import possible_moves
+from failover.regional.goodput import GoodputController
 from failover.runtime.cluster_client import api_client
 from failover.runtime.manager import Manager, configured
 from failover.runtime.metrics import Metrics
@@ -24,6 +25,7 @@ def main() -> int:
     manager = Manager(api_client(), metrics=metrics, health_port=config.health_port, metrics_port=config.metrics_port)
     manager.add(Controller(manager.api_client, config.chain, config.stockout_grace, metrics=metrics,
                            cache=manager.cache, workers=config.workers, resync_seconds=config.resync.total_seconds()))
+    manager.add(GoodputController(manager.cache, config.chain, metrics))
     manager.run()
     return 0
 
