@@ -7,7 +7,8 @@ import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from failover.api.annotations import ADMITTED_FLAVOR_ANNOTATION, MULTIKUEUE_ORIGIN_LABEL, TPU_RESOURCE
+from failover.api.annotations import (ADMITTED_FLAVOR_ANNOTATION, MAX_RUN_ANNOTATION, MULTIKUEUE_ORIGIN_LABEL,
+                                      TPU_RESOURCE)
 from failover.api.times import parse_time
 
 @dataclass(frozen=True)
@@ -41,6 +42,8 @@ class WorkloadView:
     requeued_reason: str | None = None  # Requeued True's reason: Reactivated once a move's deactivation ends
     requeued_at: datetime.datetime | None = None  # and since when
     finished_at: datetime.datetime | None = None
+    # A DWS job's: how long its run may last, counted from its admission (MAX_RUN_ANNOTATION, copied by Kueue)
+    max_run_seconds: int | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping) -> WorkloadView:
@@ -62,6 +65,7 @@ class WorkloadView:
         tpu_hosts = sum(int(pod_set.get("count", 1)) for pod_set in spec.get("podSets") or []
                         if any(TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {})
                                for c in ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []))
+        max_run = str((meta.get("annotations") or {}).get(MAX_RUN_ANNOTATION, ""))
         if not reserved:
             pending_since = parse_time((conditions.get("QuotaReserved") or {}).get("lastTransitionTime")
                                        or meta.get("creationTimestamp"))
@@ -84,4 +88,5 @@ class WorkloadView:
             pods_ready_changed_at=changed("PodsReady"),
             requeued_reason=(conditions["Requeued"].get("reason") if true("Requeued") else None),
             requeued_at=changed("Requeued") if true("Requeued") else None,
-            finished_at=changed("Finished") if true("Finished") else None)
+            finished_at=changed("Finished") if true("Finished") else None,
+            max_run_seconds=int(max_run) if max_run.isdigit() else None)
