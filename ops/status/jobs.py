@@ -19,6 +19,7 @@ import yaml
 from failover import api, slices
 from failover.api import (FAILOVER_ANNOTATION, FLEET_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT,
                           TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
+from failover.api.goodput import Account, JobTimes, account
 from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
                                 namespace_of, owned_by, quantity)
@@ -153,6 +154,7 @@ class JobView:
     looping_on: str | None = None  # the last rung, when the job keeps failing there (nothing below to move to)
     pools: tuple[str, ...] | None = None  # the GKE node pools its pods run on; None: Nodes not readable
     ran: tuple[datetime.datetime, datetime.datetime | None] | None = None  # the Ray job's start and end (KubeRay)
+    goodput: Account | None = None  # its scheduling goodput and where its time went; None: its Workload unknown
 
     @property
     def run_seconds(self) -> float | None:
@@ -551,3 +553,12 @@ def kueue_pods_ready_timeout(config_map: Mapping) -> int | None:
     if not isinstance(wait, dict):
         return None
     return go_duration_seconds(str(wait["timeout"])) if wait.get("timeout") else KUEUE_DEFAULT_PODS_READY_SECONDS
+
+
+def goodput_of(owner: Mapping, workload: Mapping | None, waiting_on: str | None,
+               now: datetime.datetime) -> Account | None:
+    """The job's scheduling goodput and where its time went (failover/api/goodput.py), from its objects: the RayJob's
+    creation and the failover controller's records on it, the Workload's conditions; `waiting_on`: the rung its
+    queue starts at."""
+    times = JobTimes.of(meta(owner), WorkloadView.from_object(workload) if workload is not None else None, waiting_on)
+    return account(times, now) if times is not None else None

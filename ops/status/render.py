@@ -7,6 +7,7 @@ import json
 from collections.abc import Sequence
 
 from failover.api import TPU_RESOURCE, format_time
+from failover.api.goodput import Account
 from ops.status.health import ControllerView
 from ops.status.fleet import FleetView
 from ops.status.jobs import POSITION_COMPUTED, POSITION_FROM_KUEUE, JobView, MoveView
@@ -89,7 +90,24 @@ def job_dict(job: JobView, now: datetime.datetime) -> dict:
         "evictAt": time_or_none(job.evict_at),
         "evictInSeconds": None if job.evict_at is None else max(0, int((job.evict_at - now).total_seconds())),
         "loopingOn": job.looping_on,
+        "goodput": goodput_dict(job.goodput),  # null: its Workload could not be read
     }
+
+
+def goodput_dict(found: Account | None) -> dict | None:
+    """Scheduling goodput (running over the time since submission, null in its first second) and where the time
+    went: seconds per state, per state and rung, and the timeline itself (`exact` false: estimated, docs/goodput.md)."""
+    if found is None:
+        return None
+    return {"scheduling": None if found.goodput is None else round(found.goodput, 4),
+            "submittedAt": format_time(found.submitted), "until": format_time(found.end),
+            "elapsedSeconds": round(found.elapsed_seconds, 1),
+            "seconds": {state: round(seconds, 1) for state, seconds in found.seconds.items()},
+            "byRung": [{"state": state, "rung": rung, "seconds": round(seconds, 1)}
+                       for (state, rung), seconds in found.by_rung.items()],
+            "estimatedSeconds": round(found.estimated_seconds, 1),
+            "timeline": [{"state": s.state, "rung": s.rung, "from": format_time(s.start), "to": format_time(s.end),
+                          "seconds": round(s.seconds, 1), "exact": s.exact} for s in found.segments]}
 
 
 def controller_dict(controller: ControllerView) -> dict:
@@ -223,6 +241,13 @@ def position_cell(job: JobView) -> str | None:
     return f"{job.position}" if job.position_source == POSITION_FROM_KUEUE else f"~{job.position}"
 
 
+def goodput_cell(job: JobView) -> str | None:
+    """Its scheduling goodput in percent; ~ where part of its time is estimated (docs/goodput.md)."""
+    if job.goodput is None or job.goodput.goodput is None:
+        return None
+    return f"{'~' if job.goodput.estimated_seconds else ''}{round(100 * job.goodput.goodput)}%"
+
+
 def job_lines(report: Report) -> list[str]:
     where = "all namespaces" if report.namespace is None else f"namespace {report.namespace}"
     if not report.jobs_known:
@@ -238,15 +263,18 @@ def job_lines(report: Report) -> list[str]:
                len(job.moves), request, job.kind, job.size.chips if job.size else None, pods_cell(job),
                pools_cell(job), job.priority,
                duration(seconds_since(job.created, report.generated_at)) if job.created else None,
-               position_cell(job), job.eviction_count)
+               position_cell(job), job.eviction_count, goodput_cell(job))
         rows.append(((job.namespace,) if all_namespaces else ()) + (job.name,) + row)
     headers = (("NAMESPACE",) if all_namespaces else ()) + (
         "NAME", "QUEUE", "RUNG", "STATE", "SINCE", "FOR", "MOVES", "PROVISIONING REQUEST", "KIND", "CHIPS", "PODS",
-        "NODE POOLS", "PRIORITY", "AGE", "POSITION", "EVICTIONS")
+        "NODE POOLS", "PRIORITY", "AGE", "POSITION", "EVICTIONS", "GOODPUT")
     lines = [f"JOBS ({where})"] + table(headers, rows)
     if any(j.position_source == POSITION_COMPUTED for j in report.jobs):
         lines += ["", "POSITION ~n: computed from the Workloads shown (Kueue's visibility API is not served here), "
                      "from 0"]
+    if any(j.goodput is not None and j.goodput.estimated_seconds for j in report.jobs):
+        lines += ["", "GOODPUT: the share of the time since submission the job ran on a whole slice; ~n%: part of "
+                      "that time is estimated (docs/goodput.md; -o json has the breakdown)"]
     return lines
 
 
