@@ -271,17 +271,17 @@ def test_each_jobs_goodput_and_each_states_seconds_per_rung():
     clock = Clock(100)
     made = controller(clock, running_job())
     made.tick()
-    assert sample(made, GOODPUT, namespace="team", job="job") == pytest.approx(10 / 100)
-    assert sample(made, SECONDS, namespace="team", state=RUNNING, rung=ON_DEMAND) == 0
-    assert sample(made, SECONDS, namespace="team", state=MOVE, rung=DWS) == 0
+    assert sample(made, GOODPUT, job_namespace="team", job_name="job") == pytest.approx(10 / 100)
+    assert sample(made, SECONDS, job_namespace="team", state=RUNNING, rung=ON_DEMAND) == 0
+    assert sample(made, SECONDS, job_namespace="team", state=MOVE, rung=DWS) == 0
     clock.set(140)
     made.tick()
-    assert sample(made, GOODPUT, namespace="team", job="job") == pytest.approx(50 / 140)
-    assert sample(made, SECONDS, namespace="team", state=RUNNING, rung=ON_DEMAND) == 40  # 100 to 140
-    assert sample(made, SECONDS, namespace="team", state=STARTING, rung=ON_DEMAND) == 0  # before it started
+    assert sample(made, GOODPUT, job_namespace="team", job_name="job") == pytest.approx(50 / 140)
+    assert sample(made, SECONDS, job_namespace="team", state=RUNNING, rung=ON_DEMAND) == 40  # 100 to 140
+    assert sample(made, SECONDS, job_namespace="team", state=STARTING, rung=ON_DEMAND) == 0  # before it started
     clock.set(150)
     made.tick()
-    assert sample(made, SECONDS, namespace="team", state=RUNNING, rung=ON_DEMAND) == 50
+    assert sample(made, SECONDS, job_namespace="team", state=RUNNING, rung=ON_DEMAND) == 50
 
 
 def test_a_restarted_controller_shows_the_same_goodput_and_counts_only_from_its_start():
@@ -293,10 +293,10 @@ def test_a_restarted_controller_shows_the_same_goodput_and_counts_only_from_its_
     again = controller(clock, running_job())  # started at 300
     clock.set(400)
     again.tick()
-    assert sample(again, GOODPUT, namespace="team", job="job") == pytest.approx(310 / 400)
+    assert sample(again, GOODPUT, job_namespace="team", job_name="job") == pytest.approx(310 / 400)
     clock.set(450)
     again.tick()
-    assert sample(again, SECONDS, namespace="team", state=RUNNING, rung=ON_DEMAND) == 150  # 300 to 450
+    assert sample(again, SECONDS, job_namespace="team", state=RUNNING, rung=ON_DEMAND) == 150  # 300 to 450
 
 
 def test_what_the_controller_watched_before_a_move_stays_exact_until_it_restarts():
@@ -315,11 +315,11 @@ def test_what_the_controller_watched_before_a_move_stays_exact_until_it_restarts
     show(made, (moved, job))
     clock.set(600)
     made.tick()
-    assert sample(made, GOODPUT, namespace="team", job="job") == pytest.approx(250 / 600)
+    assert sample(made, GOODPUT, job_namespace="team", job_name="job") == pytest.approx(250 / 600)
     restarted = controller(clock, (moved, job))
     restarted.chain = chain
     restarted.tick()
-    assert sample(restarted, GOODPUT, namespace="team", job="job") == pytest.approx(400 / 600)
+    assert sample(restarted, GOODPUT, job_namespace="team", job_name="job") == pytest.approx(400 / 600)
 
 
 def test_a_finished_or_deleted_job_leaves_no_series_and_a_job_outside_the_chain_none():
@@ -329,17 +329,17 @@ def test_a_finished_or_deleted_job_leaves_no_series_and_a_job_outside_the_chain_
     outside["metadata"]["ownerReferences"][0]["name"] = "other"
     made = controller(clock, running_job(), (outside, {**rayjob(), "name": "other"}))
     made.tick()
-    assert sample(made, GOODPUT, namespace="team", job="job") is not None
-    assert sample(made, GOODPUT, namespace="team", job="other") is None
+    assert sample(made, GOODPUT, job_namespace="team", job_name="job") is not None
+    assert sample(made, GOODPUT, job_namespace="team", job_name="other") is None
     done = running_job()
     done[0]["status"]["conditions"].append(condition("Finished", 250, reason="Succeeded"))
     show(made, done)
     clock.set(300)
     made.tick()
-    assert sample(made, GOODPUT, namespace="team", job="job") is None
+    assert sample(made, GOODPUT, job_namespace="team", job_name="job") is None
     show(made, running_job())
     made.tick()
-    assert sample(made, GOODPUT, namespace="team", job="job") is not None
+    assert sample(made, GOODPUT, job_namespace="team", job_name="job") is not None
     show(made)
     made.tick()
-    assert sample(made, GOODPUT, namespace="team", job="job") is None
+    assert sample(made, GOODPUT, job_namespace="team", job_name="job") is None

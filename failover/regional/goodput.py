@@ -1,7 +1,7 @@
 """The regional program's goodput controller: every PERIOD_SECONDS, each job of the chain's scheduling goodput and
 where its time went (failover/api/goodput.py), from the shared cache, as metrics (failover/runtime/metrics.py):
-  tpu_fallback_job_scheduling_goodput{namespace, job}   each unfinished job's goodput since its submission;
-  tpu_fallback_scheduling_seconds_total{namespace, state, rung}   the job-seconds of each state on each rung since
+  tpu_fallback_job_scheduling_goodput{job_namespace, job_name}   each unfinished job's goodput since its submission;
+  tpu_fallback_scheduling_seconds_total{job_namespace, state, rung}   the job-seconds of each state on each rung since
       the controller started, the part of each job's timeline between two passes: `increase()` over a window is
       the namespace's goodput over that window (infra/monitoring.py's alert).
 It reads the Workloads as the failover controller keeps them (the same store, failover/regional/watches.py) and the

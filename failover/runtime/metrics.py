@@ -56,16 +56,17 @@ class Metrics(_Served):
         self.workloads_watched = Gauge("tpu_fallback_workloads_watched", "Workloads in the controller's cache.",
                                        registry=r)
         # The goodput controller's (failover/regional/goodput.py): one series per unfinished job of the chain (its
-        # breakdown is `ops status -o json`'s), and per namespace the job-seconds of each state on each rung.
+        # breakdown is `ops status -o json`'s), and per namespace the job-seconds of each state on each rung. Not
+        # `namespace` and `job`: the scrape's own target labels (the controller's), which would rename these.
         self.job_goodput = Gauge(
             "tpu_fallback_job_scheduling_goodput",
             "Each unfinished job's scheduling goodput: of the time since it was submitted, the share it ran on a "
-            "whole slice (0 to 1).", ["namespace", "job"], registry=r)
+            "whole slice (0 to 1).", ["job_namespace", "job_name"], registry=r)
         self.scheduling_seconds = Counter(
             "tpu_fallback_scheduling_seconds",
             "Seconds the jobs of a namespace spent in each state (quota_wait, capacity_wait, starting, running, "
             "broken_slice, moving, unrecorded) on each rung, summed over the jobs, since the controller started.",
-            ["namespace", "state", "rung"], registry=r)
+            ["job_namespace", "state", "rung"], registry=r)
 
     def declare_moves(self, moves: Iterable[tuple[str, str, str]]) -> None:
         """Every (from, to, reason) this controller can count, at 0 from its start. A labelled counter is otherwise
