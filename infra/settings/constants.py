@@ -57,6 +57,8 @@ SPOT_CRITICAL_PODS_SECONDS = 15  # the system pods' part at GKE's default, kept 
 # A wait alert needs a few 30 s scrapes to be more than a blip; a day is as long as a queued job is watched here.
 MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS = 5 * 60, 24 * 3600
 MAX_MOVES_PER_HOUR = 1000
+# The goodput alert's window: a few scrapes at least, and a day at most, as the waits'.
+MIN_GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_WINDOW_SECONDS = 30 * 60, 24 * 3600
 
 # --- Several teams (`teams`): see infra/teams.py for the Kueue objects they become ---
 # The rungs a team holds a guaranteed share of: capacity that exists while the team waits (Spot and DWS are shared

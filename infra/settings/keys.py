@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from infra.rungs import FLEX_START, ON_DEMAND, RUNG_KINDS, SPOT, RungKind
-from infra.settings.constants import (DEFAULT_RUNG, MAX_MOVES_PER_HOUR, MAX_PENDING_ALERT_SECONDS,
+from infra.settings.constants import (DEFAULT_RUNG, MAX_GOODPUT_WINDOW_SECONDS, MAX_MOVES_PER_HOUR,
+                                      MAX_PENDING_ALERT_SECONDS, MIN_GOODPUT_WINDOW_SECONDS,
                                       MAX_PODS_READY_TIMEOUT_SECONDS, MAX_RECOVERY_WAIT_SECONDS,
                                       MAX_SLICES_PER_PLAN, MAX_SYSTEM_NODES, MIN_GKE_FOR_QUEUED_TPU,
                                       MIN_GKE_FOR_RAY_OPERATOR, MIN_GKE_FOR_SPOT_GRACE, MIN_KUEUE_VERSION,
@@ -131,6 +132,13 @@ _CONTROLLERS = (
               bounds=Bounds(MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS, duration=True)),
             S("movesPerHour", INTEGER, "the failover controller's moves down the ladder from one rung in an hour above "
                                        "which an alert fires (a stockout)", 3, bounds=Bounds(0, MAX_MOVES_PER_HOUR)),
+            S("goodputBelow", OBJECT, "an alert when the jobs of a namespace ran on a whole slice less than `percent` "
+                                      "of their time over the last `window` (their scheduling goodput, "
+                                      "docs/goodput.md), once that time adds up to a window at least (the failover "
+                                      "controller's metrics; fields merged over these defaults)", fields=(
+                S("percent", INTEGER, "the threshold, 0 to turn the alert off", 50, bounds=Bounds(0, 100)),
+                S("window", DURATION, "the window the share is taken over", "6h",
+                  bounds=Bounds(MIN_GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_WINDOW_SECONDS, duration=True)))),
             S("notificationChannels", STRINGS, "the Cloud Monitoring channels every policy notifies (none: incidents "
                                                "in the console only)", [],
               rule="projects/<project>/notificationChannels/<id>, each once"))))),
