@@ -17,6 +17,7 @@ import pulumi_kubernetes as k8s
 
 from failover.api import Chain, Rung
 from failover.config import RegionalConfig
+from failover.maintenance import Policy
 from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
 from infra.settings import PlatformSettings
 
@@ -44,6 +45,8 @@ WORKERS = 4  # Workloads reconciled at once (a move waits up to 10 s for Kueue)
 # checkpoint request on a job's pods.
 RBAC_RULES = (
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
+    # the rungs' free quota, where a move ahead of a maintenance may go (failover/maintenance.py)
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["list", "watch"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
     # patch: the checkpoint request on a running job's TPU worker pods (failover/checkpoints.py)
@@ -93,9 +96,12 @@ def controller_chain(kueue: Kueue, settings: PlatformSettings) -> Chain:
 
 def regional_config(kueue: Kueue, settings: PlatformSettings) -> RegionalConfig:
     """What the controller runs with (failover/config.py): the stack's settings and this module's constants."""
+    maintenance = settings.fallback.maintenance
     return RegionalConfig(controller_chain(kueue, settings),
                           datetime.timedelta(seconds=settings.fallback.stockout_grace_period_seconds),
-                          datetime.timedelta(seconds=RESYNC_SECONDS), WORKERS, HEALTH_PORT, METRICS_PORT)
+                          datetime.timedelta(seconds=RESYNC_SECONDS), WORKERS, HEALTH_PORT, METRICS_PORT,
+                          Policy(maintenance.action, datetime.timedelta(seconds=maintenance.lead_seconds),
+                                 datetime.timedelta(seconds=maintenance.save_timeout_seconds)))
 
 
 def start_command(settings: PlatformSettings, module: str = REGIONAL_MODULE) -> tuple[str, list[dict]]:

@@ -5,7 +5,7 @@ the queues they are given (queues) and timestamps (times). Controllers, `ops/` a
 nothing outside a controller's package imports the controller.
 """
 
-from failover.api.ahead import Ahead
+from failover.api.ahead import ACTIONS, CHECKPOINT, MAINTENANCE, MOVE, NOTHING, RUN_END, Ahead
 from failover.api.annotations import (ACTIVE_MAINTENANCE_LABEL, ADMITTED_FLAVOR_ANNOTATION, AHEAD_ANNOTATION,
                                       CHECKPOINT_REQUEST_ANNOTATION, FAILOVER_ANNOTATION, FLEET_ANNOTATION,
                                       GAVE_UP_ANNOTATION, MAINTENANCE_ONGOING, MAX_RUN_ANNOTATION, MAX_WAIT_ANNOTATION,
@@ -24,7 +24,7 @@ from failover.api.times import format_time, parse_time
 from failover.api.views import WorkloadView
 
 __all__ = [
-    "Ahead",
+    "ACTIONS", "CHECKPOINT", "MAINTENANCE", "MOVE", "NOTHING", "RUN_END", "Ahead",
     "ACTIVE_MAINTENANCE_LABEL", "AHEAD_ANNOTATION", "MAINTENANCE_ONGOING", "MAX_RUN_ANNOTATION",
     "SCHEDULED_MAINTENANCE_LABEL",
     "ADMITTED_FLAVOR_ANNOTATION", "CHECKPOINT_REQUEST_ANNOTATION", "FAILOVER_ANNOTATION", "FLEET_ANNOTATION",

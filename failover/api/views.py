@@ -44,6 +44,7 @@ class WorkloadView:
     finished_at: datetime.datetime | None = None
     # A DWS job's: how long its run may last, counted from its admission (MAX_RUN_ANNOTATION, copied by Kueue)
     max_run_seconds: int | None = None
+    tpu_chips: int = 0  # the TPU chips the job needs: its TPU pod sets' counts times their requests
 
     @classmethod
     def from_object(cls, obj: Mapping) -> WorkloadView:
@@ -65,6 +66,9 @@ class WorkloadView:
         tpu_hosts = sum(int(pod_set.get("count", 1)) for pod_set in spec.get("podSets") or []
                         if any(TPU_RESOURCE in ((c.get("resources") or {}).get("requests") or {})
                                for c in ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []))
+        tpu_chips = sum(int(pod_set.get("count", 1)) * int(((c.get("resources") or {}).get("requests") or {}).get(
+            TPU_RESOURCE, 0)) for pod_set in spec.get("podSets") or []
+            for c in ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or [])
         max_run = str((meta.get("annotations") or {}).get(MAX_RUN_ANNOTATION, ""))
         if not reserved:
             pending_since = parse_time((conditions.get("QuotaReserved") or {}).get("lastTransitionTime")
@@ -89,4 +93,4 @@ class WorkloadView:
             requeued_reason=(conditions["Requeued"].get("reason") if true("Requeued") else None),
             requeued_at=changed("Requeued") if true("Requeued") else None,
             finished_at=changed("Finished") if true("Finished") else None,
-            max_run_seconds=int(max_run) if max_run.isdigit() else None)
+            max_run_seconds=int(max_run) if max_run.isdigit() else None, tpu_chips=tpu_chips)

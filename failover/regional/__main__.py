@@ -24,7 +24,8 @@ def main() -> int:
     metrics.declare_moves(possible_moves(config.chain))
     manager = Manager(api_client(), metrics=metrics, health_port=config.health_port, metrics_port=config.metrics_port)
     manager.add(Controller(manager.api_client, config.chain, config.stockout_grace, metrics=metrics,
-                           cache=manager.cache, workers=config.workers, resync_seconds=config.resync.total_seconds()))
+                           cache=manager.cache, workers=config.workers, resync_seconds=config.resync.total_seconds(),
+                           policy=config.maintenance))
     manager.add(GoodputController(manager.cache, config.chain, metrics))
     manager.run()
     return 0

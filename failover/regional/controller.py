@@ -23,7 +23,9 @@ from failover.api import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, LOSS_
                           MOVED, MOVES_ANNOTATION, MOVING, PODS_READY_TIMEOUT, QUEUE_LABEL, RECOVERY_EVENT_REASON,
                           SLICE_LOST, SLICE_LOST_ANNOTATION, WAIT_FOR_BACKOFF_RESET, Chain, FinishMove, LostSlice,
                           Move, StartMove, WorkloadView, parse_time, stockout_since, with_move_recorded)
+from failover import maintenance
 from failover.regional import decisions
+from failover.regional.ahead import AheadOfDisruptions
 from failover.regional.decisions import RecordFlavor
 from failover.regional.watches import CachedWorkload, Seen
 from failover.runtime.cache import Cache, Key
@@ -38,16 +40,19 @@ SUSPEND_WAIT_SECONDS = 10.0
 POLL_SECONDS = 0.2  # a wait for Kueue within a move looks again this often
 
 
-class Controller(GuardedWrites, Reconciler):
+class Controller(AheadOfDisruptions, GuardedWrites, Reconciler):
     name = "failover"
+    component = COMPONENT
     log = log
     workers = 4  # a move waits up to SUSPEND_WAIT_SECONDS for Kueue
     resync_seconds = 300.0
 
     def __init__(self, api_client: client.ApiClient, chain: Chain, grace: datetime.timedelta,
                  clock: Callable[[], datetime.datetime] = utcnow, metrics: Metrics | None = None,
-                 cache: Cache | None = None, workers: int = 4, resync_seconds: float = 300.0):
+                 cache: Cache | None = None, workers: int = 4, resync_seconds: float = 300.0,
+                 policy: maintenance.Policy | None = None):
         Reconciler.__init__(self)
+        self.policy = policy or maintenance.Policy(maintenance.NOTHING, datetime.timedelta(0), datetime.timedelta(0))
         self.workers, self.resync_seconds = workers, resync_seconds
         self.api = dynamic.DynamicClient(api_client)
         self.core = client.CoreV1Api(api_client)
@@ -80,6 +85,8 @@ class Controller(GuardedWrites, Reconciler):
         view, now = cached.view, self.clock()
         if (pending := Move.from_json(annotation)) is None or pending.state != MOVING:
             acted = self._reconcile_loss(cached, now)
+            if acted is None:
+                acted = self._reconcile_ahead(cached, now)
             if acted is not None:
                 return acted
         job = None

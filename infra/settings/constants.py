@@ -57,6 +57,11 @@ SPOT_CRITICAL_PODS_SECONDS = 15  # the system pods' part at GKE's default, kept 
 # A wait alert needs a few 30 s scrapes to be more than a blip; a day is as long as a queued job is watched here.
 MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS = 5 * 60, 24 * 3600
 MAX_MOVES_PER_HOUR = 1000
+# A disruption seen coming (fallback.maintenance): the checkpoint request from a minute to Cloud TPU's 7 days' notice
+# ahead; the save taken as done 10 s to 10 min after it (the kubelet's refresh of the pods' file takes up to 1 min).
+MIN_MAINTENANCE_LEAD_SECONDS, MAX_MAINTENANCE_LEAD_SECONDS = 60, 7 * 24 * 3600
+MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS = 10, 10 * 60
+MAINTENANCE_ACTIONS = ("checkpoint", "move", "none")  # failover.api.ACTIONS, the default first
 # The goodput alert's window: a few scrapes at least, and a day at most, as the waits'.
 MIN_GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_WINDOW_SECONDS = 30 * 60, 24 * 3600
 

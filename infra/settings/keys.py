@@ -22,6 +22,8 @@ from infra.settings.constants import (DEFAULT_RUNG, MAX_GOODPUT_WINDOW_SECONDS, 
                                       MIN_RECOVERY_WAIT_SECONDS, MIN_SYSTEM_NODES, SHARE_ORDERS,
                                       SPOT_CRITICAL_PODS_SECONDS, SPOT_GRACE_CHOICES, SPOT_GRACE_SECONDS,
                                       SYSTEM_NAMESPACE_PREFIXES, SYSTEM_NAMESPACES)
+from infra.settings.constants import (MAINTENANCE_ACTIONS, MAX_MAINTENANCE_LEAD_SECONDS, MAX_SAVE_TIMEOUT_SECONDS,
+                                      MIN_MAINTENANCE_LEAD_SECONDS, MIN_SAVE_TIMEOUT_SECONDS)
 from infra.settings.keys_roles import FLEET, PLATFORM_STACK, TEAM, WORKLOADS
 from infra.settings.schema import (BOOLEAN, DURATION, INTEGER, OBJECT, OBJECTS, PER_RUNG, REQUIRED, STRING,
                                    STRINGS, UNSET, REGION, Bounds, Setting)
@@ -112,7 +114,25 @@ _CONTROLLERS = (
                                          "controller moves it to the next rung, or requeues it on the last (the "
                                          "given entries are merged over the defaults)",
           {DEFAULT_RUNG: "10m", "spot": "2m", "flexStart": "2m"},
-          bounds=Bounds(MIN_RECOVERY_WAIT_SECONDS, MAX_RECOVERY_WAIT_SECONDS, duration=True)))),
+          bounds=Bounds(MIN_RECOVERY_WAIT_SECONDS, MAX_RECOVERY_WAIT_SECONDS, duration=True)),
+        S("maintenance", OBJECT, "a disruption of a running job's slice seen coming: a TPU host's scheduled "
+                                 "maintenance (GKE's node label cloud.google.com/scheduled-maintenance-time) or the "
+                                 "end of a DWS run (its start plus workloads.maxRunDuration); the window itself is a "
+                                 "lost slice (sliceRecoveryWait), whatever the action (docs/disruptions.md; fields "
+                                 "merged over these defaults)", fields=(
+            S("action", STRING, "checkpoint: ask the job to save the step it reached leadTime ahead (an annotation "
+                                "its TPU pods read, no new rights for the job); move: that, then, saveTimeout later "
+                                "and before the disruption, move it to another rung without a check (reservation, "
+                                "onDemand, spot) whose ClusterQueue has free quota for it; none: only record it "
+                                "(ops status, an Event, a metric)", MAINTENANCE_ACTIONS[0],
+              choices=MAINTENANCE_ACTIONS),
+            S("leadTime", DURATION, "how long before the disruption the job is asked to checkpoint", "15m",
+              bounds=Bounds(MIN_MAINTENANCE_LEAD_SECONDS, MAX_MAINTENANCE_LEAD_SECONDS, duration=True),
+              rule="longer than saveTimeout"),
+            S("saveTimeout", DURATION, "how long after the request the save is taken as done (the job cannot answer "
+                                       "without new rights): the kubelet's refresh of the pods' annotations file (up "
+                                       "to 1 min), the step in progress and the save", "2m",
+              bounds=Bounds(MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS, duration=True)))))),
     S("failoverController", OBJECT, "Where the failover controller's pinned Python packages come from. Default (both "
                                     "empty): PyPI, at each start. Not both.", fields=(
         S("image", STRING, "a prebuilt image that has the pins (failover/Dockerfile): nothing is installed at start",
