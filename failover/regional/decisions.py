@@ -11,8 +11,8 @@ import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from failover.api import (MOVING, PODS_READY_TIMEOUT, QUEUE_LABEL, SLICE_LOST, STOCKOUT, Chain, FinishMove,
-                          Move, StartMove, WorkloadView, format_time, parse_time, reactivation_step)
+from failover.api import (DISRUPTION_AHEAD, MOVING, PODS_READY_TIMEOUT, QUEUE_LABEL, SLICE_LOST, STOCKOUT, Chain,
+                          FinishMove, Move, StartMove, WorkloadView, format_time, parse_time, reactivation_step)
 
 # Kueue's eviction for another queue's claim (a team reclaiming its share, InCohortReclamation): capacity exists,
 # it is just someone else's. Never a move. Ref: kueue v0.19.2 apis/kueue/v1beta2/workload_types.go WorkloadPreempted
@@ -166,7 +166,9 @@ def move_message(move: Move, from_queue: str) -> str:
     """The one line logged, and the Event's message, for a move."""
     cause = {PODS_READY_TIMEOUT: "its pods were not ready within Kueue's waitForPodsReady timeout",
              STOCKOUT: "GKE's autoscaler reported no TPU capacity for its pods",
-             SLICE_LOST: "it lost its slice and the slice was not back within the rung's recovery wait"}[move.reason]
+             SLICE_LOST: "it lost its slice and the slice was not back within the rung's recovery wait",
+             DISRUPTION_AHEAD: "a disruption of its slice was coming (a host's maintenance or its DWS run's end) and "
+                               "the rung had room"}[move.reason]
     if move.requeue:
         return f"requeued on {move.to_flavor} (LocalQueue {move.to_local_queue}): {cause}"
     return (f"moved from {move.from_flavor} to {move.to_flavor} (LocalQueue {from_queue} -> {move.to_local_queue}): "
