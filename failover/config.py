@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # at run time imported where parsed: the scrape token's renewer ships without failover/api/
+    from failover.api.climbs import ClimbPolicy
     from failover.api.queues import Chain, Ladder
     from failover.maintenance import Policy
 
@@ -123,6 +124,9 @@ class RegionalConfig:
     # FAILOVER_MAINTENANCE_LEAD_SECONDS (the checkpoint request this long ahead), FAILOVER_SAVE_TIMEOUT_SECONDS (the
     # save taken as done this long after it)
     maintenance: Policy
+    # FAILOVER_CLIMB_BACK: fallback.climbBack (failover/regional/climb.py), a JSON object {to, reserved (flavors),
+    # settleSeconds, minIntervalSeconds, minRuntimeSeconds, runEndMarginSeconds, saveTimeoutSeconds}; `to` empty: off
+    climb_back: ClimbPolicy
 
     def to_env(self) -> list[EnvVar]:
         return [_var("FAILOVER_CHAIN", self.chain.to_json()),
@@ -133,11 +137,13 @@ class RegionalConfig:
                 _var("FAILOVER_METRICS_PORT", str(self.metrics_port)),
                 _var("FAILOVER_MAINTENANCE_ACTION", self.maintenance.action),
                 _var("FAILOVER_MAINTENANCE_LEAD_SECONDS", seconds_text(self.maintenance.lead)),
-                _var("FAILOVER_SAVE_TIMEOUT_SECONDS", seconds_text(self.maintenance.save_timeout))]
+                _var("FAILOVER_SAVE_TIMEOUT_SECONDS", seconds_text(self.maintenance.save_timeout)),
+                _var("FAILOVER_CLIMB_BACK", json.dumps(self.climb_back.as_data(), sort_keys=True))]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> RegionalConfig:
         from failover.api.ahead import ACTIONS
+        from failover.api.climbs import ClimbPolicy
         from failover.api.queues import Chain
         from failover.maintenance import Policy
 
@@ -150,7 +156,10 @@ class RegionalConfig:
                    _port(environ, "FAILOVER_HEALTH_PORT"), _port(environ, "FAILOVER_METRICS_PORT"),
                    Policy(_choice(environ, "FAILOVER_MAINTENANCE_ACTION", ACTIONS),
                           _seconds(environ, "FAILOVER_MAINTENANCE_LEAD_SECONDS"),
-                          _seconds(environ, "FAILOVER_SAVE_TIMEOUT_SECONDS")))
+                          _seconds(environ, "FAILOVER_SAVE_TIMEOUT_SECONDS")),
+                   _json(environ, "FAILOVER_CLIMB_BACK", ClimbPolicy.from_data, "a JSON object {to, reserved, "
+                         "settleSeconds, minIntervalSeconds, minRuntimeSeconds, runEndMarginSeconds, "
+                         "saveTimeoutSeconds}"))
 
 
 # ---- python -m failover.watch --------------------------------------------------------------------------------------

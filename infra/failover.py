@@ -16,9 +16,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from failover.api import Chain, Rung
+from failover.api.climbs import ClimbPolicy
 from failover.config import RegionalConfig
 from failover.maintenance import Policy
 from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
+from infra.rungs import RESERVATION
 from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
@@ -101,7 +103,20 @@ def regional_config(kueue: Kueue, settings: PlatformSettings) -> RegionalConfig:
                           datetime.timedelta(seconds=settings.fallback.stockout_grace_period_seconds),
                           datetime.timedelta(seconds=RESYNC_SECONDS), WORKERS, HEALTH_PORT, METRICS_PORT,
                           Policy(maintenance.action, datetime.timedelta(seconds=maintenance.lead_seconds),
-                                 datetime.timedelta(seconds=maintenance.save_timeout_seconds)))
+                                 datetime.timedelta(seconds=maintenance.save_timeout_seconds)),
+                          climb_back=climb_policy(settings))
+
+
+def climb_policy(settings: PlatformSettings) -> ClimbPolicy:
+    """fallback.climbBack as the controller reads it: the rungs by their flavors (only those on in this stack), the
+    reservation's marked as the rung whose free quota is its capacity, and the save's wait of fallback.maintenance."""
+    climb, seconds = settings.fallback.climb_back, lambda value: datetime.timedelta(seconds=value)
+    flavors = {plan.config_key: plan.flavor for plan in settings.plans}
+    return ClimbPolicy(tuple(flavors[key] for key in climb.to if key in flavors),
+                       tuple(flavors[key] for key in climb.to if key in flavors and key == RESERVATION.key),
+                       seconds(climb.settle_seconds), seconds(climb.min_interval_seconds),
+                       seconds(climb.min_runtime_seconds), seconds(climb.run_end_margin_seconds),
+                       seconds(settings.fallback.maintenance.save_timeout_seconds))
 
 
 def start_command(settings: PlatformSettings, module: str = REGIONAL_MODULE) -> tuple[str, list[dict]]:

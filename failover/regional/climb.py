@@ -202,7 +202,8 @@ def next_in_climb(move: Move, view: WorkloadView, job: JobFacts, still_free: boo
     longer runs on the admission it climbs from (moved, evicted, finished, its slice lost) or the rung above is no
     longer free when the save is done: giving up the slice it has would then gain nothing."""
     on_it = (view.admitted and view.pods_ready_since is not None and not view.finished and not job.losing
-             and view.flavor == move.from_flavor and (view.admitted_at is None or view.admitted_at <= parse_time(move.at)))
+             and view.flavor == move.from_flavor
+             and (view.admitted_at is None or view.admitted_at <= parse_time(move.at)))
     if not on_it:
         return CALL_OFF, None
     request = checkpoint_of(move)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from failover import maintenance
 from failover.api import (AHEAD_ANNOTATION, FAILOVER_ANNOTATION, SCALE_UP_FAILURE_REASONS, SLICE_LOST_ANNOTATION,
-                          STOCKOUT_MESSAGE, TPU_RESOURCE, Chain, WorkloadView)
+                          STOCKOUT_MESSAGE, TPU_RESOURCE, Chain, Move, WorkloadView, move_history)
 from failover.regional import decisions
 from failover.runtime.cache import DELETED, Cache, Change, Key
 from failover.runtime.controller import Watch
@@ -49,6 +49,7 @@ class CachedJob:
     loss: str | None  # SLICE_LOST_ANNOTATION
     cluster: str | None  # status.rayClusterName
     ahead: str | None = None  # AHEAD_ANNOTATION
+    history: tuple[Move, ...] = ()  # MOVES_ANNOTATION: its completed moves, oldest first (a climb's rules read them)
 
 
 @dataclass(frozen=True)
@@ -67,7 +68,8 @@ def cached_workload(obj: dict, before: CachedWorkload | None) -> CachedWorkload:
 def cached_job(obj: dict, _before: object = None) -> CachedJob:
     annotations = obj["metadata"].get("annotations") or {}
     return CachedJob(annotations.get(FAILOVER_ANNOTATION), annotations.get(SLICE_LOST_ANNOTATION),
-                     (obj.get("status") or {}).get("rayClusterName"), annotations.get(AHEAD_ANNOTATION))
+                     (obj.get("status") or {}).get("rayClusterName"), annotations.get(AHEAD_ANNOTATION),
+                     tuple(move_history(annotations)))
 
 
 def cached_host(obj: dict, _before: object = None) -> CachedHost | None:

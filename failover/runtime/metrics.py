@@ -55,6 +55,9 @@ class Metrics(_Served):
                                    ["flavor"], registry=r)
         self.workloads_watched = Gauge("tpu_fallback_workloads_watched", "Workloads in the controller's cache.",
                                        registry=r)
+        self.climbs = Counter("tpu_fallback_climbs",
+                              "Jobs moved back up the queue chain (fallback.climbBack), once done.",
+                              ["from_flavor", "to_flavor"], registry=r)
         # The goodput controller's (failover/regional/goodput.py): one series per unfinished job of the chain (its
         # breakdown is `ops status -o json`'s), and per namespace the job-seconds of each state on each rung. Not
         # `namespace` and `job`: the scrape's own target labels (the controller's), which would rename these.
@@ -74,6 +77,11 @@ class Metrics(_Served):
         never sees that move: an alert on moves would miss the first of each kind after every start."""
         for from_flavor, to_flavor, reason in moves:
             self.moves.labels(from_flavor, to_flavor, reason)
+
+    def declare_climbs(self, climbs: Iterable[tuple[str, str]]) -> None:
+        """Every (from, to) a climb back can have, at 0 from the start (as declare_moves, for the same reason)."""
+        for from_flavor, to_flavor in climbs:
+            self.climbs.labels(from_flavor, to_flavor)
 
 
 class FleetMetrics(_Served):

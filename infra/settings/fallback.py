@@ -10,6 +10,7 @@ from infra.settings.constants import (DEFAULT_RUNG, MAINTENANCE_ACTIONS, MAX_MAI
                                       MIN_PODS_READY_TIMEOUT_SECONDS, MIN_RECOVERY_WAIT_SECONDS,
                                       MIN_SAVE_TIMEOUT_SECONDS)
 from infra.settings.formats import HTTPS_URL, PINNED_IMAGE, duration_seconds, short_duration
+from infra.settings.climb_back import ClimbBackSettings, read_climb_back_settings
 from infra.settings.keys import DEFAULTS
 from infra.settings.reader import ConfigReader, read_duration, read_per_rung_durations
 
@@ -38,6 +39,7 @@ class FallbackSettings:
     # again before it moves on (failover/slices.py)
     slice_recovery_wait: tuple[tuple[str, int], ...]
     maintenance: MaintenanceSettings = MaintenanceSettings()  # the regional controller's only: not published
+    climb_back: ClimbBackSettings = ClimbBackSettings()  # likewise (infra/settings/climb_back.py)
 
     def recovery_seconds(self, rung: str) -> int:
         """The recovery wait of a rung (its config key): its own, or the default."""
@@ -72,7 +74,9 @@ def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:
                                        DEFAULTS["fallback"]["sliceRecoveryWait"], MIN_RECOVERY_WAIT_SECONDS,
                                        MAX_RECOVERY_WAIT_SECONDS)
     maintenance = read_maintenance_settings(reader, raw["maintenance"])
-    return FallbackSettings(timeout, grace, tuple(sorted(recovery)), maintenance)  # one order, whatever the config's
+    climb_back = read_climb_back_settings(reader, raw["climbBack"])
+    return FallbackSettings(timeout, grace, tuple(sorted(recovery)), maintenance,  # one order, whatever the config's
+                            climb_back)
 
 
 def read_maintenance_settings(reader: ConfigReader, given: dict) -> MaintenanceSettings:

@@ -24,6 +24,7 @@ from infra.settings.constants import (DEFAULT_RUNG, MAX_GOODPUT_WINDOW_SECONDS, 
                                       SYSTEM_NAMESPACE_PREFIXES, SYSTEM_NAMESPACES)
 from infra.settings.constants import (MAINTENANCE_ACTIONS, MAX_MAINTENANCE_LEAD_SECONDS, MAX_SAVE_TIMEOUT_SECONDS,
                                       MIN_MAINTENANCE_LEAD_SECONDS, MIN_SAVE_TIMEOUT_SECONDS)
+from infra.settings.constants import CLIMB_BACK_RUNGS, CLIMB_WAITS
 from infra.settings.keys_roles import FLEET, PLATFORM_STACK, TEAM, WORKLOADS
 from infra.settings.schema import (BOOLEAN, DURATION, INTEGER, OBJECT, OBJECTS, PER_RUNG, REQUIRED, STRING,
                                    STRINGS, UNSET, REGION, Bounds, Setting)
@@ -55,6 +56,30 @@ _SPOT_GRACE = S(
     choices=tuple(f"{seconds}s" for seconds in SPOT_GRACE_CHOICES),
     rule=f"{SPOT_GRACE_CHOICES[-1]}s needs gkeVersion {MIN_GKE_FOR_SPOT_GRACE} or later while the rung is on")
 
+
+def _climb_wait(name: str, description: str) -> Setting:
+    low, high, default = CLIMB_WAITS[name]
+    return S(name, DURATION, description, default, bounds=Bounds(low, high, duration=True))
+
+
+# On by default, onto a reservation only: its slices are paid for whether used or not, and held by GCE for the
+# project, so a job on Spot, DWS or on-demand below it gains the most and risks the least (docs/ladder-and-failover.md
+# "Climbing back").
+_CLIMB_BACK = S(
+    "climbBack", OBJECT, "a running job below its ladder's first rung moves back up to a rung named in `to` once that "
+                         "rung has had a free slice for it for `settle` (its quota free in Kueue and, except on a "
+                         "reservation, an idle slice of its own nodes; no stockout there meanwhile); it is asked to "
+                         "checkpoint first and moves fallback.maintenance.saveTimeout later, by the same route as a "
+                         "move down (docs/ladder-and-failover.md; fields merged over these defaults)", fields=(
+        S("to", STRINGS, "the rungs a job may climb back to (empty: never climb)", ["reservation"],
+          rule=f"rung config keys without an admission check ({', '.join(CLIMB_BACK_RUNGS)}), each once; one that is "
+               "off in this stack is skipped"),
+        _climb_wait("settle", "how long the rung must have had a free slice for the job, and no stockout, before it "
+                              "climbs"),
+        _climb_wait("minInterval", "at most one climb per job in this long"),
+        _climb_wait("minRuntime", "no climb in a job's first this long on a rung"),
+        _climb_wait("runEndMargin", "no climb for a DWS run that ends within this long (its end is a disruption "
+                                    "ahead: fallback.maintenance)")))
 
 _ROUTES = (
     S("zone", STRING, "Zone of the zonal cluster and of every pool; the region is derived from it.", "us-east5-b",
@@ -132,7 +157,8 @@ _CONTROLLERS = (
             S("saveTimeout", DURATION, "how long after the request the save is taken as done (the job cannot answer "
                                        "without new rights): the kubelet's refresh of the pods' annotations file (up "
                                        "to 1 min), the step in progress and the save", "2m",
-              bounds=Bounds(MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS, duration=True)))))),
+              bounds=Bounds(MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS, duration=True)))),
+        _CLIMB_BACK)),
     S("failoverController", OBJECT, "Where the failover controller's pinned Python packages come from. Default (both "
                                     "empty): PyPI, at each start. Not both.", fields=(
         S("image", STRING, "a prebuilt image that has the pins (failover/Dockerfile): nothing is installed at start",
