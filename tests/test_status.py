@@ -23,7 +23,7 @@ from failover.api import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, FLEET
                           format_time, with_move_recorded)
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
-from ops.status import cli, health, jobs
+from ops.status import cli, health, jobs, render
 from ops.status.ladder import (CHAIN_ENV, FROM_CLUSTER_QUEUES, FROM_CONTROLLER, FROM_LOCAL_QUEUES, build_ladder,
                                chain_of_controller)
 from ops.status.ladder import UNKNOWN as FROM_UNKNOWN
@@ -359,6 +359,23 @@ def test_a_running_job_that_lost_its_slice_says_since_when_and_until_when_it_wai
     for annotation in (lost_on(5, api.RECOVERED), lost_on(30)):
         job = rayjob("lost", annotations={api.SLICE_LOST_ANNOTATION: annotation})
         assert one_job(job, workload(job, admitted(40, pods_ready=15), flavor="on-demand")).state == jobs.RUNNING
+
+
+def test_a_maintenance_seen_coming_is_shown_while_it_is_about_the_admission_the_job_runs_on():
+    window = api.format_time(NOW + datetime.timedelta(hours=2))
+    ahead = api.Ahead(api.MAINTENANCE, window, "gke-n-1", "on-demand", api.format_time(NOW),
+                      checkpoint=f"maintenance-x {api.format_time(NOW)}")
+    job = rayjob("maintained", annotations={api.AHEAD_ANNOTATION: ahead.to_json()})
+    report = build_report(dev_snapshot(rayjobs=[job], workloads=[
+        workload(job, admitted(40, pods_ready=15), flavor="on-demand")]))
+    (view,) = report.jobs
+    assert view.state == jobs.RUNNING and view.ahead == ahead
+    assert f"  ahead: maintenance of host gke-n-1 at {window} (on on-demand); checkpoint asked at " \
+           f"{api.format_time(NOW)}" in render.why_lines(report)
+    assert render.job_dict(view, NOW)["disruptionAhead"]["host"] == "gke-n-1"
+    # Seen on another rung (the job has moved since): not this admission's.
+    other = rayjob("maintained", annotations={api.AHEAD_ANNOTATION: ahead.with_(flavor="spot").to_json()})
+    assert one_job(other, workload(other, admitted(40, pods_ready=15), flavor="on-demand")).ahead is None
 
 
 def test_evicted_by_the_pods_ready_timeout_says_from_where_and_when_it_is_back():

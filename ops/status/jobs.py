@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import yaml
 
-from failover import api, slices
+from failover import api, maintenance, slices
 from failover.api import (FAILOVER_ANNOTATION, FLEET_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT,
                           TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
 from failover.api.goodput import Account, JobTimes, account
@@ -62,7 +62,9 @@ MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscale
               api.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)",
               api.MEMBER_SLICE_LOST: "it lost its slice in the step's member, which was not back within the "
                                      "member's sliceRecoveryWait",
-              api.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait"}
+              api.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait",
+              api.DISRUPTION_AHEAD: "a disruption of its slice was coming (a host's maintenance, its DWS run's end): "
+                                    "moved first (fallback.maintenance.action: move)"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
 REQUEST_CONDITIONS = (
@@ -155,6 +157,7 @@ class JobView:
     pools: tuple[str, ...] | None = None  # the GKE node pools its pods run on; None: Nodes not readable
     ran: tuple[datetime.datetime, datetime.datetime | None] | None = None  # the Ray job's start and end (KubeRay)
     goodput: Account | None = None  # its scheduling goodput and where its time went; None: its Workload unknown
+    ahead: api.Ahead | None = None  # a disruption of its slice seen coming, this admission (failover/maintenance.py)
 
     @property
     def run_seconds(self) -> float | None:
@@ -262,6 +265,16 @@ def request_view(request: Mapping | None) -> RequestView | None:
         return RequestView(name, kind, "NotProvisioned", f"not provisioned yet ({provisioned.get('reason')})",
                            changed_at(provisioned), kueue_message(provisioned))
     return RequestView(name, kind, "Pending", "created, not accepted yet", created_at(request), "")
+
+
+def ahead_of(rayjob: Mapping, workload: Mapping | None) -> api.Ahead | None:
+    """The disruption the failover controller saw coming for the job's slice (maintenance of host H at T, a DWS run's
+    end), while it is about the admission the job runs on."""
+    recorded = api.Ahead.from_json(annotations(rayjob).get(api.AHEAD_ANNOTATION))
+    if recorded is None or workload is None:
+        return None
+    view = api.WorkloadView.from_object(workload)
+    return maintenance.current(recorded, view.flavor, view.pods_ready_since)
 
 
 def check_states(workload: Mapping | None) -> tuple[tuple[str, str], ...]:

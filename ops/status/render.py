@@ -90,6 +90,10 @@ def job_dict(job: JobView, now: datetime.datetime) -> dict:
         "evictAt": time_or_none(job.evict_at),
         "evictInSeconds": None if job.evict_at is None else max(0, int((job.evict_at - now).total_seconds())),
         "loopingOn": job.looping_on,
+        "disruptionAhead": None if job.ahead is None else {
+            "kind": job.ahead.kind, "at": job.ahead.at, "host": job.ahead.host or None, "flavor": job.ahead.flavor,
+            "seenAt": job.ahead.seen_at, "checkpointRequest": job.ahead.checkpoint or None,
+            "movedTo": job.ahead.moved_to or None, "words": job.ahead.message()},
         "goodput": goodput_dict(job.goodput),  # null: its Workload could not be read
     }
 
@@ -294,6 +298,8 @@ def why_lines(report: Report) -> list[str]:
         if job.run_seconds is not None:
             parts.append(f"ran {duration(job.run_seconds)} (KubeRay: {format_time(job.ran[0])} to "
                          f"{format_time(job.ran[1])})")
+        if job.ahead is not None:
+            parts.append(f"ahead: {job.ahead.message()}")
         if job.looping_on:
             parts.append(f"looping on the last rung ({job.looping_on}): evicted there again and again, with no "
                          "rung below to move to")
