@@ -304,3 +304,16 @@ def test_climb_back_fields_merge_over_the_defaults():
     assert read_climb_back_settings(reader, {"settle": "90s"}) == ClimbBackSettings(("reservation",), 90, 3600, 600,
                                                                                     1800)
     assert not reader.problems
+
+
+# ---- ops status -----------------------------------------------------------------------------------------------------
+def test_ops_status_says_a_job_climbed_back_when_and_why():
+    from ops.status import jobs as status_jobs
+    from ops.status.render import move_words
+
+    done = status_jobs.MoveView.of(CLIMB.done())
+    assert move_words(done) == ("climbed back from spot to reservation at 2026-12-01T12:00:00Z (the rung had a free "
+                                "slice for fallback.climbBack.settle)")
+    rayjob = {"metadata": {"name": "j", "namespace": "default", "annotations": {
+        api.FAILOVER_ANNOTATION: CLIMB.to_json()}}}
+    assert status_jobs.moves_of(rayjob) == ((), status_jobs.MoveView.of(CLIMB))  # under way while the job saves

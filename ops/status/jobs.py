@@ -19,6 +19,7 @@ import yaml
 from failover import api, maintenance, slices
 from failover.api import (FAILOVER_ANNOTATION, FLEET_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT,
                           TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK
 from failover.api.goodput import Account, JobTimes, account
 from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
@@ -64,7 +65,9 @@ MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscale
                                      "member's sliceRecoveryWait",
               api.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait",
               api.DISRUPTION_AHEAD: "a disruption of its slice was coming (a host's maintenance, its DWS run's end): "
-                                    "moved first (fallback.maintenance.action: move)"}
+                                    "moved first (fallback.maintenance.action: move)",
+              # The regional controller's move back up (failover/regional/climb.py).
+              CLIMB_BACK: "the rung had a free slice for fallback.climbBack.settle"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
 REQUEST_CONDITIONS = (
@@ -286,7 +289,8 @@ def moves_of(rayjob: Mapping) -> tuple[tuple[MoveView, ...], MoveView | None]:
     """The completed moves (tpu-fallback/moves) and the one in progress (tpu-fallback/failover while `moving`)."""
     recorded = annotations(rayjob)
     latest = Move.from_json(recorded.get(FAILOVER_ANNOTATION))
-    in_progress = MoveView.of(latest) if latest is not None and latest.state == api.MOVING else None
+    # A climb back is under way from its checkpoint on (the job still runs while it saves).
+    in_progress = MoveView.of(latest) if latest is not None and latest.state in (api.MOVING, CHECKPOINTING) else None
     return tuple(MoveView.of(m) for m in move_history(recorded)), in_progress
 
 
@@ -328,7 +332,9 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
                      kueue_message(finished))
     if move_in_progress is not None:
         move = move_in_progress
-        words = (f"being requeued on {move.to_flavor} (the last rung or step: no next one)"
+        words = (f"climbing back from {move.from_flavor} to {move.to_flavor} (a checkpoint first)"
+                 if move.reason == CLIMB_BACK else
+                 f"being requeued on {move.to_flavor} (the last rung or step: no next one)"
                  if move.from_flavor == move.to_flavor else f"moving from {move.from_flavor} to {move.to_flavor}")
         return State(MOVING, words, parse_time(move.at),
                      f"started by the failover controller ({move.reason}): {MOVE_WORDS.get(move.reason, move.reason)}")
@@ -366,8 +372,10 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     # gets one (seen on the tier, where the status test once found no Evicted condition after a move).
     moved_here = last_move is not None and last_move.local_queue == view.queue_name
     requeued_here = moved_here and last_move.from_flavor == last_move.to_flavor
+    climbed_here = moved_here and last_move.reason == CLIMB_BACK
     earlier = (f"requeued here by the failover controller ({MOVE_WORDS.get(last_move.reason, last_move.reason)})"
-               if requeued_here else f"moved here from {last_move.from_flavor} by the failover controller"
+               if requeued_here else f"climbed back here from {last_move.from_flavor} by the failover controller"
+               if climbed_here else f"moved here from {last_move.from_flavor} by the failover controller"
                if moved_here else f"evicted earlier: {eviction_words(evicted.get('reason'))}" if evicted is not None
                else "")
     if earlier:

@@ -7,10 +7,11 @@ import json
 from collections.abc import Sequence
 
 from failover.api import TPU_RESOURCE, format_time
+from failover.api.climbs import CLIMB_BACK
 from failover.api.goodput import Account
 from ops.status.health import ControllerView
 from ops.status.fleet import FleetView
-from ops.status.jobs import POSITION_COMPUTED, POSITION_FROM_KUEUE, JobView, MoveView
+from ops.status.jobs import MOVE_WORDS, POSITION_COMPUTED, POSITION_FROM_KUEUE, JobView, MoveView
 from ops.status.ladder import FROM_CLUSTER_QUEUES, FROM_CONTROLLER, FROM_LOCAL_QUEUES, UNKNOWN, Quota
 from ops.status.objects import plain_number
 from ops.status.report import Report
@@ -47,6 +48,8 @@ def seconds_since(moment: datetime.datetime | None, now: datetime.datetime) -> i
 
 
 def move_words(move: MoveView) -> str:
+    if move.reason == CLIMB_BACK:  # a move up the ladder (failover/regional/climb.py)
+        return f"climbed back from {move.from_flavor} to {move.to_flavor} at {move.at} ({MOVE_WORDS[CLIMB_BACK]})"
     return f"{move.from_flavor} -> {move.to_flavor} ({move.reason}, {move.at})"
 
 
