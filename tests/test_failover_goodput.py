@@ -343,3 +343,12 @@ def test_a_finished_or_deleted_job_leaves_no_series_and_a_job_outside_the_chain_
     show(made)
     made.tick()
     assert sample(made, GOODPUT, job_namespace="team", job_name="job") is None
+
+
+def test_a_job_whose_rayjob_is_not_listed_yet_is_left_for_the_next_pass():
+    """Before the RayJobs' informer has listed, a moved job would look unmoved: nothing is shown or remembered."""
+    clock = Clock(300)
+    made = controller(clock, running_job())
+    made.jobs.replace([])
+    made.tick()
+    assert sample(made, GOODPUT, job_namespace="team", job_name="job") is None and not made._kept

@@ -109,6 +109,9 @@ class GoodputController(Reconciler):
         view = cached.view
         start = self.chain.start_of_queue(view.queue_name)
         record = self.jobs.get((key[0], view.rayjob)) if view.rayjob else None
+        if view.rayjob and record is None:  # its RayJob not listed yet (a pass before the caches are), or deleted
+            self._hide(key)  # before its Workload: its moves unknown, nothing shown or kept
+            return
         times = JobTimes.of(record, view, self.chain.rungs[start].flavor)
         if times is None:
             return
