@@ -16,7 +16,7 @@ import time
 import pytest
 
 from failover import api
-from failover.api.climbs import CLIMB_BACK, CLIMB_EVENT_REASON
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, CLIMB_EVENT_REASON
 from failover.regional import decisions
 from infra import kueue as stack_kueue
 from ops.status.render import move_words
@@ -73,6 +73,11 @@ def reserved_chips(tier, flavor: str) -> int:
                if resource["name"] == api.TPU_RESOURCE)
 
 
+def climb_seconds(climb: api.Move, since: datetime.datetime) -> float:
+    """The latest the climb can have started after `since`: its record's time is whole seconds, truncated."""
+    return (api.parse_time(climb.at) + datetime.timedelta(seconds=1) - since).total_seconds()
+
+
 def climb_events(tier, job: str) -> list[dict]:
     return [e for e in tier.kube.list("v1", "Event", namespace=NAMESPACE)
             if e["involvedObject"].get("kind") == "RayJob" and e["involvedObject"]["name"] == job
@@ -93,6 +98,7 @@ def test_a_job_on_spot_climbs_back_to_the_freed_reservation_after_its_save_once(
     time.sleep(MIN_RUNTIME_SECONDS)  # past its first minutes on Spot: only the reservation's settle time is awaited
 
     # The reservation's slice frees: Kueue releases the holder's quota.
+    asked_to_free = datetime.datetime.now(datetime.timezone.utc)
     tier.kube.delete(*jobs.RAYJOB, "holder", NAMESPACE, propagation="Background")
     wait_for(lambda: reserved_chips(tier, "reservation") == 0, REACTION, "the reservation's quota released",
              interval=0.1)
@@ -100,11 +106,10 @@ def test_a_job_on_spot_climbs_back_to_the_freed_reservation_after_its_save_once(
 
     climb = runs.wait(lambda: (m := tier.move_of("climber")) and m.reason == CLIMB_BACK and m, "the climb started",
                       SETTLE_SECONDS + REACTION)
-    started = (api.parse_time(climb.at) - freed).total_seconds()
+    started = climb_seconds(climb, freed)
     assert (climb.from_flavor, climb.to_flavor, climb.to_local_queue) == ("spot", "reservation", "user-queue")
-    # Within settle + 2 s of the release (the record's time is whole seconds, truncated: up to 1 s early), never
-    # before the settle time (less that truncation and this test's 0.1 s poll).
-    assert SETTLE_SECONDS - 1.2 <= started <= SETTLE_SECONDS + CLIMB_SLACK_SECONDS, (started, climb)
+    assert started <= SETTLE_SECONDS + CLIMB_SLACK_SECONDS, (started, climb)
+    assert climb_seconds(climb, asked_to_free) >= SETTLE_SECONDS, (climb, asked_to_free)  # never before settle
 
     # The job is asked to save first (every TPU pod of its Spot run), and still runs there while it saves.
     request = api.CheckpointRequest.about(CLIMB_BACK, api.parse_time(climb.at), api.parse_time(climb.at))
@@ -113,16 +118,18 @@ def test_a_job_on_spot_climbs_back_to_the_freed_reservation_after_its_save_once(
         == request for p in pods) and pods, "the checkpoint asked of its TPU pods")
     assert len(asked) == 4  # one per host of the v6e 4x4 slice
 
-    # The move begins only once the save is taken as done: the Workload is deactivated (evicted) no earlier.
-    def evicted_at() -> datetime.datetime | None:
-        workload = jobs.workload_of(tier.kube, NAMESPACE, "climber")
-        if workload is None or workload["spec"].get("active", True):
-            return None
-        evicted = {c["type"]: c for c in workload["status"].get("conditions") or []}.get("Evicted") or {}
-        return api.parse_time(evicted.get("lastTransitionTime")) or datetime.datetime.now(datetime.timezone.utc)
-    left = runs.wait(evicted_at, "the climber deactivated", SAVE_SECONDS + REACTION)
+    # The move begins only once the save is taken as done (saveTimeout after the request): just before then the job
+    # still runs on Spot, admitted, its Workload active; then it is deactivated.
     saved = request.asked_at + datetime.timedelta(seconds=SAVE_SECONDS)
-    assert left >= saved, (left, saved)
+    time.sleep(max((saved - datetime.timedelta(seconds=1.5) - datetime.datetime.now(datetime.timezone.utc))
+                   .total_seconds(), 0))
+    assert datetime.datetime.now(datetime.timezone.utc) < saved, "the test was late for its own check"
+    workload = jobs.workload_of(tier.kube, NAMESPACE, "climber")
+    assert workload["spec"].get("active", True) and jobs.tpu_flavor(workload) == "spot", workload["spec"]
+    assert tier.move_of("climber").state == CHECKPOINTING
+    runs.wait(lambda: not jobs.workload_of(tier.kube, NAMESPACE, "climber")["spec"].get("active", True)
+              or tier.running_on("climber", "reservation"), "the climber deactivated", SAVE_SECONDS + REACTION)
+    left = datetime.datetime.now(datetime.timezone.utc)
 
     runs.wait(lambda: tier.running_on("climber", "reservation"), "the climber running on the reservation")
     done = wait_for(lambda: (m := tier.move_of("climber")) and m.state == api.MOVED and m, REACTION, "the climb done")
@@ -143,5 +150,60 @@ def test_a_job_on_spot_climbs_back_to_the_freed_reservation_after_its_save_once(
     assert tier.move_of("climber") == done and len(climb_events(tier, "climber")) == 1
     assert tier.metric("tpu_fallback_climbs_total", from_flavor="spot", to_flavor="reservation") == 1
     print(f"\nclimb back: started {started:.1f} s after the reservation's release (settle {SETTLE_SECONDS} s); "
-          f"deactivated {(left - request.asked_at).total_seconds():.0f} s after the checkpoint request "
+          f"deactivation seen {(left - request.asked_at).total_seconds():.1f} s after the checkpoint request "
           f"(saveTimeout {SAVE_SECONDS} s)")
+
+
+def idle_slice(tier, flavor: str) -> bool:
+    """A whole slice of the rung's nodes with no pod on them (GKE keeps a freed slice ~10 min before scale-down)."""
+    busy = {p["spec"].get("nodeName") for p in tier.kube.list("v1", "Pod", namespace=NAMESPACE)}
+    return any(nodes and not busy & set(nodes) for nodes in (tier.gke.nodes_of(pool) for pool in tier.pools_of(flavor)))
+
+
+def test_a_job_climbs_to_an_idle_on_demand_slice_and_not_again_within_min_interval(clean):
+    """On-demand's free quota alone is no proof of GCE capacity: the job climbs there onto the idle slice another job
+    left. Once there, the reservation freeing does not move it again within minInterval."""
+    tier = clean
+    kept = tier.gke.scale_down_seconds
+    tier.gke.scale_down_seconds = 600  # a freed slice stays, as GKE's ~10 min scale-down delay keeps it
+    try:
+        tier.submit("holder-r")
+        wait_for(lambda: tier.running_on("holder-r", "reservation"), REACTION, "holder-r on the reservation")
+        tier.submit("holder-o")
+        wait_for(lambda: tier.running_on("holder-o", "on-demand"), REACTION, "holder-o on on-demand")
+        tier.submit("climber-2")  # the reservation and on-demand full: Kueue admits it on Spot from user-queue
+        runs = Runs(tier, "climber-2")
+        runs.wait(lambda: tier.running_on("climber-2", "spot"), "the climber running on Spot")
+        jobs.wait_pods_ready(tier.kube, NAMESPACE, "climber-2", REACTION)
+        assert tier.move_of("climber-2") is None and tier.queues_of("climber-2") == ("user-queue", "user-queue")
+        time.sleep(MIN_RUNTIME_SECONDS)
+
+        asked_to_free = datetime.datetime.now(datetime.timezone.utc)
+        tier.kube.delete(*jobs.RAYJOB, "holder-o", NAMESPACE, propagation="Background")
+        runs.wait(lambda: reserved_chips(tier, "on-demand") == 0 and idle_slice(tier, "on-demand"),
+                  "on-demand's quota released and its slice idle")
+        freed = datetime.datetime.now(datetime.timezone.utc)
+        climb = runs.wait(lambda: (m := tier.move_of("climber-2")) and m.reason == CLIMB_BACK and m,
+                          "the climb to on-demand", SETTLE_SECONDS + REACTION)
+        started = climb_seconds(climb, freed)
+        assert (climb.from_flavor, climb.to_flavor, climb.to_local_queue) == ("spot", "on-demand",
+                                                                             "user-queue-on-demand")
+        assert started <= SETTLE_SECONDS + CLIMB_SLACK_SECONDS, (started, climb)
+        assert climb_seconds(climb, asked_to_free) >= SETTLE_SECONDS, (climb, asked_to_free)
+        runs.wait(lambda: tier.running_on("climber-2", "on-demand"), "the climber on the idle on-demand slice",
+                  SAVE_SECONDS + REACTION)
+        done = wait_for(lambda: (m := tier.move_of("climber-2")) and m.state == api.MOVED and m, REACTION,
+                        "the climb done")
+        assert runs.most == 1
+
+        # The reservation frees too; within minInterval the job stays where it climbed to.
+        tier.kube.delete(*jobs.RAYJOB, "holder-r", NAMESPACE, propagation="Background")
+        wait_for(lambda: reserved_chips(tier, "reservation") == 0, REACTION, "the reservation's quota released")
+        time.sleep(SETTLE_SECONDS + CLIMB_SLACK_SECONDS + 1)
+        assert tier.move_of("climber-2") == done and len(climb_events(tier, "climber-2")) == 1
+        assert tier.metric("tpu_fallback_climbs_total", from_flavor="on-demand", to_flavor="reservation") == 0
+        assert tier.running_on("climber-2", "on-demand")
+        print(f"\nclimb to an idle on-demand slice: started {started:.1f} s after it freed (settle {SETTLE_SECONDS} "
+              "s); no second climb within minInterval")
+    finally:
+        tier.gke.scale_down_seconds = kept
