@@ -1,7 +1,7 @@
 """The vocabulary the programs share with each other, with `ops status`, the benchmarks and the tests: the labels and
 annotations they write (annotations), the Events (events), the records kept on a RayJob (moves, records, ahead: a
-disruption seen coming), what they read of a Workload (views), a checkpoint request to a running job (checkpoints),
-the queues they are given (queues) and timestamps (times). Controllers, `ops/` and `bench/` import it from here;
+disruption seen coming), what they read of a Workload (views), a checkpoint request to a running job (checkpoints), a
+climb back up the ladder (climbs), the queues they are given (queues) and timestamps (times). Controllers, `ops/` and `bench/` import it from here;
 nothing outside a controller's package imports the controller.
 """
 
@@ -12,6 +12,8 @@ from failover.api.annotations import (ACTIVE_MAINTENANCE_LABEL, ADMITTED_FLAVOR_
                                       MOVES_ANNOTATION, MULTIKUEUE_ORIGIN_LABEL, QUEUE_LABEL,
                                       SCHEDULED_MAINTENANCE_LABEL, SLICE_LOST_ANNOTATION, TPU_RESOURCE)
 from failover.api.checkpoints import CheckpointRequest
+from failover.api.climbs import (CAPACITY_LABEL, CHECKPOINTING, CLIMB_BACK, CLIMB_EVENT_REASON, NODE_POOL_LABEL,
+                                 ClimbPolicy)
 from failover.api.events import (AHEAD_EVENT_REASON, LOSS_EVENT_REASON, MOVE_EVENT_REASON, RECOVERY_EVENT_REASON,
                                  SCALE_UP_FAILURE_REASONS, STOCKOUT_MESSAGE, stockout_since)
 from failover.api.moves import (DISRUPTION_AHEAD, MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST,
@@ -31,6 +33,7 @@ __all__ = [
     "GAVE_UP_ANNOTATION", "MAX_WAIT_ANNOTATION", "MOVES_ANNOTATION", "MULTIKUEUE_ORIGIN_LABEL", "QUEUE_LABEL",
     "SLICE_LOST_ANNOTATION", "TPU_RESOURCE",
     "CheckpointRequest",
+    "CAPACITY_LABEL", "CHECKPOINTING", "CLIMB_BACK", "CLIMB_EVENT_REASON", "NODE_POOL_LABEL", "ClimbPolicy",
     "AHEAD_EVENT_REASON", "LOSS_EVENT_REASON", "MOVE_EVENT_REASON", "RECOVERY_EVENT_REASON", "SCALE_UP_FAILURE_REASONS",
     "STOCKOUT_MESSAGE", "stockout_since",
     "DISRUPTION_AHEAD", "MEMBER_EVICTED", "MEMBER_NOT_READY", "MEMBER_SLICE_LOST", "MEMBER_STOCKOUT", "MOVED", "MOVING",
