@@ -352,3 +352,16 @@ def test_a_job_whose_rayjob_is_not_listed_yet_is_left_for_the_next_pass():
     made.jobs.replace([])
     made.tick()
     assert sample(made, GOODPUT, job_namespace="team", job_name="job") is None and not made._kept
+
+
+@pytest.mark.parametrize("reason", [api.CLIMB_BACK, api.DISRUPTION_AHEAD])
+def test_a_running_job_moved_up_or_ahead_of_a_disruption_ran_until_its_move(reason):
+    """A climb back to the reservation, or a move ahead of a maintenance, is a move of a running job: the stretch
+    before it counts as running (estimated: its start is no longer recorded)."""
+    wl = workload(condition("QuotaReserved", 603), condition("Admitted", 603),
+                  condition("Requeued", 601, reason="Reactivated"), flavor="reservation")
+    result = account(times(rayjob((move("spot", "reservation", reason, 600),)), wl, waiting_on="reservation"),
+                     at(610))
+    assert result.by_rung == {(RUNNING, "spot"): 600, (MOVE, "reservation"): 1, (QUOTA_WAIT, "reservation"): 2,
+                              (STARTING, "reservation"): 7}
+    assert result.estimated_seconds == 600

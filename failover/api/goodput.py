@@ -22,7 +22,8 @@ move's start (tpu-fallback/moves) and the latest loss (tpu-fallback/slice-lost).
   the latest loss (its first signal, its recovery);
 - estimated (a segment's `exact` False): what a stretch that ended in a move did inside it, counted by the move's
   reason (a capacity move's as capacity_wait on the rung it left, its quota wait and start included; a slice loss's
-  as running up to the loss's first signal, where its record is still the latest, else all of it); an earlier move's
+  as running up to the loss's first signal, where its record is still the latest, else all of it; a move of a running
+  job, ahead of a disruption or climbing back, as running); an earlier move's
   own time (0 s: its end is not recorded); the run before a recovery (PodsReady reason Recovered or WaitForRecovery:
   the first ready time is overwritten), counted as running from the admission.
 `merge` keeps what a watcher saw: the regional controller remembers each job's timeline as it watched it, so a
@@ -39,8 +40,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from failover.api.annotations import FAILOVER_ANNOTATION, SLICE_LOST_ANNOTATION
-from failover.api.moves import (MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVING,
-                                PODS_READY_TIMEOUT, SLICE_LOST, STEP_BUSY, STOCKOUT, Move, move_history)
+from failover.api.climbs import CLIMB_BACK
+from failover.api.moves import (DISRUPTION_AHEAD, MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST,
+                                MEMBER_STOCKOUT, MOVING, PODS_READY_TIMEOUT, SLICE_LOST, STEP_BUSY, STOCKOUT, Move,
+                                move_history)
 from failover.api.records import RECOVERED, LostSlice
 from failover.api.times import parse_time
 from failover.api.views import WorkloadView
@@ -59,6 +62,8 @@ PENDING, CHECKING, ADMITTED, READY, LOST, IN_MOVE, UNKNOWN = (
 CAPACITY_ENDINGS = frozenset({STOCKOUT, PODS_READY_TIMEOUT, MEMBER_EVICTED, MEMBER_STOCKOUT, MEMBER_NOT_READY,
                               "AdmissionCheck"})
 LOSS_ENDINGS = frozenset({SLICE_LOST, MEMBER_SLICE_LOST})
+# Moves of a running job: ahead of a disruption it saw coming, or up to a rung it prefers (failover/api/climbs.py).
+RUNNING_ENDINGS = frozenset({DISRUPTION_AHEAD, CLIMB_BACK})
 QUOTA_ENDINGS = frozenset({STEP_BUSY})  # the fleet ladder's: the step did not admit it (its capacity in use)
 DEACTIVATED = "Deactivated"  # Kueue's eviction reason (prefix) once spec.active is false: a move's first step
 REACTIVATED = "Reactivated"  # Kueue's Requeued reason once it is true again: a move's last step
@@ -80,7 +85,7 @@ def state_of(phase: str, ended_by: str | None) -> str:
         return MOVE
     if ended_by in CAPACITY_ENDINGS:
         return CAPACITY_WAIT
-    if ended_by in LOSS_ENDINGS:
+    if ended_by in LOSS_ENDINGS or ended_by in RUNNING_ENDINGS:
         return RUNNING
     return QUOTA_WAIT if ended_by in QUOTA_ENDINGS else UNRECORDED
 
