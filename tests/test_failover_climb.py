@@ -317,3 +317,68 @@ def test_ops_status_says_a_job_climbed_back_when_and_why():
     rayjob = {"metadata": {"name": "j", "namespace": "default", "annotations": {
         api.FAILOVER_ANNOTATION: CLIMB.to_json()}}}
     assert status_jobs.moves_of(rayjob) == ((), status_jobs.MoveView.of(CLIMB))  # under way while the job saves
+
+
+# ---- the signal, kept from the controller's watches (free_slices.FreeSlices) ----------------------------------------
+def test_the_signal_follows_the_queues_nodes_and_pods_and_a_rung_that_frees_queues_the_jobs_below_it():
+    from prometheus_client import CollectorRegistry
+
+    from failover.regional.watches import WATCHED_CLUSTERQUEUES, WATCHED_PODS, WATCHED_WORKLOADS, Seen
+    from failover.runtime.cache import Cache
+    from failover.runtime.metrics import Metrics
+
+    clock = [NOW]
+    cache = Cache(None)
+    seen = Seen(cache, CHAIN, lambda: clock[0], Metrics(CollectorRegistry()))
+    free = free_slices.FreeSlices(cache, seen, CHAIN, POLICY, lambda: clock[0])
+    queued: list = []
+    for watch in free.watches():
+        cache.subscribe(watch.watched, lambda changes, listed, watch=watch: queued.extend(
+            key for change in changes for key in watch.map(change)))
+    informers = cache.informers
+
+    def queue(reserved_chips: int, on_demand_chips: int = 16) -> dict:
+        return {"metadata": {"name": "cluster-queue", "resourceVersion": "1"},
+                "spec": {"resourceGroups": [{"flavors": [
+                    {"name": flavor, "resources": [{"name": api.TPU_RESOURCE, "nominalQuota": 16}]}
+                    for flavor in ("reservation", "on-demand")]}]},
+                "status": {"flavorsReservation": [{"name": "reservation", "resources": [
+                    {"name": api.TPU_RESOURCE, "total": reserved_chips}]}, {"name": "on-demand", "resources": [
+                        {"name": api.TPU_RESOURCE, "total": on_demand_chips}]}]}}
+
+    def node(name: str) -> dict:
+        return {"metadata": {"name": name, "resourceVersion": "1",
+                             "labels": {CAPACITY_LABEL: "on-demand", NODE_POOL_LABEL: "on-demand-pool"}},
+                "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
+
+    def pod(name: str, node_name: str) -> dict:
+        return {"metadata": {"namespace": "default", "name": name, "resourceVersion": "1",
+                             "labels": {"ray.io/cluster": "other-raycluster"}},
+                "spec": {"nodeName": node_name, "containers": [{"resources": {"requests": {api.TPU_RESOURCE: 4}}}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]}}
+
+    on_spot = {"metadata": {"namespace": "default", "name": "wl-j", "resourceVersion": "1",
+                            "ownerReferences": [{"kind": "RayJob", "name": "j"}]},
+               "spec": {"queueName": "user-queue-spot"},
+               "status": {"conditions": [{"type": kind, "status": "True", "lastTransitionTime": "2026-12-01T11:00:00Z"}
+                                         for kind in ("QuotaReserved", "Admitted", "PodsReady")],
+                          "admission": {"podSetAssignments": [{"flavors": {api.TPU_RESOURCE: "spot"}}]}}}
+    informers[WATCHED_WORKLOADS].on_list([on_spot])
+    informers[free_slices.WATCHED_TPU_NODES].on_list([node(f"od-{i}") for i in range(4)])
+    informers[WATCHED_PODS].on_list([pod(f"other-w-{i}", f"od-{i}") for i in range(4)])
+    informers[WATCHED_CLUSTERQUEUES].on_list([queue(reserved_chips=16)])
+    assert free.free_since("reservation", NEED) is None and free.free_since("on-demand", NEED) is None
+    queued.clear()
+
+    clock[0] = NOW + MINUTE  # the reservation's job ends: Kueue releases its quota
+    informers[WATCHED_CLUSTERQUEUES].on_event("MODIFIED", queue(reserved_chips=0))
+    assert free.free_since("reservation", NEED) == NOW + MINUTE
+    assert ("default", "wl-j") in queued  # the job below it, to decide when the settle time ends
+    # On-demand: its quota is taken, and its nodes are busy; another job's pods going frees none of its quota.
+    for i in range(4):
+        informers[WATCHED_PODS].on_event("DELETED", pod(f"other-w-{i}", f"od-{i}"))
+    assert free.free_since("on-demand", NEED) is None
+    clock[0] = NOW + 2 * MINUTE  # its quota released too: an idle slice of on-demand, with the quota for it
+    informers[WATCHED_CLUSTERQUEUES].on_event("MODIFIED", queue(reserved_chips=0, on_demand_chips=0))
+    assert free.free_since("on-demand", NEED) == NOW + 2 * MINUTE
+    assert free.free_since("reservation", NEED) == NOW + MINUTE  # unbroken

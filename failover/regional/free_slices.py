@@ -64,7 +64,8 @@ class FreeSlices:
                  clock: Callable[[], datetime.datetime]):
         self.seen, self.chain, self.policy, self.clock = seen, chain, policy, clock
         self.flavors = [rung.flavor for rung in chain.rungs if rung.flavor in policy.to and not rung.admission_check]
-        self.nodes = cache.store(WATCHED_TPU_NODES, capacity_node)
+        # The TPU nodes are watched only when there is a rung to climb to (climbing back on).
+        self.nodes = cache.store(WATCHED_TPU_NODES, capacity_node) if self.flavors else None
         self._lock = threading.Lock()
         self._samples: dict[str, list[climb.Sample]] = {flavor: [] for flavor in self.flavors}
 
@@ -82,6 +83,8 @@ class FreeSlices:
 
     def sample(self) -> list[str]:
         """Take each rung's numbers now; the flavors that gained room."""
+        if not self.flavors:
+            return []
         now = self.clock()
         quotas = list(self.seen.free_tpus().values())
         nodes = self.nodes.items()
