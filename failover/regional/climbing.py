@@ -38,12 +38,14 @@ class ClimbingBack:
         rules say to look (the settle time's end, a save's end)."""
         view, key = cached.view, (cached.view.namespace, cached.meta["name"])
         seen = self.seen.job(view.namespace, view.rayjob)
-        if not self.climb_policy.enabled or seen is None:
-            return 0
-        facts = self._climb_facts(view, seen)
+        pending = Move.from_json(seen.move) if seen is not None else None
         need = climb.Need(view.tpu_chips, view.tpu_hosts)
-        if facts.pending is not None and facts.pending.state == CHECKPOINTING:
-            return self._climbing(cached, facts, need, now)
+        if pending is not None and pending.state == CHECKPOINTING:
+            # Carried on (or called off) even with climbing back turned off since: no rung is free then.
+            return self._climbing(cached, self._climb_facts(view, seen), need, now)
+        if not self.climb_policy.enabled or seen is None or not (view.admitted and view.pods_ready_since):
+            return 0  # most Workloads: nothing more to read
+        facts = self._climb_facts(view, seen)
         decided = climb.decide_climb(self.chain, self.climb_policy, view, facts,
                                      lambda flavor: self.free.free_since(flavor, need), self.free.last_failure, now)
         if isinstance(decided, climb.NotYet):
