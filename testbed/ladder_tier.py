@@ -171,7 +171,10 @@ class LadderFleet(FleetStacks):
 class Ledger:
     """Every copy and run of one fleet job in every member, per step, from watches (nothing between two polls is
     missed): which copies a member admitted, and how often a member's RayJob was started (unsuspended). The rule of
-    issue 27 ("a fleet step asked once"): per (step, member), at most one admitted copy and one start."""
+    issue 27 ("a fleet step asked once"): per (step, member), at most one admitted copy and one start. And issue 36's:
+    per (step, member) one copy created per visit (a visit: the manager's Workload active at the step, from its
+    (re)activation there until it leaves), admitted or not; `timeline` says which manager Workload each copy was
+    made from (its spec and annotations are the manager's, copied: MultiKueue's cloneForCreate)."""
 
     def __init__(self, fleet: FleetStacks, job: str, workload: str):
         from failover.runtime.informer import Informer, RawClient, Watched
@@ -181,6 +184,10 @@ class Ledger:
         self.admitted: dict[tuple[str, str], set[str]] = {}  # (step, member) -> uids of copies admitted there
         self.starts: dict[tuple[str, str], int] = {}  # (step, member) -> how often its RayJob was unsuspended
         self._suspended: dict[str, bool] = {}  # a RayJob's uid -> suspended when last seen
+        self.created: dict[tuple[str, str, int], list[str]] = {}  # (step, member, visit) -> uids of copies made
+        self.visits: dict[str, int] = {}  # step -> how often the manager's Workload was (re)activated there
+        self._at: tuple[str, bool] | None = None  # the manager's (queueName, active) when last seen
+        self._manager_seen: list[tuple[str, str, bool, str | None]] = []  # (rv, queueName, active, move) in order
         # What each copy and run went through, in order (seconds since the ledger began): a failure reads as a story.
         self._began = time.monotonic()
         self._states: dict[str, str] = {}  # a copy's or run's uid -> its state when last seen
@@ -215,7 +222,7 @@ class Ledger:
         """One line of `history` when a copy's or run's state changed (with the lock held)."""
         if self._states.get(uid) != state:
             self._states[uid] = state
-            self.history.append(f"{time.monotonic() - self._began:.2f} {member} {what} {uid[:8]}: {state}")
+            self.history.append(f"{time.monotonic() - self._began:.3f} {member} {what} {uid[:8]}: {state}")
 
     def _copy(self, member: str, kind: str, obj: dict) -> None:
         if obj["metadata"]["name"] != self.workload:
@@ -225,24 +232,58 @@ class Ledger:
         evicted = next((c.get("message", "") for c in (obj.get("status") or {}).get("conditions") or []
                         if c["type"] == "Evicted" and c["status"] == "True"), None)
         with self._lock:
+            if uid not in self._states and kind != "DELETED":
+                self._made(member, queue, obj)
             state = f"{queue} " + ("admitted" if admitted else "waiting") + (f", evicted: {evicted}" if evicted else "")
             self._note(member, "copy", uid, "deleted" if kind == "DELETED" else state)
             if admitted and kind != "DELETED":
                 self.admitted.setdefault((queue, member), set()).add(uid)
 
+    def _made(self, member: str, queue: str, obj: dict) -> None:
+        """A copy seen for the first time (with the lock held): counted in its step's visit, and told with what it
+        was made from. MultiKueue copies the manager Workload's spec and annotations into it: the manager's last
+        version seen with the same queue, `active` and move (WORKLOAD_MOVE_ANNOTATION) is the one it was made from,
+        or a later one with the same three."""
+        meta, spec = obj["metadata"], obj.get("spec") or {}
+        active, move = spec.get("active", True) is not False, self._move_of(obj)
+        visit = self.visits.get(queue, 0)
+        self.created.setdefault((queue, member, visit), []).append(meta["uid"])
+        source = next((rv for rv, q, a, m in reversed(self._manager_seen) if (q, a, m) == (queue, active, move)), None)
+        owners = [f"{o.get('kind')}/{o.get('name')}" for o in meta.get("ownerReferences") or []]
+        self.history.append(
+            f"{time.monotonic() - self._began:.3f} {member} copy {meta['uid'][:8]} made: {queue} visit {visit} "
+            f"active={active} move={move} origin={(meta.get('labels') or {}).get(api.MULTIKUEUE_ORIGIN_LABEL)} "
+            f"owners={owners} created={meta.get('creationTimestamp')} rv={meta.get('resourceVersion')} "
+            f"from manager rv={source}")
+
+    @staticmethod
+    def _move_of(obj: dict) -> str | None:
+        """The move a Workload carries (the manager's, or a copy's, copied from it): its target and time."""
+        move = api.Move.from_json((obj["metadata"].get("annotations") or {}).get(
+            ladder_rules.WORKLOAD_MOVE_ANNOTATION))
+        return f"{move.to_local_queue}@{move.at}" if move is not None else None
+
     def _manager(self, kind: str, obj: dict) -> None:
-        """The manager's Workload: where it is and what its checks say (history only)."""
+        """The manager's Workload: where it is, its visits to each step, and what its conditions and checks say, each
+        version (resourceVersion) in order."""
         if obj["metadata"]["name"] != self.workload:
             return
         spec, status = obj.get("spec") or {}, obj.get("status") or {}
         checks = ", ".join(f"{c['name']} {c.get('state')} {c.get('retryCount') or 0}"
                            for c in status.get("admissionChecks") or [])
-        ready = next((f"{c['status']}/{c.get('reason')}" for c in status.get("conditions") or []
-                      if c["type"] == "PodsReady"), None)
+        conditions = " ".join(f"{c['type']}={c['status']}/{c.get('reason')}" for c in status.get("conditions") or []
+                              if c["type"] in ("QuotaReserved", "Admitted", "Evicted", "PodsReady", "Requeued"))
+        queue, active, rv = spec.get("queueName"), spec.get("active", True) is not False, \
+            obj["metadata"].get("resourceVersion")
         with self._lock:
+            if kind != "DELETED":
+                if active and self._at != (queue, True):  # (re)activated at the step: a new visit
+                    self.visits[queue] = self.visits.get(queue, 0) + 1
+                self._at = (queue, active)
+                self._manager_seen.append((rv, queue, active, self._move_of(obj)))
             self._note("manager", "workload", obj["metadata"]["uid"], "deleted" if kind == "DELETED" else (
-                f"{spec.get('queueName')} active={spec.get('active', True)} quota={condition(obj, 'QuotaReserved')} "
-                f"admitted={condition(obj, 'Admitted')} podsReady={ready} checks [{checks}] "
+                f"rv={rv} {queue} active={active} move={self._move_of(obj)} {conditions} checks [{checks}] "
+                f"requeueState={status.get('requeueState') is not None} "
                 f"nominated={status.get('nominatedClusterNames')} cluster={status.get('clusterName')}"))
 
     def _run(self, member: str, kind: str, obj: dict) -> None:
@@ -260,17 +301,28 @@ class Ledger:
             self._suspended[uid] = suspended
 
     def asked_more_than_once(self) -> dict:
-        """(step, member) -> what was there more than once: admitted copies, starts."""
+        """(step, member) -> what was there more than once: admitted copies, starts; and (step, member, visit) -> the
+        copies made in one visit, where more than one."""
         with self._lock:
-            return {key: {"admitted": len(self.admitted.get(key, ())), "starts": self.starts.get(key, 0)}
-                    for key in set(self.admitted) | set(self.starts)
-                    if len(self.admitted.get(key, ())) > 1 or self.starts.get(key, 0) > 1}
+            twice = {key: {"admitted": len(self.admitted.get(key, ())), "starts": self.starts.get(key, 0)}
+                     for key in set(self.admitted) | set(self.starts)
+                     if len(self.admitted.get(key, ())) > 1 or self.starts.get(key, 0) > 1}
+            return {**twice, **{key: {"copies": len(uids)} for key, uids in self.created.items() if len(uids) > 1}}
+
+    def copies_per_visit(self) -> dict[tuple[str, str, int], int]:
+        """(step, member, visit) -> how many copies were made there in that visit."""
+        with self._lock:
+            return {key: len(uids) for key, uids in self.created.items()}
 
     def text(self) -> str:
         with self._lock:
-            return "; ".join(f"{step}@{member}: admitted {len(self.admitted.get((step, member), ()))}, started "
+            made: dict[tuple[str, str], list[int]] = {}
+            for (step, member, _visit), uids in sorted(self.created.items()):
+                made.setdefault((step, member), []).append(len(uids))
+            return "; ".join(f"{step}@{member}: copies made {made.get((step, member), [])} (per visit), admitted "
+                             f"{len(self.admitted.get((step, member), ()))}, started "
                              f"{self.starts.get((step, member), 0)}"
-                             for step, member in sorted(set(self.admitted) | set(self.starts)))
+                             for step, member in sorted(set(self.admitted) | set(self.starts) | set(made)))
 
     def story(self) -> str:
         """`text()`, then every change the ledger saw, in order."""
