@@ -22,6 +22,8 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
+from failover.api import MULTIKUEUE_ORIGIN_LABEL
+from failover.ladder.decisions import WORKLOAD_GIVE_UP_ANNOTATION, WORKLOAD_MOVE_ANNOTATION
 from infra.kueue import COHORT, COVERED_RESOURCES, DEFAULT_FLAVOR, KUEUE_API_VERSION, Kueue, no_quota, queue_chain
 from infra.settings import PlanSettings, PlatformSettings
 
@@ -37,6 +39,14 @@ MANAGER_CLUSTER_ROLE = "tpu-fallback-multikueue-manager"
 # RayJob it may read.
 STOCKOUT_READER_ROLE = "tpu-fallback-fleet-stockout-reader"
 FLEET_MEMBER_OUTPUT = "fleetMember"
+# In every member: no inactive copy of a job the fleet's ladder is moving or giving up. Deactivating the manager's
+# Workload (the first write of a move, failover/ladder/) makes Kueue 0.19.2 evict it, which clears its member and
+# resets its MultiKueue check to Pending while the quota stays reserved until the manager's RayJob looks stopped;
+# MultiKueue deletes the old step's copy (its spec no longer matches) and, in that window, dispatches the Workload
+# again: an inactive copy in the step being left, never admitted, gone with the quota (docs/fleet.md, "One copy
+# per visit"). Refused here, it is never made; the ladder releases the quota itself.
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/controller/admissionchecks/multikueue/workload.go#L651-L660
+COPY_GUARD = "tpu-fallback-fleet-no-inactive-copy"
 
 _WRITE = ["create", "delete", "get", "list", "patch", "update", "watch"]
 _READ = ["get", "list", "watch"]
@@ -64,6 +74,33 @@ def stockout_reader_role() -> dict:
 def manager_cluster_role() -> dict:
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
             "metadata": {"name": MANAGER_CLUSTER_ROLE}, "rules": manager_rules()}
+
+
+def copy_guard_policy() -> dict:
+    """Refuses MultiKueue's copy (its origin label) of a manager Workload that carries a ladder move or give-up and
+    is inactive. A copy of an active Workload, or of one nobody in the fleet moves, is never refused; nor is
+    anything if the rule cannot be evaluated (failurePolicy Ignore: without it, a harmless copy is made, as before)."""
+    ladder = " || ".join(f"'{a}' in object.metadata.annotations"
+                         for a in (WORKLOAD_MOVE_ANNOTATION, WORKLOAD_GIVE_UP_ANNOTATION))
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+            "metadata": {"name": COPY_GUARD},
+            "spec": {"failurePolicy": "Ignore",
+                     "matchConstraints": {
+                         "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": FLEET_NAMESPACE}},
+                         "resourceRules": [{"apiGroups": ["kueue.x-k8s.io"], "apiVersions": ["*"],
+                                            "operations": ["CREATE"], "resources": ["workloads"]}]},
+                     "matchConditions": [{"name": "a-copy-of-a-job-the-ladder-moves", "expression": (
+                         f"has(object.metadata.labels) && '{MULTIKUEUE_ORIGIN_LABEL}' in object.metadata.labels"
+                         f" && has(object.metadata.annotations) && ({ladder})")}],
+                     "validations": [{"expression": "!has(object.spec.active) || object.spec.active",
+                                      "message": "an inactive copy of a job the fleet's ladder is moving: it could "
+                                                 "never be admitted here"}]}}
+
+
+def copy_guard_binding() -> dict:
+    return {"apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+            "metadata": {"name": COPY_GUARD},
+            "spec": {"policyName": COPY_GUARD, "validationActions": ["Deny"]}}
 
 
 def fleet_local_queue(settings: PlatformSettings) -> dict:
@@ -204,6 +241,13 @@ class FleetMember(pulumi.ComponentResource):
         reader = stockout_reader_role()
         k8s.rbac.v1.Role(f"{name}-stockout-reader-role", metadata=reader["metadata"], rules=reader["rules"],
                          opts=after(namespace))
+        # No inactive copy of a job the fleet's ladder is moving (COPY_GUARD).
+        guard = copy_guard_policy()
+        policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+            f"{name}-copy-guard", metadata=guard["metadata"], spec=guard["spec"], opts=on_cluster)
+        binding = copy_guard_binding()
+        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+            f"{name}-copy-guard-binding", metadata=binding["metadata"], spec=binding["spec"], opts=after(policy))
         self.output = {**fleet_member_output(settings, member), "access": {
             "server": pulumi.Output.concat("https://", cluster.endpoint),
             "certificateAuthorityData": cluster.master_auth.cluster_ca_certificate}}

@@ -19,6 +19,7 @@ from failover.ladder import controller as ladder_controller
 from failover.ladder import decisions as ladder_rules
 from infra import failover as failover_objects
 from infra import fleet as fleet_objects
+from infra import fleet_member
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE
 from infra.offline import OfflineEngine, Plan, StackOutputs
 from infra.settings import SettingsError
@@ -71,6 +72,30 @@ def test_a_member_offers_its_on_demand_rung_as_a_step_that_borrows_only_that_run
 
 def test_a_member_that_offers_no_rung_publishes_no_step():
     assert "steps" not in plan_for(W1).outputs[FLEET_MEMBER_OUTPUT]
+
+
+@pytest.mark.parametrize("overrides", [{}, ON_DEMAND_RUNGS], ids=["dws-only", "offers-a-rung"])
+def test_every_member_refuses_an_inactive_copy_of_a_job_the_ladder_moves_and_nothing_else(overrides):
+    """Issue 36: a move's deactivation lets MultiKueue 0.19.2 dispatch the Workload again while its quota is held, an
+    inactive copy in the step being left; every member (the last step is all of them) refuses exactly that: a create,
+    in the fleet's namespace, of MultiKueue's copy (its origin label) carrying a move or a give-up of the ladder, with
+    `spec.active` false. The real API server judges the rule in tests/test_fleet_ladder_controlplane.py (no such copy
+    on a five-hop walk); a rule it cannot evaluate lets the copy through (as before), never a real dispatch."""
+    plan = plan_for(W1, overrides)
+    policy = manifests(plan, "ValidatingAdmissionPolicy")[fleet_member.COPY_GUARD]
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Ignore"
+    assert spec["matchConstraints"] == {
+        "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": FLEET_NAMESPACE}},
+        "resourceRules": [{"apiGroups": ["kueue.x-k8s.io"], "apiVersions": ["*"], "operations": ["CREATE"],
+                           "resources": ["workloads"]}]}
+    (match,) = spec["matchConditions"]
+    for needed in (api.MULTIKUEUE_ORIGIN_LABEL, ladder_rules.WORKLOAD_MOVE_ANNOTATION,
+                   ladder_rules.WORKLOAD_GIVE_UP_ANNOTATION):
+        assert f"'{needed}' in object.metadata" in match["expression"]
+    assert [v["expression"] for v in spec["validations"]] == ["!has(object.spec.active) || object.spec.active"]
+    binding = manifests(plan, "ValidatingAdmissionPolicyBinding")[fleet_member.COPY_GUARD]
+    assert binding["spec"] == {"policyName": fleet_member.COPY_GUARD, "validationActions": ["Deny"]}
 
 
 @pytest.mark.parametrize("overrides, key, message", [

@@ -148,7 +148,9 @@ def test_a_walk_down_every_step_makes_one_move_per_hop_even_under_kill_9_and_end
     admission); then DWS in every member, where the first provisioned wins. The
     controller is killed -9 in every hop, as soon as the move is written (a watch sees it), and started again; a
     ledger of every copy and run in every member (watches too) shows each step asked once: per (step, member) at most
-    one admitted copy and one start (issue 27)."""
+    one admitted copy and one start (issue 27), and one copy made per visit, admitted or not: the step being left gets
+    no second, inactive copy while the move runs (issue 36; each member refuses it: infra/fleet_member.py
+    COPY_GUARD)."""
     holder, name = "ladder-holder", "ladder-walk"
     # A stockout stops a pool from growing, not a slice that is still up from an earlier job (seen: the earlier test's
     # on-demand slice in member 1 took the walk's pods, so member 1 never evicted it): start without one.
@@ -311,11 +313,10 @@ def test_a_members_stockout_report_moves_the_job_within_its_grace_period_and_its
                                                                api.MEMBER_STOCKOUT)
     (event,) = wait_for(lambda: fleet.move_events(name), REACTION, "the move's Event")
     assert f"member {W1} reported no capacity for its pods" in event["message"]
-    # Member 1's failover controller: the copy was never recreated, moved, deactivated or annotated by it. While the
-    # manager's move holds quota, MultiKueue itself re-creates an inactive copy in the old step's member (Evicted,
-    # Deactivated) until the quota is released (../shared/notes/multikueue-ladder.md §8.2): that one is Kueue's.
-    active = [c for c in copies_seen if c["spec"].get("active", True)]
-    assert active and {c["metadata"]["uid"] for c in active} == {admitted["metadata"]["uid"]}
+    # Member 1's failover controller: the copy was never recreated, moved, deactivated or annotated by it; and
+    # MultiKueue made no second, inactive copy there while the move held the quota (issue 36: member 1 refuses it,
+    # infra/fleet_member.py COPY_GUARD; the walk's ledger watches for it).
+    assert copies_seen and {c["metadata"]["uid"] for c in copies_seen} == {admitted["metadata"]["uid"]}
     assert all(c["spec"]["queueName"] == ON_DEMAND_W1 for c in copies_seen)
     assert not any(api.ADMITTED_FLAVOR_ANNOTATION in (c["metadata"].get("annotations") or {})
                    for c in copies_seen)
