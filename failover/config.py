@@ -23,7 +23,9 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # at run time imported where parsed: the scrape token's renewer ships without failover/api/
+    from failover.api.climbs import ClimbPolicy
     from failover.api.queues import Chain, Ladder
+    from failover.maintenance import Policy
 
 EnvVar = dict[str, str]  # one item of a container's `env`: {"name": ..., "value": ...}
 T = TypeVar("T")
@@ -73,6 +75,13 @@ def _seconds(environ: Mapping[str, str], name: str, positive: bool = True) -> da
     return datetime.timedelta(seconds=seconds)
 
 
+def _choice(environ: Mapping[str, str], name: str, choices: tuple[str, ...]) -> str:
+    text = _text(environ, name)
+    if text not in choices:
+        raise ConfigError(name, f"{text!r} is not one of {', '.join(choices)}")
+    return text
+
+
 def _json(environ: Mapping[str, str], name: str, parse: Callable[[Any], T], shape: str) -> T:
     text = _text(environ, name)
     try:
@@ -111,6 +120,13 @@ class RegionalConfig:
     workers: int  # FAILOVER_WORKERS: Workloads reconciled at once (a move waits up to 10 s for Kueue)
     health_port: int  # FAILOVER_HEALTH_PORT: /healthz (0: none)
     metrics_port: int  # FAILOVER_METRICS_PORT: Prometheus /metrics (0: none)
+    # fallback.maintenance (failover/maintenance.py): FAILOVER_MAINTENANCE_ACTION (move, checkpoint or none),
+    # FAILOVER_MAINTENANCE_LEAD_SECONDS (the checkpoint request this long ahead), FAILOVER_SAVE_TIMEOUT_SECONDS (the
+    # save taken as done this long after it)
+    maintenance: Policy
+    # FAILOVER_CLIMB_BACK: fallback.climbBack (failover/regional/climb.py), a JSON object {to, reserved (flavors),
+    # settleSeconds, minIntervalSeconds, minRuntimeSeconds, runEndMarginSeconds, saveTimeoutSeconds}; `to` empty: off
+    climb_back: ClimbPolicy
 
     def to_env(self) -> list[EnvVar]:
         return [_var("FAILOVER_CHAIN", self.chain.to_json()),
@@ -118,11 +134,18 @@ class RegionalConfig:
                 _var("FAILOVER_RESYNC_SECONDS", seconds_text(self.resync)),
                 _var("FAILOVER_WORKERS", str(self.workers)),
                 _var("FAILOVER_HEALTH_PORT", str(self.health_port)),
-                _var("FAILOVER_METRICS_PORT", str(self.metrics_port))]
+                _var("FAILOVER_METRICS_PORT", str(self.metrics_port)),
+                _var("FAILOVER_MAINTENANCE_ACTION", self.maintenance.action),
+                _var("FAILOVER_MAINTENANCE_LEAD_SECONDS", seconds_text(self.maintenance.lead)),
+                _var("FAILOVER_SAVE_TIMEOUT_SECONDS", seconds_text(self.maintenance.save_timeout)),
+                _var("FAILOVER_CLIMB_BACK", json.dumps(self.climb_back.as_data(), sort_keys=True))]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> RegionalConfig:
+        from failover.api.ahead import ACTIONS
+        from failover.api.climbs import ClimbPolicy
         from failover.api.queues import Chain
+        from failover.maintenance import Policy
 
         chain = _json(environ, "FAILOVER_CHAIN", Chain.from_data, "a JSON list of rungs {flavor, clusterQueue, "
                       "localQueue, admissionCheck, recoverySeconds}")
@@ -130,7 +153,13 @@ class RegionalConfig:
             raise ConfigError("FAILOVER_CHAIN", "has no rung")
         return cls(chain, _seconds(environ, "FAILOVER_GRACE_SECONDS", positive=False),
                    _seconds(environ, "FAILOVER_RESYNC_SECONDS"), _int(environ, "FAILOVER_WORKERS", 1),
-                   _port(environ, "FAILOVER_HEALTH_PORT"), _port(environ, "FAILOVER_METRICS_PORT"))
+                   _port(environ, "FAILOVER_HEALTH_PORT"), _port(environ, "FAILOVER_METRICS_PORT"),
+                   Policy(_choice(environ, "FAILOVER_MAINTENANCE_ACTION", ACTIONS),
+                          _seconds(environ, "FAILOVER_MAINTENANCE_LEAD_SECONDS"),
+                          _seconds(environ, "FAILOVER_SAVE_TIMEOUT_SECONDS")),
+                   _json(environ, "FAILOVER_CLIMB_BACK", ClimbPolicy.from_data, "a JSON object {to, reserved, "
+                         "settleSeconds, minIntervalSeconds, minRuntimeSeconds, runEndMarginSeconds, "
+                         "saveTimeoutSeconds}"))
 
 
 # ---- python -m failover.watch --------------------------------------------------------------------------------------

@@ -23,7 +23,8 @@ import datetime
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from failover.api import LOST, RECOVERED, LostSlice, format_time, parse_time
+from failover.api import (ACTIVE_MAINTENANCE_LABEL, CHECKPOINT_REQUEST_ANNOTATION, LOST, MAINTENANCE_ONGOING, RECOVERED,
+                          SCHEDULED_MAINTENANCE_LABEL, LostSlice, format_time, parse_time)
 
 # Node taints that say a host is going, with why. GKE adds the first during a Spot VM's (or preemptible VM's)
 # termination notice; the cluster autoscaler adds the second before it deletes a node; the node lifecycle controller
@@ -46,6 +47,9 @@ class NodeView:
     ready: bool
     ready_since: datetime.datetime | None  # the Ready condition's lastTransitionTime
     going: tuple[str, datetime.datetime | None] | None = None  # (why, since) of its first GOING_TAINTS taint
+    # GKE's maintenance labels (failover/maintenance.py): the window's start while scheduled, and ONGOING during it
+    maintenance_at: datetime.datetime | None = None
+    maintenance_ongoing: bool = False
 
     @classmethod
     def from_object(cls, obj: Mapping) -> NodeView:
@@ -58,10 +62,17 @@ class NodeView:
                 since = parse_time(taint.get("timeAdded"))
                 if going is None or (since is not None and (going[1] is None or since < going[1])):
                     going = (why, since)
+        labels = obj["metadata"].get("labels") or {}
+        ongoing = labels.get(ACTIVE_MAINTENANCE_LABEL) == MAINTENANCE_ONGOING
+        if ongoing and going is None:  # the window has begun: the host goes (its taint usually comes with it)
+            going = ("is under maintenance", None)
+        scheduled = labels.get(SCHEDULED_MAINTENANCE_LABEL, "")
+        maintenance_at = (datetime.datetime.fromtimestamp(int(scheduled), datetime.timezone.utc)
+                          if scheduled.isdigit() else None)  # Unix seconds, as GKE writes it
         # No Ready condition at all: a node whose kubelet never reported (KWOK's before it takes the node) is
         # not counted as lost; only a reported False or Unknown is.
         return cls(obj["metadata"]["name"], ready is None or ready.get("status") == "True",
-                   parse_time((ready or {}).get("lastTransitionTime")), going)
+                   parse_time((ready or {}).get("lastTransitionTime")), going, maintenance_at, ongoing)
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,7 @@ class HostView:
     ready: bool
     ready_since: datetime.datetime | None  # the Ready condition's lastTransitionTime
     deleting_since: datetime.datetime | None = None  # deletionTimestamp less the grace period: when it was asked
+    checkpoint_request: str | None = None  # its CHECKPOINT_REQUEST_ANNOTATION (failover/checkpoints.py)
 
     @classmethod
     def from_object(cls, obj: Mapping) -> HostView:
@@ -83,7 +95,8 @@ class HostView:
             deleting -= datetime.timedelta(seconds=meta.get("deletionGracePeriodSeconds") or 0)
         return cls(meta["name"], (obj.get("spec") or {}).get("nodeName"),
                    status.get("phase") == "Running" and (ready or {}).get("status") == "True",
-                   parse_time((ready or {}).get("lastTransitionTime")), deleting)
+                   parse_time((ready or {}).get("lastTransitionTime")), deleting,
+                   (meta.get("annotations") or {}).get(CHECKPOINT_REQUEST_ANNOTATION))
 
 
 @dataclass(frozen=True)

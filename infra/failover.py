@@ -16,8 +16,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from failover.api import Chain, Rung
+from failover.api.climbs import ClimbPolicy
 from failover.config import RegionalConfig
+from failover.maintenance import Policy
 from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
+from infra.rungs import RESERVATION
 from infra.settings import PlatformSettings
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent / "failover"
@@ -40,11 +43,16 @@ METRICS_PORT_NAME = "metrics"  # the container port's name, which the PodMonitor
 RESYNC_SECONDS = 300
 WORKERS = 4  # Workloads reconciled at once (a move waits up to 10 s for Kueue)
 
-# Least privilege: watch Workloads, RayJobs, events, pods and nodes; write only what a move or a loss changes.
+# Least privilege: watch Workloads, RayJobs, events, pods and nodes; write only what a move or a loss changes, and a
+# checkpoint request on a job's pods.
 RBAC_RULES = (
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
+    # the rungs' free quota, where a move ahead of a maintenance may go (failover/maintenance.py)
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["list", "watch"]},
     {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
-    {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["list", "watch"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+    # patch: the checkpoint request on a running job's TPU worker pods (failover/checkpoints.py)
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create"]},
 )
 
@@ -90,9 +98,25 @@ def controller_chain(kueue: Kueue, settings: PlatformSettings) -> Chain:
 
 def regional_config(kueue: Kueue, settings: PlatformSettings) -> RegionalConfig:
     """What the controller runs with (failover/config.py): the stack's settings and this module's constants."""
+    maintenance = settings.fallback.maintenance
     return RegionalConfig(controller_chain(kueue, settings),
                           datetime.timedelta(seconds=settings.fallback.stockout_grace_period_seconds),
-                          datetime.timedelta(seconds=RESYNC_SECONDS), WORKERS, HEALTH_PORT, METRICS_PORT)
+                          datetime.timedelta(seconds=RESYNC_SECONDS), WORKERS, HEALTH_PORT, METRICS_PORT,
+                          Policy(maintenance.action, datetime.timedelta(seconds=maintenance.lead_seconds),
+                                 datetime.timedelta(seconds=maintenance.save_timeout_seconds)),
+                          climb_back=climb_policy(settings))
+
+
+def climb_policy(settings: PlatformSettings) -> ClimbPolicy:
+    """fallback.climbBack as the controller reads it: the rungs by their flavors (only those on in this stack), the
+    reservation's marked as the rung whose free quota is its capacity, and the save's wait of fallback.maintenance."""
+    climb, seconds = settings.fallback.climb_back, lambda value: datetime.timedelta(seconds=value)
+    flavors = {plan.config_key: plan.flavor for plan in settings.plans}
+    return ClimbPolicy(tuple(flavors[key] for key in climb.to if key in flavors),
+                       tuple(flavors[key] for key in climb.to if key in flavors and key == RESERVATION.key),
+                       seconds(climb.settle_seconds), seconds(climb.min_interval_seconds),
+                       seconds(climb.min_runtime_seconds), seconds(climb.run_end_margin_seconds),
+                       seconds(settings.fallback.maintenance.save_timeout_seconds))
 
 
 def start_command(settings: PlatformSettings, module: str = REGIONAL_MODULE) -> tuple[str, list[dict]]:

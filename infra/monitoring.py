@@ -77,6 +77,11 @@ RECONCILES = "tpu_fallback_reconciles_total"
 RESYNCS = "tpu_fallback_resyncs_total"
 ERRORS = "tpu_fallback_errors_total"
 WATCHED = "tpu_fallback_workloads_watched"  # gauge
+# The goodput controller's (failover/regional/goodput.py): each unfinished job's scheduling goodput, and per namespace
+# the job-seconds of each state on each rung (docs/goodput.md).
+JOB_GOODPUT = "tpu_fallback_job_scheduling_goodput"  # gauge {job_namespace, job_name}
+SCHEDULING_SECONDS = "tpu_fallback_scheduling_seconds_total"  # {job_namespace, state, rung}
+RUNNING_STATE = "running"  # failover/api/goodput.py RUNNING
 # Kueue's per-ClusterQueue gauges of quota reserved and of admitted Workloads (a DWS or MultiKueue job waits between
 # the two), and its admissions counter. Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/metrics/metrics.go
 KUEUE_RESERVING = "kueue_reserving_active_workloads"
@@ -290,6 +295,30 @@ def widgets(settings: PlatformSettings) -> list[dict]:
     ]
 
 
+def goodput_share(settings: PlatformSettings, window: str) -> str:
+    """Per namespace, the share of its jobs' time over `window` they ran on a whole slice: running job-seconds over
+    all job-seconds (their scheduling goodput over the window)."""
+    running = series(SCHEDULING_SECONDS, settings, f'state="{RUNNING_STATE}"')
+    every = series(SCHEDULING_SECONDS, settings)
+    return (f"sum by (job_namespace) (increase({running}[{window}])) / "
+            f"sum by (job_namespace) (increase({every}[{window}]))")
+
+
+def goodput_widgets(settings: PlatformSettings) -> list[dict]:
+    """The failover controller's goodput account (docs/goodput.md): per namespace over an hour, the jobs in each
+    state on each rung, and the jobs that got least."""
+    s = settings
+    return [
+        chart("Scheduling goodput per namespace (share of the jobs' time on a whole slice, over 1h)",
+              [data_set(goodput_share(s, "1h"))], "share"),
+        chart("Jobs in each state per rung (job-seconds per second, over 5m)",
+              [data_set(f"sum by (state, rung) (rate({series(SCHEDULING_SECONDS, s)}[5m]))", "STACKED_AREA")],
+              "jobs"),
+        chart("The 10 unfinished jobs with the lowest scheduling goodput since their submission",
+              [data_set(f"bottomk(10, min by (job_namespace, job_name) ({series(JOB_GOODPUT, s)}))")], "goodput"),
+    ]
+
+
 def mosaic(items: list[dict], columns: int = 48, per_row: int = 2, height: int = 16) -> dict:
     width = columns // per_row
     return {"columns": columns, "tiles": [
@@ -445,6 +474,29 @@ def moves_alert(settings: PlatformSettings) -> Alert:
         "tpu-fallback:monitoring.alerts.movesPerHour.")
 
 
+def goodput_alert(settings: PlatformSettings) -> Alert | None:
+    """The jobs of a namespace ran on a whole slice less than the threshold's share of their time over the window,
+    once that time adds up to a window (a lone job's first minutes say nothing yet); None with a threshold of 0. The
+    controller counts each job's seconds as they pass (failover/regional/goodput.py), so `increase()` over the window
+    is the window's account, a restart (a counter reset) included. A window's time less one scrape step: a lone job
+    that waited all the window adds up to that, its first sample in the window being its start (promtool)."""
+    below = settings.monitoring.alerts
+    if not below.goodput_below_percent:
+        return None
+    window, every = _duration(below.goodput_window_seconds), series(SCHEDULING_SECONDS, settings)
+    share = below.goodput_below_percent / 100
+    return Alert(
+        "goodput", f"jobs ran less than {below.goodput_below_percent}% of their time over {window}",
+        f"({goodput_share(settings, window)} < {share:g}) and on (job_namespace) "
+        f"(sum by (job_namespace) (increase({every}[{window}])) >= {below.goodput_window_seconds - STEP_SECONDS})",
+        0,
+        SEVERITY_WARNING,
+        f"Over the last {window} the jobs of this namespace (`job_namespace`) ran on a whole slice less than "
+        f"{below.goodput_below_percent}% of their time: their scheduling goodput (docs/goodput.md). `python -m ops "
+        "status -o json` says where each job's time went (waiting for quota, for capacity on each rung, starting, "
+        "on a broken slice, moving). The threshold and window are tpu-fallback:monitoring.alerts.goodputBelow.")
+
+
 def down_alert(job: str, what: str, settings: PlatformSettings) -> Alert:
     """No scrape at all (the pod is gone, or collection stopped) or only failed scrapes (it does not answer), over
     DOWN_RANGE_SECONDS, held for the rest of DOWN_SECONDS."""
@@ -469,7 +521,7 @@ def member_alert(settings: PlatformSettings) -> Alert:
 
 def platform_alerts(settings: PlatformSettings, controller: bool) -> list[Alert]:
     """A job waiting too long on each rung (a wait for a rung's admission check, DWS's, in any ClusterQueue is that
-    rung's); with a failover controller, too many moves and the controller down."""
+    rung's); with a failover controller, too many moves, the controller down, and the jobs' goodput too low."""
     waits = settings.monitoring.alerts
     by_rung = rung_queues(settings)
     every_queue = [queue for _, queues in by_rung for queue in queues]
@@ -479,6 +531,7 @@ def platform_alerts(settings: PlatformSettings, controller: bool) -> list[Alert]
               for rung, queues in by_rung]
     if controller:
         alerts += [moves_alert(settings), down_alert(FAILOVER_NAME, "failover controller", settings)]
+        alerts += [alert for alert in (goodput_alert(settings),) if alert is not None]
     return alerts
 
 
@@ -600,7 +653,8 @@ class Monitoring(_Observed):
         self._scrape_kueue(settings, kueue.release)
         if failover is not None:  # a one-rung stack runs no controller
             self._scrape("failover", failover_pod_monitoring(), [failover])
-        self._publish(settings, dashboard(settings), platform_alerts(settings, failover is not None))
+        board = dashboard(settings, widgets(settings) + (goodput_widgets(settings) if failover is not None else []))
+        self._publish(settings, board, platform_alerts(settings, failover is not None))
 
 
 class FleetMonitoring(_Observed):

@@ -166,6 +166,25 @@ class FailoverTier:
         pools = jobs.pools_of(self.kube, NAMESPACE, job)
         return bool(pools) and self.on_one_slice_of(flavor, pools["worker"])
 
+    def slice_of_job(self, job: str) -> tuple[str, list[str]]:
+        """The slice the job's workers run on, and its worker pods' names."""
+        workers = jobs.pods_of(self.kube, NAMESPACE, job)["worker"]
+        return self.gke.slice_of(workers[0]["spec"]["nodeName"]), [p["metadata"]["name"] for p in workers]
+
+    def ahead_of(self, job: str) -> api.Ahead | None:
+        """The disruption ahead the controller recorded on the RayJob (failover/maintenance.py)."""
+        rayjob = self.kube.get(*jobs.RAYJOB, job, NAMESPACE)
+        return api.Ahead.from_json((rayjob["metadata"].get("annotations") or {}).get(api.AHEAD_ANNOTATION))
+
+    def checkpoint_requests(self, pods: list[str]) -> dict[str, api.CheckpointRequest | None]:
+        """The checkpoint request on each of these pods now (None: none, or the pod is gone)."""
+        found = {}
+        for name in pods:
+            pod = self.kube.get("v1", "Pod", name, NAMESPACE)
+            found[name] = api.CheckpointRequest.parse(((pod or {}).get("metadata", {}).get("annotations") or {}).get(
+                api.CHECKPOINT_REQUEST_ANNOTATION))
+        return found
+
     def lose_slice_of(self, job: str, **how) -> tuple[float, datetime.datetime]:
         """Lose the slice the job's workers run on (gke.Autoscaler.lose_slice); the monotonic and wall times of
         GKE's first signal."""

@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
 
-from failover.api import TPU_RESOURCE
+from failover.api import ACTIVE_MAINTENANCE_LABEL, MAINTENANCE_ONGOING, SCHEDULED_MAINTENANCE_LABEL, TPU_RESOURCE
 from infra import tpu as catalogue
 from infra.cpu import lookup_cpu_machine
 from infra.offline import Plan
@@ -63,6 +63,11 @@ TPU_TAINT = {"key": TPU_RESOURCE, "value": "present", "effect": "NoSchedule"}
 # The node lifecycle controller's taint on a host whose kubelet stopped reporting (a failed host: lose_slice's
 # going_taint). Ref: https://kubernetes.io/docs/reference/labels-annotations-taints/#node-kubernetes-io-unreachable
 UNREACHABLE_TAINT = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+# GKE's taint on a node that is about to go: a Spot VM's preemption notice, and a host maintenance once it begins.
+# Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms#termination-graceful-shutdown
+# Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/handle-disruption-gpu-tpu
+IMPENDING_TERMINATION_TAINT = MappingProxyType({"key": "cloud.google.com/impending-node-termination",
+                                               "effect": "NoSchedule"})
 # KWOK manages exactly the nodes carrying this annotation (runtime.py starts it with that selector).
 KWOK_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
 # The tier's own bookkeeping on a node: which slice it belongs to (a multi-host slice comes and goes whole).
@@ -640,18 +645,56 @@ class Autoscaler:
         each.idle_since, each.used = None, True
         return False
 
-    def lose_slice(self, slice_id: str, grace_seconds: int, going_taint: Mapping[str, str] | None = None) -> float:
+    # ---- GKE's disruptions, as GKE signals them -------------------------------------------------------------------
+    def preempt_spot(self, slice_id: str, grace_seconds: int) -> float:
+        """A Spot VM preempted: GKE's termination notice as the taint on the slice's nodes first, then the kubelets'
+        graceful shutdown of its pods (`grace_seconds`: the pods' part of the notice), then the nodes go. The
+        monotonic time of the taint, GKE's first signal."""
+        return self.lose_slice(slice_id, grace_seconds, notice=dict(IMPENDING_TERMINATION_TAINT))
+
+    def schedule_maintenance(self, slice_id: str, at: datetime.datetime, host: int = 0) -> float:
+        """A host maintenance ahead (days ahead on GKE, compressed here): the label with the window's start, in Unix
+        seconds, on one host of the slice. The monotonic time of the label, GKE's first signal."""
+        with self._lock:
+            node = self.slices[slice_id].nodes[host]
+            signal = time.monotonic()
+            self.kube.patch("v1", "Node", node, {"metadata": {"labels": {
+                SCHEDULED_MAINTENANCE_LABEL: str(int(at.timestamp()))}}})
+            self._note(f"maintenance of {node} scheduled at {at.isoformat()}")
+            return signal
+
+    def begin_maintenance(self, slice_id: str, grace_seconds: int, host: int = 0) -> float:
+        """The window begins: the host labelled ONGOING (its scheduled label gone) and tainted; then, the slice being
+        one unit, its pods are shut down gracefully and its nodes go. The monotonic time of the first change."""
+        node = self.slices[slice_id].nodes[host]
+        signal = time.monotonic()
+        self.kube.patch("v1", "Node", node, {"metadata": {"labels": {
+            SCHEDULED_MAINTENANCE_LABEL: None, ACTIVE_MAINTENANCE_LABEL: MAINTENANCE_ONGOING}}})
+        self.lose_slice(slice_id, grace_seconds, notice=dict(IMPENDING_TERMINATION_TAINT), noticed=(host,))
+        return signal
+
+    def fail_host(self, slice_id: str) -> float:
+        """A host that fails: NotReady (its kubelet stops reporting, then the node lifecycle controller's unreachable
+        taint), no graceful shutdown; the slice's pods go at once and its nodes after."""
+        return self.lose_slice(slice_id, 0, going_taint=UNREACHABLE_TAINT)
+
+    def lose_slice(self, slice_id: str, grace_seconds: int, going_taint: Mapping[str, str] | None = None,
+                   notice: Mapping[str, str] | None = None, noticed: tuple[int, ...] | None = None) -> float:
         """A slice lost as GKE loses one: a multi-host TPU slice is one unit, so when one host is preempted, fails or
         ends, the whole node group goes and is recreated (https://cloud.google.com/kubernetes-engine/docs/concepts/tpus
         "multi-host slice"). `going_taint` first (the node lifecycle controller's unreachable taint on a failed host);
         then the kubelets' shutdown of every pod on the slice with `grace_seconds` (Spot: 15 s for non-system pods,
         https://cloud.google.com/kubernetes-engine/docs/concepts/spot-vms); then the nodes go. The slice comes back
         like any other, from the autoscaler's next pass for the pods KubeRay makes again, unless the pool is stocked
-        out. The monotonic time of the first signal."""
+        out. `notice`: a taint GKE puts first on the hosts `noticed` (every host when None), with its time. The
+        monotonic time of the first signal."""
         with self._lock:
             lost = self.slices.pop(slice_id)
             signal = time.monotonic()
             kube = self.kube
+            if notice is not None:
+                for host in noticed if noticed is not None else range(len(lost.nodes)):
+                    self._taint(kube, lost.nodes[host], notice)
             if going_taint is not None:
                 self._fail_host(kube, lost.nodes[0], going_taint)
             on_slice = [p for p in kube.list("v1", "Pod") if (p.get("spec") or {}).get("nodeName") in lost.nodes]
@@ -663,6 +706,12 @@ class Autoscaler:
             self.history.append((time.monotonic(), "lost-slice", lost.pool, slice_id))
             self._note(f"lost slice {lost.pool} {slice_id} ({len(on_slice)} pods, grace {grace_seconds} s)")
             return signal
+
+    @staticmethod
+    def _taint(kube: Kube, node: str, taint: Mapping[str, str]) -> None:
+        found = kube.get("v1", "Node", node)
+        taints = [*(((found or {}).get("spec") or {}).get("taints") or []), {**taint, "timeAdded": _now()}]
+        kube.patch("v1", "Node", node, {"spec": {"taints": taints}})
 
     @staticmethod
     def _fail_host(kube: Kube, node: str, taint: Mapping[str, str]) -> None:

@@ -267,3 +267,39 @@ def test_a_member_that_stops_answering_fires_after_five_minutes_of_zeros(promtoo
     short = case([reachable(timeline(25, {10.5: 0, 13.5: 1}, start=1))],
                  [Expect(minute, "member_unreachable") for minute in (12, 14, 16, 20)])
     run(promtool, tmp_path, _plan("fleet"), [lost, short])
+
+
+# ---- scheduling goodput -----------------------------------------------------------------------------------------
+
+GOODPUT = {"monitoring": {"alerts": {"goodputBelow": {"percent": 50, "window": "30m"}}}}
+
+
+def job_seconds(state: str, values: list, namespace: str = "team", rung: str = "on-demand") -> dict:
+    """The goodput controller's counter of a namespace's job-seconds in one state (declared at 0 when the namespace
+    is first seen: failover/regional/goodput.py)."""
+    return series(mon.SCHEDULING_SECONDS, {**CONTROLLER_TARGET, "job_namespace": namespace, "state": state,
+                                           "rung": rung}, values)
+
+
+def accrued(total_minutes: float, spans: Sequence[tuple[float, float]], born: float = 0) -> list:
+    """A counter from minute `born` on: 60 s a minute for each job while in the state (each span: from, until)."""
+    return [None if index * STEP / 60 < born else
+            60 * sum(max(0.0, min(index * STEP / 60, until) - since) for since, until in spans)
+            for index in range(steps(total_minutes) + 1)]
+
+
+def test_goodput_below_the_threshold_over_the_window_fires_then_and_never_before(promtool, tmp_path):
+    """percent 50 over 30m. Job A runs from 0 and job B waits from 0: exactly half, no alert. A's slice breaks at
+    minute 20: below half from the next scrape on, firing at 20m30s, not at 20m. A lone job waiting from minute 5
+    of a new namespace fires once its time adds up to the window less a scrape (34m30s), not at 34m."""
+    halves = case([job_seconds("running", accrued(40, [(0, 20)])),
+                   job_seconds("broken_slice", accrued(40, [(20, 40)])),
+                   job_seconds("quota_wait", accrued(40, [(0, 40)]))],
+                  [Expect(10, "goodput"), Expect(19.5, "goodput"), Expect(20, "goodput"),
+                   Expect(20.5, "goodput", ({"job_namespace": "team"},)),
+                   Expect(40, "goodput", ({"job_namespace": "team"},))])
+    lone = case([job_seconds("running", accrued(40, [], born=4), namespace="lone"),
+                 job_seconds("quota_wait", accrued(40, [(5, 40)], born=4), namespace="lone")],
+                [Expect(20, "goodput"), Expect(34, "goodput"),
+                 Expect(34.5, "goodput", ({"job_namespace": "lone"},))])
+    run(promtool, tmp_path, plan_for(overrides=GOODPUT), [halves, lone])

@@ -36,12 +36,15 @@ def test_rbac_is_exactly_what_a_move_needs():
     plan = plan_for()
     role = plan.named("failover-role").inputs  # infra/monitoring.py declares a ClusterRole too
     # Watches instead of lists every pass: watch on what it follows (the Ray workers' pods and the nodes: a lost
-    # slice); create only Events; patch only what a move or a loss changes. Nothing cluster-wide beyond that (no
-    # delete, no update, no secrets).
+    # slice); create only Events; patch only what a move or a loss changes, and the TPU pods' checkpoint request
+    # (failover/checkpoints.py); read the rungs' free quota (a move ahead of a maintenance). Nothing cluster-wide beyond
+    # that (no delete, no update, no exec, no secrets).
     assert role["rules"] == [
         {"apiGroups": ["kueue.x-k8s.io"], "resources": ["workloads"], "verbs": ["get", "list", "watch", "patch"]},
+        {"apiGroups": ["kueue.x-k8s.io"], "resources": ["clusterqueues"], "verbs": ["list", "watch"]},
         {"apiGroups": ["ray.io"], "resources": ["rayjobs"], "verbs": ["get", "list", "watch", "patch"]},
-        {"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
         {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create"]},
     ]
     binding = plan.named("failover-binding").inputs

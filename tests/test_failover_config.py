@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from failover.api import Chain, Ladder, Rung, Step
+from failover.api.climbs import ClimbPolicy
+from failover.maintenance import Policy
 from failover.config import (ConfigError, FleetRenewerConfig, FleetWatchConfig, LadderConfig, MemberAccess,
                              RegionalConfig, ScrapeRenewerConfig, renewer_config)
 from infra import failover as stack_failover
@@ -23,7 +25,8 @@ SECONDS = datetime.timedelta(seconds=1)
 REGIONAL = RegionalConfig(
     Chain((Rung("on-demand", "cluster-queue", "user-queue", False, 600),
            Rung("dws", "cluster-queue-dws", "user-queue-dws", True, 120))),
-    180 * SECONDS, 300 * SECONDS, 4, 8080, 9090)
+    180 * SECONDS, 300 * SECONDS, 4, 8080, 9090, Policy("move", 900 * SECONDS, 120 * SECONDS),
+    ClimbPolicy(("on-demand",), (), 300 * SECONDS, 3600 * SECONDS, 600 * SECONDS, 1800 * SECONDS, 120 * SECONDS))
 WATCH = FleetWatchConfig({"w1": "w1-kubeconfig", "w2": "w2-kubeconfig"}, "tpu-fallback-fleet", "kueue-system",
                          10 * SECONDS, 300 * SECONDS, 8080, 9090)
 LADDER = LadderConfig(
@@ -78,6 +81,12 @@ MALFORMED = {
     "FAILOVER_WORKERS": ["0", "four"],
     "FAILOVER_HEALTH_PORT": ["70000", "http"],
     "FAILOVER_METRICS_PORT": ["-1"],
+    "FAILOVER_MAINTENANCE_ACTION": ["drain", ""],
+    "FAILOVER_MAINTENANCE_LEAD_SECONDS": ["0", "15m"],
+    "FAILOVER_SAVE_TIMEOUT_SECONDS": ["-5"],
+    "FAILOVER_CLIMB_BACK": ['{"to": "on-demand"}', '{"to": [], "reserved": [], "settleSeconds": -1, '
+                            '"minIntervalSeconds": 0, "minRuntimeSeconds": 0, "runEndMarginSeconds": 0, '
+                            '"saveTimeoutSeconds": 0}'],
     "FLEET_MEMBERS": ['["w1"]', '{"w1": 1}'],
     "FLEET_WATCH_SECONDS": ["0"],
     "FLEET_RESYNC_SECONDS": ["nan"],
@@ -118,6 +127,25 @@ def test_the_controller_reads_the_stack_s_settings_from_its_deployment():
     assert (config.stockout_grace, config.resync, config.workers, config.health_port, config.metrics_port) == (
         180 * SECONDS, stack_failover.RESYNC_SECONDS * SECONDS, stack_failover.WORKERS, stack_failover.HEALTH_PORT,
         stack_failover.METRICS_PORT)
+    assert config.maintenance == Policy("checkpoint", 900 * SECONDS, 120 * SECONDS)  # fallback.maintenance's defaults
+
+
+def test_the_stack_s_climb_back_settings_reach_the_controller():
+    """fallback.climbBack's rungs by their flavors (the reservation's quota is its capacity), its waits, and the save's
+    wait of fallback.maintenance; the default (reservation only) is off in a stack without a reservation."""
+    assert RegionalConfig.from_env(deployment_env(plan_for(), stack_failover.NAME)).climb_back.to == ()
+    overrides = {"reservation": {"reservations": [{"name": "team-v6e", "slices": 1}]}, "spot": {"maxSlices": 1},
+                 "fallback": {"climbBack": {"to": ["onDemand", "reservation"], "settle": "90s", "minRuntime": "0s"},
+                              "maintenance": {"saveTimeout": "30s"}}}
+    config = RegionalConfig.from_env(deployment_env(plan_for(overrides=overrides), stack_failover.NAME))
+    assert config.climb_back == ClimbPolicy(("on-demand", "reservation"), ("reservation",), 90 * SECONDS,
+                                            3600 * SECONDS, 0 * SECONDS, 1800 * SECONDS, 30 * SECONDS)
+
+
+def test_the_stack_s_maintenance_settings_reach_the_controller():
+    overrides = {"fallback": {"maintenance": {"action": "move", "leadTime": "1h", "saveTimeout": "90s"}}}
+    config = RegionalConfig.from_env(deployment_env(plan_for(overrides=overrides), stack_failover.NAME))
+    assert config.maintenance == Policy("move", 3600 * SECONDS, 90 * SECONDS)
 
 
 @pytest.mark.parametrize("program, variable", [("failover.regional", "FAILOVER_CHAIN"),

@@ -56,3 +56,21 @@ def test_a_moves_end_says_it_once_whatever_write_the_controller_is_killed_after(
     assert api.MOVES_ANNOTATION in annotations
     # One Event, never none (the record written first and a kill lost it) and never two.
     assert server.events == [MOVE_EVENT_REASON], server.events
+
+
+def test_a_climbs_end_is_a_climbed_back_event_and_counted_as_a_climb_not_a_move_down():
+    from failover.api.climbs import CLIMB_BACK, CLIMB_EVENT_REASON
+
+    server = _Server()
+    climb = Move("spot", "reservation", "user-queue", CLIMB_BACK, "2026-12-03T05:59:00Z", api.MOVING,
+                 from_local_queue="user-queue-spot")
+    server.job["metadata"]["annotations"][FAILOVER_ANNOTATION] = climb.to_json()
+    controller = _controller(server, None)
+    controller._record_done(copy.deepcopy(server.job), climb, "user-queue-spot")
+    assert server.events == [CLIMB_EVENT_REASON], server.events
+    assert api.move_history(server.job["metadata"]["annotations"]) == [climb.done()]
+    registry = controller.metrics.registry
+    assert registry.get_sample_value("tpu_fallback_climbs_total",
+                                     {"from_flavor": "spot", "to_flavor": "reservation"}) == 1
+    assert registry.get_sample_value("tpu_fallback_moves_total", {"from_flavor": "spot", "to_flavor": "reservation",
+                                                                  "reason": CLIMB_BACK}) is None

@@ -21,6 +21,7 @@ from testbed import jobs
 from testbed.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS, RESYNC_SECONDS,
                                    controller_running, start_failover_tier)
 from ops.status import jobs as status_jobs
+from ops.status.render import report_dict
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
 from testbed.kube import condition, server_seconds, wait_for
@@ -126,10 +127,11 @@ def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
 def test_early_path_moves_on_the_autoscalers_stockout_before_the_timeout(clean):
     tier = clean
     tier.stockout("on-demand")
-    tier.submit("stockout-early")
+    submitted = tier.submit("stockout-early")
     admitted = time.monotonic()
     jobs.wait_provisioning_request(tier.kube, NAMESPACE, "stockout-early", timeout=PODS_READY_TIMEOUT_SECONDS)
-    time_to_plan_b = time.monotonic() - admitted
+    requested = time.monotonic()
+    time_to_plan_b = requested - admitted
     print(f"early path: stockout reported -> dws ProvisioningRequest in {time_to_plan_b:.1f} s "
           f"(grace {GRACE_SECONDS} s)")
     # Before Kueue's timeout, and by the early path (the reason, below). How soon after the report is the bench's to
@@ -149,13 +151,64 @@ def test_early_path_moves_on_the_autoscalers_stockout_before_the_timeout(clean):
              REACTION_TIMEOUT, "the on-demand run's pods gone")
     assert not any(tier.gke.nodes_of(pool) for pool in tier.pools_of("on-demand"))
     request = jobs.wait_provisioning_request(tier.kube, NAMESPACE, "stockout-early")
+    time.sleep(max(0.0, requested + DWS_WAIT_SECONDS - time.monotonic()))  # GKE takes its time to provision
     jobs.mark_provisioned(tier.kube, request, "tier-resize-early")
+    provisioned = time.monotonic()
     jobs.wait_pods_ready(tier.kube, NAMESPACE, "stockout-early", REACTION_TIMEOUT)
+    ready = time.monotonic()
     placed = wait_for(lambda: jobs.pools_of(tier.kube, NAMESPACE, "stockout-early"), REACTION_TIMEOUT,
                       "the DWS run's pods Running")
     assert (placed["head"], placed["submitter"]) == (["default-pool"], ["default-pool"])
     assert tier.on_one_slice_of("dws", placed["worker"]), placed
     assert len(tier.kube.list(*jobs.RAYCLUSTER, namespace=NAMESPACE)) == 1  # one run, never two
+
+    time.sleep(max(0.0, ready + RUN_SECONDS - time.monotonic()))
+    looked = time.monotonic()
+    _goodput_is_accounted(tier, "stockout-early", move, looked - submitted, provisioned - requested, looked - ready)
+
+
+# The early path's story on the scenario's clock, for its goodput: the DWS request is provisioned at least
+# DWS_WAIT_SECONDS after it appears, and the job runs at least RUN_SECONDS before `ops status` looks (the test's clock
+# says how long each took). Server timestamps are whole seconds and the test sees each change up to a poll later:
+# each stretch the account reports is within a second below and GOODPUT_TOLERANCE_SECONDS above the test's.
+DWS_WAIT_SECONDS, RUN_SECONDS, GOODPUT_TOLERANCE_SECONDS = 4, 4, 3
+
+
+def _goodput_is_accounted(tier, job: str, move: api.Move, elapsed: float, dws_wait: float, run: float) -> None:
+    """`ops status -o json`'s goodput of a job that waited on a stocked-out on-demand rung, moved to DWS, waited for
+    its slice there and runs: each state's seconds against the scenario's times and the objects' own timestamps,
+    and the controller's metric of it (failover/regional/goodput.py)."""
+    report = report_dict(build_report(ClusterReader(tier.kube.api_client).read(NAMESPACE, "tier")))
+    found = next(j["goodput"] for j in report["jobs"] if j["name"] == job)
+    rayjob = tier.kube.get(*jobs.RAYJOB, job, NAMESPACE)
+    workload = jobs.workload_of(tier.kube, NAMESPACE, job)
+    changed = {c["type"]: server_seconds(c["lastTransitionTime"]) for c in workload["status"]["conditions"]}
+    now, created = server_seconds(report["generatedAt"]), server_seconds(rayjob["metadata"]["creationTimestamp"])
+    by_rung = {(part["state"], part["rung"]): part["seconds"] for part in found["byRung"]}
+    print(f"goodput: {found['scheduling']:.3f} of {found['elapsedSeconds']} s (test clock {elapsed:.1f} s); "
+          f"{by_rung}; the test's DWS wait {dws_wait:.1f} s, run {run:.1f} s")
+    # Every second since the submission is in one state; the test's own clock agrees on how many.
+    assert sum(found["seconds"].values()) == pytest.approx(found["elapsedSeconds"], abs=0.5)
+    assert abs(found["elapsedSeconds"] - elapsed) <= GOODPUT_TOLERANCE_SECONDS, (found["elapsedSeconds"], elapsed)
+    # Before the move: on-demand's capacity wait, from the submission to the move's start (estimated: what the job
+    # did inside is no longer recorded), at least the stockout grace period.
+    on_demand = by_rung[("capacity_wait", "on-demand")]
+    assert on_demand == pytest.approx(server_seconds(move.at) - created, abs=0.5)
+    assert on_demand >= GRACE_SECONDS - 1
+    assert found["estimatedSeconds"] == pytest.approx(on_demand, abs=0.5)
+    # The move, from its start to the reactivation (Kueue's Requeued condition): the controller's seconds.
+    assert by_rung.get(("moving", "dws"), 0) == pytest.approx(changed["Requeued"] - server_seconds(move.at), abs=0.5)
+    assert by_rung.get(("moving", "dws"), 0) <= GOODPUT_TOLERANCE_SECONDS
+    # On DWS: the wait for the slice the scenario set, then the run it set.
+    assert dws_wait - 1 <= by_rung[("capacity_wait", "dws")] <= dws_wait + GOODPUT_TOLERANCE_SECONDS, dws_wait
+    running = by_rung[("running", "dws")]
+    assert running == pytest.approx(now - changed["PodsReady"], abs=1)
+    assert run - 1 <= running <= run + GOODPUT_TOLERANCE_SECONDS, (running, run)
+    assert found["scheduling"] == pytest.approx(running / found["elapsedSeconds"], abs=0.01)  # both rounded
+    # The controller exports it too (each pass, every 15 s).
+    sample = wait_for(lambda: tier.samples("tpu_fallback_job_scheduling_goodput", job_namespace=NAMESPACE,
+                                           job_name=job), 20, "the job's goodput series")
+    assert 0 <= sample[0].value <= 1
 
 
 def test_a_job_outside_the_chain_is_left_alone(clean):

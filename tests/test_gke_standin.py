@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import datetime
 import time
 
 import pytest
@@ -201,6 +202,7 @@ class FakeKube:
     def __init__(self):
         self.objects: dict[str, list[dict]] = {"Pod": [], "Node": [], "Event": [], "ProvisioningRequest": [],
                                                "PodTemplate": []}
+        self.calls: list[tuple] = []  # (verb, kind, name, what): the writes, in order
 
     def list(self, api_version, kind, namespace=None):
         return [o for o in self.objects[kind] if namespace is None or o["metadata"].get("namespace") == namespace]
@@ -215,10 +217,15 @@ class FakeKube:
     def patch(self, api_version, kind, name, patch, namespace=None, subresource=None):
         found = self.get(api_version, kind, name, namespace)
         found.setdefault("spec", {}).update(patch.get("spec") or {})
+        labels = found["metadata"].setdefault("labels", {})
+        for key, value in ((patch.get("metadata") or {}).get("labels") or {}).items():
+            labels.pop(key, None) if value is None else labels.update({key: value})
+        self.calls.append(("patch", kind, name, patch))
         return found
 
-    def delete(self, api_version, kind, name, namespace=None, propagation=None):
+    def delete(self, api_version, kind, name, namespace=None, propagation=None, grace_seconds=None):
         self.objects[kind] = [o for o in self.objects[kind] if o["metadata"]["name"] != name]
+        self.calls.append(("delete", kind, name, grace_seconds))
 
 
 def _worker(name: str, flavor_labels: dict, tolerations: tuple[str, ...] = (TPU,), chips: str = "4") -> dict:
@@ -382,3 +389,63 @@ def test_a_slice_a_pod_was_bound_to_meanwhile_is_kept_and_untainted():
     assert idle.id in autoscaler.slices and len(autoscaler.nodes_of("on-demand-pool")) == 4
     node = autoscaler.kube.get("v1", "Node", idle.nodes[0])
     assert gke.TO_BE_DELETED_TAINT["key"] not in [t["key"] for t in node["spec"]["taints"]]
+
+
+def _running_slice(autoscaler: gke.Autoscaler) -> gke.Slice:
+    running = autoscaler._create_slice(autoscaler.by_pool["on-demand-pool"])
+    autoscaler.kube.objects["Pod"] = [{"metadata": {"name": f"w{i}", "namespace": "default"},
+                                       "spec": {"nodeName": node}, "status": {"phase": "Running"}}
+                                      for i, node in enumerate(running.nodes)]
+    autoscaler.kube.calls.clear()
+    return running
+
+
+def _order(calls: list[tuple]) -> list[tuple]:
+    """Each write as (verb, kind, what it did): a taint's key, a label change, a deletion's grace period."""
+    said = []
+    for verb, kind, _name, what in calls:
+        if verb == "delete":
+            said.append((verb, kind, what))
+        elif (what.get("metadata") or {}).get("labels"):
+            said.append((verb, kind, tuple(sorted(what["metadata"]["labels"].items()))))
+        elif (what.get("spec") or {}).get("taints"):
+            said.append((verb, kind, what["spec"]["taints"][-1]["key"]))
+        else:
+            said.append((verb, kind, "status"))
+    return list(dict.fromkeys(said))  # one line per kind of step, in the order of its first write
+
+
+def test_a_spot_preemption_taints_first_then_shuts_the_pods_down_gracefully_then_the_nodes_go():
+    autoscaler = _autoscaler()
+    running = _running_slice(autoscaler)
+    autoscaler.preempt_spot(running.id, grace_seconds=15)
+    assert _order(autoscaler.kube.calls) == [("patch", "Node", "cloud.google.com/impending-node-termination"),
+                                             ("delete", "Pod", 15), ("delete", "Node", None)]
+    assert [c[2] for c in autoscaler.kube.calls if c[0] == "patch"] == list(running.nodes)  # every host's notice
+
+
+def test_a_maintenance_is_labelled_ahead_then_ongoing_and_tainted_then_the_slice_goes():
+    autoscaler = _autoscaler()
+    running = _running_slice(autoscaler)
+    window = datetime.datetime(2026, 12, 1, 10, 0, tzinfo=datetime.timezone.utc)
+    autoscaler.schedule_maintenance(running.id, window)
+    host = autoscaler.kube.get("v1", "Node", running.nodes[0])
+    assert host["metadata"]["labels"][gke.SCHEDULED_MAINTENANCE_LABEL] == str(int(window.timestamp()))
+    assert running.id in autoscaler.slices and not autoscaler.kube.calls[-1][3].get("spec")  # nothing else yet
+    autoscaler.kube.calls.clear()
+    autoscaler.begin_maintenance(running.id, grace_seconds=30)
+    assert _order(autoscaler.kube.calls) == [
+        ("patch", "Node", ((gke.ACTIVE_MAINTENANCE_LABEL, "ONGOING"), (gke.SCHEDULED_MAINTENANCE_LABEL, None))),
+        ("patch", "Node", "cloud.google.com/impending-node-termination"), ("delete", "Pod", 30),
+        ("delete", "Node", None)]
+    assert gke.SCHEDULED_MAINTENANCE_LABEL not in host["metadata"]["labels"]
+
+
+def test_a_failed_host_goes_not_ready_then_unreachable_with_no_graceful_shutdown():
+    autoscaler = _autoscaler()
+    running = _running_slice(autoscaler)
+    autoscaler.fail_host(running.id)
+    # KWOK lets go of the node and its Ready turns Unknown ("status"), then the taint; the pods go without grace.
+    assert _order(autoscaler.kube.calls) == [("patch", "Node", "status"),
+                                             ("patch", "Node", "node.kubernetes.io/unreachable"),
+                                             ("delete", "Pod", 0), ("delete", "Node", None)]

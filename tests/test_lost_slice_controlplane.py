@@ -1,13 +1,17 @@
 """A running job that loses its slice comes back (issue 26), on the failover tier: real Kueue, KubeRay,
 kube-scheduler and KWOK nodes shaped like the plan's pools, the failover controller with its ServiceAccount's rights.
 
-What is played is GKE: a slice lost as GKE loses one (testbed/gke.py `lose_slice`: a multi-host slice is
-one unit, so the whole node group goes; the kubelets terminate its pods with the VM's grace period; then the slice is
-recreated when capacity allows). The rest judges: KubeRay makes the pods again, the scheduler places them, Kueue keeps
-or releases the quota, and the controller reads the loss from the nodes and pods, and decides.
+What is played is GKE, with its signals in GKE's order (testbed/gke.py): a Spot preemption (the termination
+notice's taint, then the pods' graceful shutdown, then the nodes go), a failed host (NotReady, no graceful shutdown),
+a scheduled maintenance (the label ahead, then ONGOING and the taint, then the nodes go); a multi-host slice is one
+unit, so the whole node group goes, and it is recreated when capacity allows. The rest judges: KubeRay makes the
+pods again, the scheduler places them, Kueue keeps or releases the quota, and the controller reads the loss (or the
+disruption ahead) from the nodes and pods, and decides. The detection latency, GKE's first signal to the controller's
+record as the test sees it (polling every 0.2 s), is asserted against DETECTION_SECONDS.
 
 The stack's rungs here: on-demand, Spot, DWS; `fallback.sliceRecoveryWait` set through stack config as a user
-would: 30s on on-demand and DWS (the shortest the stack takes), 2m on Spot.
+would: 30s on on-demand and DWS (the shortest the stack takes), 2m on Spot; `fallback.maintenance`: move, the
+checkpoint request 2m ahead, the save taken as done 10s after it.
 """
 
 from __future__ import annotations
@@ -22,7 +26,6 @@ from failover.regional import decisions
 from failover.api import LOSS_EVENT_REASON, RECOVERY_EVENT_REASON
 from testbed import jobs
 from testbed.failover_tier import NAMESPACE, controller_running, start_failover_tier
-from testbed.gke import UNREACHABLE_TAINT
 from testbed.kube import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -34,11 +37,18 @@ REACTION = 90  # generous: nothing timed here but what the issue bounds, from th
 # The move after a loss comes at the rung's recovery wait, plus this (the issue's bound); measured on the
 # controller's records (the loss's first signal, the move's start), whole seconds each.
 MOVE_SLACK_SECONDS = 2
+# GKE's first signal (a taint, a NotReady, a label) to the controller's record, as the test sees it: the controller
+# reacts to the node's watch event (measured alone: well under a second); the rest is headroom for a loaded suite.
+DETECTION_SECONDS = 5
+MAINTENANCE = {"action": "move", "leadTime": "2m", "saveTimeout": "10s"}
+SAVE_SECONDS = 10
+WINDOW_AHEAD_SECONDS = 60  # the maintenance window's start after its label (GKE: up to 7 days; compressed here)
 
 
 @pytest.fixture(scope="module")
 def tier(request):
-    overrides = {"spot": {"maxSlices": 1}, "fallback": {"stockoutGracePeriod": "4s", "sliceRecoveryWait": RECOVERY}}
+    overrides = {"spot": {"maxSlices": 1}, "fallback": {"stockoutGracePeriod": "4s", "sliceRecoveryWait": RECOVERY,
+                                                         "maintenance": MAINTENANCE}}
     with controller_running(start_failover_tier(overrides=overrides), request.session) as tier:
         yield tier
 
@@ -77,6 +87,14 @@ def seconds_between(later: str, earlier: datetime.datetime | str) -> float:
     return (api.parse_time(later) - earlier).total_seconds()
 
 
+def played(tier, job: str, disruption) -> tuple[float, datetime.datetime]:
+    """GKE's disruption of the slice the job runs on (a testbed/gke.py Autoscaler method, given the slice): the
+    monotonic time of its first signal, and the wall time just before."""
+    slice_id, _ = tier.slice_of_job(job)
+    wall = datetime.datetime.now(datetime.timezone.utc)
+    return disruption(slice_id), wall
+
+
 def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothing(clean):
     tier, job = clean, "lost-spot"
     tier.submit(job, queue="user-queue-spot")
@@ -84,11 +102,12 @@ def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothi
     runs.wait(lambda: tier.running_on(job, "spot"), "running on a Spot slice")
     jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
 
-    signal, wall = tier.lose_slice_of(job, grace_seconds=SPOT_GRACE_SECONDS)
+    signal, wall = played(tier, job, lambda slice_id: tier.gke.preempt_spot(slice_id, SPOT_GRACE_SECONDS))
     lost = runs.wait(lambda: tier.lost_of(job), "the loss recorded on the RayJob")
     seen = time.monotonic() - signal
-    # The loss counts from GKE's signal (the kubelets' termination of the pods), not from when the pods are gone.
-    assert lost.flavor == "spot" and lost.state == api.LOST
+    assert seen <= DETECTION_SECONDS, f"the preemption's taint recorded as a loss {seen:.2f} s after it"
+    # The loss counts from GKE's first signal (the notice's taint), not from when the pods are gone.
+    assert lost.flavor == "spot" and lost.state == api.LOST and "received a termination notice" in lost.cause, lost
     assert -1 <= seconds_between(lost.at, wall) <= 1, (lost, wall)
     # The Spot rung's wait, from stack config. `at` is the signal's time in whole seconds (truncated), `until` the
     # signal's exact time plus the wait rounded up (never short: failover/slices.py): 120 when the signal came with a
@@ -119,9 +138,10 @@ def test_a_failed_host_without_capacity_back_moves_the_job_once_at_the_rungs_wai
     jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
 
     tier.stockout("on-demand")  # the capacity does not come back: GKE cannot recreate the slice
-    signal, wall = tier.lose_slice_of(job, grace_seconds=0, going_taint=UNREACHABLE_TAINT)
+    signal, wall = played(tier, job, tier.gke.fail_host)
     lost = runs.wait(lambda: tier.lost_of(job), "the loss recorded on the RayJob")
     seen = time.monotonic() - signal
+    assert seen <= DETECTION_SECONDS, f"the failed host recorded as a loss {seen:.2f} s after it went NotReady"
     # A failed host as the node lifecycle controller shows it: Ready Unknown, then the unreachable taint (gke.py
     # _fail_host); the loss counts from the first the controller sees, never from the pods' deletion after them.
     assert lost.flavor == "on-demand" and ("is not ready" in lost.cause or "is unreachable" in lost.cause), lost
@@ -175,3 +195,67 @@ def test_the_end_of_a_dws_run_requeues_the_job_on_dws_for_a_new_slice(clean):
     assert events[0]["message"].startswith("requeued on dws (LocalQueue user-queue-dws)")
     assert tier.queues_of(job) == ("user-queue-dws", "user-queue-dws")
     assert runs.most == 1
+
+
+def test_a_maintenance_ahead_asks_for_a_checkpoint_then_moves_the_job_before_its_window(clean):
+    """GKE labels a host of the job's slice with its maintenance window (compressed: WINDOW_AHEAD_SECONDS ahead,
+    within the lead time). The controller records it, asks the job's TPU pods to checkpoint at once, and with
+    `action: move`, once the save is taken as done (saveTimeout), moves the job to Spot, the next rung with free
+    quota: the job runs there before the window starts, one RayCluster at a time."""
+    tier, job = clean, "maintained"
+    tier.submit(job)
+    runs = Runs(tier, job)
+    runs.wait(lambda: tier.running_on(job, "on-demand"), "running on an on-demand slice")
+    jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
+    slice_id, workers = tier.slice_of_job(job)
+    window = (datetime.datetime.now(datetime.timezone.utc)
+              + datetime.timedelta(seconds=WINDOW_AHEAD_SECONDS)).replace(microsecond=0)
+    (host, *_) = tier.gke.slices[slice_id].nodes
+
+    signal = tier.gke.schedule_maintenance(slice_id, window)
+    ahead = runs.wait(lambda: tier.ahead_of(job), "the maintenance recorded on the RayJob")
+    seen = time.monotonic() - signal
+    assert seen <= DETECTION_SECONDS, f"the maintenance label recorded {seen:.2f} s after it"
+    assert (ahead.kind, ahead.at, ahead.host, ahead.flavor) == (api.MAINTENANCE, api.format_time(window), host,
+                                                                "on-demand"), ahead
+    (event,) = events_of(tier, job, api.AHEAD_EVENT_REASON)
+    assert event["message"] == f"maintenance of host {host} at {api.format_time(window)} (on on-demand)"
+
+    # Within the lead time already: the request goes on every TPU pod of the run at once, before the window.
+    requests = runs.wait(lambda: (found := tier.checkpoint_requests(workers)) and all(found.values()) and found,
+                         "the checkpoint request on every TPU pod")
+    asked = time.monotonic() - signal
+    (request,) = set(requests.values())
+    assert request.id == f"maintenance-{window:%Y%m%dt%H%M%Sz}" and asked <= DETECTION_SECONDS, (request, asked)
+    assert request.asked_at < window
+
+    # The move, once the save is taken as done, to the next rung with free quota; running there before the window.
+    move = runs.wait(lambda: (m := tier.move_of(job)) and m.state == api.MOVED and m, "the move ahead",
+                     WINDOW_AHEAD_SECONDS)
+    assert (move.from_flavor, move.to_flavor, move.reason) == ("on-demand", "spot", api.DISRUPTION_AHEAD), move
+    started = api.parse_time(move.at)
+    assert request.asked_at + datetime.timedelta(seconds=SAVE_SECONDS) <= started < window, (move, request)
+    left = (window - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    runs.wait(lambda: tier.running_on(job, "spot"), "running on Spot before the window", max(left, 0.5))
+    running_at = datetime.datetime.now(datetime.timezone.utc)
+    assert running_at < window, (running_at, window)
+    assert runs.most == 1  # the maintained run's pods were gone before Spot's run began
+    assert tier.ahead_of(job).moved_to == "spot"
+    events = wait_for(lambda: tier.moves_recorded(job), REACTION, "the move's Event")
+    assert [e["message"] for e in events] == [decisions.move_message(move, "user-queue")]
+    print(f"\nmaintenance ahead: recorded {seen:.2f} s after the label, checkpoint asked {asked:.2f} s after it; "
+          f"moved {(started - request.asked_at).total_seconds():.0f} s after the request, running on Spot "
+          f"{(window - running_at).total_seconds():.0f} s before the window")
+
+    # A maintenance that begins on the new slice (GKE's ONGOING and taint, then the slice goes): the lost-slice path,
+    # from the first of them; capacity is there, so the slice comes back and nothing moves.
+    jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
+    signal, wall = played(tier, job, lambda slice_id: tier.gke.begin_maintenance(slice_id, SPOT_GRACE_SECONDS))
+    lost = runs.wait(lambda: tier.lost_of(job), "the maintenance's loss recorded on the RayJob")
+    seen = time.monotonic() - signal
+    assert seen <= DETECTION_SECONDS, f"the maintenance's start recorded as a loss {seen:.2f} s after it"
+    assert lost.flavor == "spot" and -1 <= seconds_between(lost.at, wall) <= 1, (lost, wall)
+    assert "is under maintenance" in lost.cause or "received a termination notice" in lost.cause, lost
+    runs.wait(lambda: (found := tier.lost_of(job)) and found.state == api.RECOVERED, "whole again on Spot")
+    assert tier.move_of(job) == move and runs.most == 1
+    print(f"maintenance begun: loss seen {seen:.2f} s after ONGOING")

@@ -95,7 +95,7 @@ def test_every_child_is_the_components_and_kubernetes_ones_use_the_cluster_provi
     assert {r.name for r in children} == {f"monitoring-{suffix}" for suffix in (
         "reader-account", "reader-token", "reader-role", "reader-binding", "collector-role", "collector-binding",
         "renewer-account", "renewer-role", "renewer-binding", "renewer-code", "renewer", "kueue", "failover", "api", "dashboard", "alert-waiting-ondemand", "alert-waiting-flexstart", "alert-moves",
-        "alert-failover-controller-down")}
+        "alert-failover-controller-down", "alert-goodput")}
     provider = plan.only("pulumi:providers:kubernetes").urn
     assert all(r.provider_urn == provider for r in children if r.type.startswith("kubernetes:"))
 
@@ -248,7 +248,9 @@ def test_the_dashboard_validates_against_monitoring_v1():
     assert [tile["widget"]["title"].split(" (")[0] for tile in dashboard_of(plan_for())["mosaicLayout"]["tiles"]] == [
         "Pending workloads per ClusterQueue", "Admission wait per flavor", "Moves down the queue chain by reason",
         "ProvisioningRequest outcomes by admission check and state", "Move delay by reason",
-        "Failover controller: reconciles, resyncs and errors per second; Workloads watched"]
+        "Failover controller: reconciles, resyncs and errors per second; Workloads watched",
+        "Scheduling goodput per namespace", "Jobs in each state per rung",
+        "The 10 unfinished jobs with the lowest scheduling goodput since their submission"]
 
 
 @pytest.mark.parametrize("change, fragment", [
@@ -293,15 +295,15 @@ def test_every_query_reads_this_stacks_cluster_only(stack):
 
 # ---- the alert policies ----------------------------------------------------------------------------------------
 
-def test_a_platform_alerts_on_each_rungs_wait_on_moves_and_on_the_controller_down():
+def test_a_platform_alerts_on_each_rungs_wait_on_moves_on_the_controller_down_and_on_goodput():
     plan = plan_for()
     found = policies(plan)
     assert set(found) == {"alert-waiting-ondemand", "alert-waiting-flexstart", "alert-moves",
-                          "alert-failover-controller-down"}
+                          "alert-failover-controller-down", "alert-goodput"}
     durations = {name: condition(policy).get("duration") for name, policy in found.items()}
     # The waits are held inside their queries; the down alert's range covers 60 s of its 300 (test_alerts_promtool).
     assert durations == {"alert-waiting-ondemand": None, "alert-waiting-flexstart": None,
-                         "alert-moves": None, "alert-failover-controller-down": "240s"}
+                         "alert-moves": None, "alert-failover-controller-down": "240s", "alert-goodput": None}
     for name, policy in found.items():
         assert policy["notificationChannels"] == [], name  # none by default; the policies exist all the same
         assert policy["displayName"].startswith("tpu-fallback tpu-cluster (us-east5-b): "), name
@@ -310,7 +312,7 @@ def test_a_platform_alerts_on_each_rungs_wait_on_moves_and_on_the_controller_dow
         assert plan.named("monitoring-api").urn in plan.named(f"monitoring-{name}").dependencies
     assert {name: policy["severity"] for name, policy in found.items()} == {
         "alert-waiting-ondemand": "WARNING", "alert-waiting-flexstart": "WARNING", "alert-moves": "WARNING",
-        "alert-failover-controller-down": "ERROR"}
+        "alert-failover-controller-down": "ERROR", "alert-goodput": "WARNING"}
 
 
 def test_each_rungs_wait_alert_reads_its_own_queue_over_its_own_wait():
@@ -355,6 +357,37 @@ def test_the_controller_down_alert_reads_the_scrape_of_its_pod_monitoring():
     up = (f'up{{cluster="tpu-cluster",location="us-east5-b",namespace="{monitor["metadata"]["namespace"]}",'
           f'job="{monitor["metadata"]["name"]}"}}')  # GMP's job label is the PodMonitoring's name
     assert query == f"absent_over_time({up}[60s]) or max(max_over_time({up}[60s])) == 0"
+
+
+def test_the_goodput_alert_compares_each_namespaces_running_share_over_its_window_with_the_threshold():
+    found = policies(plan_for(overrides={"monitoring": {"alerts": {"goodputBelow": {"percent": 80, "window": "2h"}}}}))
+    query = condition(found["alert-goodput"])["query"]
+    every = f'{mon.SCHEDULING_SECONDS}{{cluster="tpu-cluster",location="us-east5-b"}}'
+    running = f'{mon.SCHEDULING_SECONDS}{{cluster="tpu-cluster",location="us-east5-b",state="running"}}'
+    # The window's job-seconds, once they add up to a window less a scrape step (7170 s): a lone job's first minutes
+    # say nothing yet (test_alerts_promtool.py).
+    assert query == (f"(sum by (job_namespace) (increase({running}[2h])) / "
+                     f"sum by (job_namespace) (increase({every}[2h])) < 0.8) and on (job_namespace) "
+                     f"(sum by (job_namespace) (increase({every}[2h])) >= 7170)")
+    assert "tpu-fallback:monitoring.alerts.goodputBelow" in found["alert-goodput"]["documentation"]["content"]
+
+
+def test_a_goodput_threshold_of_zero_declares_no_goodput_alert_and_the_panels_stay():
+    plan = plan_for(overrides={"monitoring": {"alerts": {"goodputBelow": {"percent": 0}}}})
+    assert "alert-goodput" not in policies(plan) and "alert-moves" in policies(plan)
+    assert any(mon.JOB_GOODPUT in q for q in queries(dashboard_of(plan)))
+
+
+def test_the_dashboard_shows_goodput_per_namespace_states_per_rung_and_the_lowest_jobs():
+    found = queries(dashboard_of(plan_for()))
+    every = f'{mon.SCHEDULING_SECONDS}{{cluster="tpu-cluster",location="us-east5-b"}}'
+    running = f'{mon.SCHEDULING_SECONDS}{{cluster="tpu-cluster",location="us-east5-b",state="running"}}'
+    assert [q for q in found if mon.SCHEDULING_SECONDS in q or mon.JOB_GOODPUT in q] == [
+        f"sum by (job_namespace) (increase({running}[1h])) / sum by (job_namespace) (increase({every}[1h]))",
+        f'sum by (state, rung) (rate({mon.SCHEDULING_SECONDS}{{cluster="tpu-cluster",location="us-east5-b"}}[5m]))',
+        f'bottomk(10, min by (job_namespace, job_name) ({mon.JOB_GOODPUT}{{cluster="tpu-cluster",'
+        f'location="us-east5-b"}}))']
+    assert not any(mon.SCHEDULING_SECONDS in q for q in queries(dashboard_of(plan_for(overrides=ONE_RUNG))))
 
 
 def test_a_one_rung_stack_alerts_on_the_wait_only():
@@ -440,14 +473,20 @@ BAD_ALERTS = [
      "tpu-fallback:monitoring.alerts.notificationChannels: must be a list"),
     ({"enabled": "no"}, "tpu-fallback:monitoring.alerts.enabled: must be a boolean; got 'no'"),
     ({"channels": []}, "tpu-fallback:monitoring.alerts.channels: unknown field; allowed: enabled, pendingTooLong, "
-                       "movesPerHour, notificationChannels"),
+                       "movesPerHour, goodputBelow, notificationChannels"),
+    ({"goodputBelow": {"percent": 101}}, "tpu-fallback:monitoring.alerts.goodputBelow.percent: 101 is out of range"),
+    ({"goodputBelow": {"window": "10m"}},
+     "tpu-fallback:monitoring.alerts.goodputBelow.window: 10m is out of range; use 30m to 24h"),
+    ({"goodputBelow": {"share": 50}}, "tpu-fallback:monitoring.alerts.goodputBelow.share: unknown field; allowed: "
+                                      "percent, window"),
 ]
 
 
 @pytest.mark.parametrize("alerts, message", BAD_ALERTS, ids=[
     "duration-malformed", "duration-too-short", "duration-too-long", "unknown-rung", "duration-not-string",
     "waits-not-object", "negative-rate", "fractional-rate", "channel-malformed", "channel-twice", "channels-not-list",
-    "enabled-not-boolean", "unknown-field"])
+    "enabled-not-boolean", "unknown-field", "goodput-percent-too-high", "goodput-window-too-short",
+    "goodput-unknown-field"])
 def test_each_alert_setting_is_validated_naming_its_key_before_anything_is_declared(alerts, message):
     engine = OfflineEngine()
     with pytest.raises(SettingsError) as raised:

@@ -23,7 +23,7 @@ from failover.api import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, FLEET
                           format_time, with_move_recorded)
 from infra import failover as stack_failover
 from infra import kueue as stack_kueue
-from ops.status import cli, health, jobs
+from ops.status import cli, health, jobs, render
 from ops.status.ladder import (CHAIN_ENV, FROM_CLUSTER_QUEUES, FROM_CONTROLLER, FROM_LOCAL_QUEUES, build_ladder,
                                chain_of_controller)
 from ops.status.ladder import UNKNOWN as FROM_UNKNOWN
@@ -359,6 +359,23 @@ def test_a_running_job_that_lost_its_slice_says_since_when_and_until_when_it_wai
     for annotation in (lost_on(5, api.RECOVERED), lost_on(30)):
         job = rayjob("lost", annotations={api.SLICE_LOST_ANNOTATION: annotation})
         assert one_job(job, workload(job, admitted(40, pods_ready=15), flavor="on-demand")).state == jobs.RUNNING
+
+
+def test_a_maintenance_seen_coming_is_shown_while_it_is_about_the_admission_the_job_runs_on():
+    window = api.format_time(NOW + datetime.timedelta(hours=2))
+    ahead = api.Ahead(api.MAINTENANCE, window, "gke-n-1", "on-demand", api.format_time(NOW),
+                      checkpoint=f"maintenance-x {api.format_time(NOW)}")
+    job = rayjob("maintained", annotations={api.AHEAD_ANNOTATION: ahead.to_json()})
+    report = build_report(dev_snapshot(rayjobs=[job], workloads=[
+        workload(job, admitted(40, pods_ready=15), flavor="on-demand")]))
+    (view,) = report.jobs
+    assert view.state == jobs.RUNNING and view.ahead == ahead
+    assert f"  ahead: maintenance of host gke-n-1 at {window} (on on-demand); checkpoint asked at " \
+           f"{api.format_time(NOW)}" in render.why_lines(report)
+    assert render.job_dict(view, NOW)["disruptionAhead"]["host"] == "gke-n-1"
+    # Seen on another rung (the job has moved since): not this admission's.
+    other = rayjob("maintained", annotations={api.AHEAD_ANNOTATION: ahead.with_(flavor="spot").to_json()})
+    assert one_job(other, workload(other, admitted(40, pods_ready=15), flavor="on-demand")).ahead is None
 
 
 def test_evicted_by_the_pods_ready_timeout_says_from_where_and_when_it_is_back():
@@ -1105,3 +1122,49 @@ def test_a_finished_rayjob_says_how_long_it_ran():
     assert (ended - started).total_seconds() == 3723
     assert jobs.run_span({"status": {"startTime": "2026-12-01T10:00:00Z"}})[1] is None  # still running
     assert jobs.run_span({}) is None
+
+
+# ---- scheduling goodput (failover/api/goodput.py) ------------------------------------------------------------------
+def test_each_jobs_goodput_in_the_table_and_its_breakdown_in_json():
+    """A job submitted 600 s ago, admitted at 540 s ago and ready since 480 s ago has run 480 of 600 s: 80%, all of it
+    recorded. A job moved off a stocked-out on-demand rung 300 s ago (reactivated 298 s ago) and holding DWS quota
+    since 290 s ago has run none of it; the 300 s before its move are estimated (~)."""
+    running = rayjob("a-running")
+    move = Move("on-demand", "dws", "user-queue-dws", STOCKOUT, ago(300))
+    moved = rayjob("b-moved", queue="user-queue-dws", annotations={
+        FAILOVER_ANNOTATION: move.done().to_json(), MOVES_ANNOTATION: with_move_recorded(None, move)})
+    moved_workload = workload(moved, reserved(290) + [condition("Requeued", True, "Reactivated", 298)], flavor="dws",
+                              checks=[{"name": "dws-prov", "state": "Pending", "lastTransitionTime": ago(290)}],
+                              cluster_queue="cluster-queue-dws")
+    report = build_report(dev_snapshot(rayjobs=[running, moved], workloads=[
+        workload(running, admitted(540, pods_ready=480), flavor="on-demand"), moved_workload]))
+    text = render_table(report)
+    rows = {row["NAME"]: row for row in columns(text.split("JOBS (namespace default)\n")[1].split("\n\n")[0])}
+    assert (rows["a-running"]["GOODPUT"], rows["b-moved"]["GOODPUT"]) == ("80%", "~0%")
+    assert "~n%: part of that time is estimated (docs/goodput.md" in text
+
+    found = {j["name"]: j["goodput"] for j in json.loads(render_json(report))["jobs"]}
+    assert found["a-running"] == {
+        "scheduling": 0.8, "submittedAt": ago(600), "until": ago(0), "elapsedSeconds": 600,
+        "seconds": {"quota_wait": 60, "capacity_wait": 0, "starting": 60, "running": 480, "broken_slice": 0,
+                    "moving": 0, "unrecorded": 0},
+        "byRung": [{"state": "quota_wait", "rung": "on-demand", "seconds": 60},
+                   {"state": "starting", "rung": "on-demand", "seconds": 60},
+                   {"state": "running", "rung": "on-demand", "seconds": 480}],
+        "estimatedSeconds": 0,
+        "timeline": [{"state": "quota_wait", "rung": "on-demand", "from": ago(600), "to": ago(540), "seconds": 60,
+                      "exact": True},
+                     {"state": "starting", "rung": "on-demand", "from": ago(540), "to": ago(480), "seconds": 60,
+                      "exact": True},
+                     {"state": "running", "rung": "on-demand", "from": ago(480), "to": ago(0), "seconds": 480,
+                      "exact": True}]}
+    assert found["b-moved"]["scheduling"] == 0 and found["b-moved"]["estimatedSeconds"] == 300
+    assert [(s["state"], s["rung"], s["seconds"], s["exact"]) for s in found["b-moved"]["timeline"]] == [
+        ("capacity_wait", "on-demand", 300, False), ("moving", "dws", 2, True), ("quota_wait", "dws", 8, True),
+        ("capacity_wait", "dws", 290, True)]
+
+
+def test_a_job_whose_workload_cannot_be_read_has_no_goodput_rather_than_a_wrong_one():
+    report = build_report(dev_snapshot(rayjobs=[rayjob("a-running")], unreadable={"workloads": "403"}))
+    assert report.jobs[0].state == jobs.UNKNOWN and report.jobs[0].goodput is None
+    assert json.loads(render_json(report))["jobs"][0]["goodput"] is None

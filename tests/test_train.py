@@ -170,3 +170,33 @@ def test_tpu_trainer_config_is_accepted_by_ray(accelerator_type, topology, hosts
     with pytest.raises(ValueError, match="multiple of"):  # Ray checks hosts per slice
         train.make_trainer(train.resolve_config(train.build_parser().parse_args(
             argv[:6] + [str(hosts + 1)] + argv[7:])))
+
+
+# The file a downwardAPI volume of `metadata.annotations` holds: one `key="value"` line per annotation, keys sorted,
+# each value quoted as Go's %q does (kubernetes pkg/fieldpath/fieldpath.go FormatMap).
+ANNOTATIONS_FILE = ('kubectl.kubernetes.io/last-applied="{\\"a\\": 1}"\n'
+                    'ray.io/ft-enabled="false"\n'
+                    'tpu-fallback/checkpoint-request="maintenance-20261201t100000z 2026-12-01T09:40:00Z"\n')
+
+
+def test_the_checkpoint_request_is_read_from_the_pods_annotations_file(tmp_path):
+    path = tmp_path / "annotations"
+    assert train.checkpoint_request_id(str(path)) is None  # no volume (a local run): no request
+    path.write_text(ANNOTATIONS_FILE)
+    assert train.checkpoint_request_id(str(path)) == "maintenance-20261201t100000z"
+    path.write_text('ray.io/ft-enabled="false"\n')
+    assert train.checkpoint_request_id(str(path)) is None
+    path.write_text('tpu-fallback/checkpoint-request=not quoted\n')
+    assert train.checkpoint_request_id(str(path)) is None  # unreadable: no request, never a crash
+
+
+def test_the_hosts_agree_on_requests_in_the_notices_gather(tmp_path):
+    """One process (the multi-host gather is the notice's, exercised by tests/test_train_ray.py): the notice and the
+    request's number, the same number for the same id on every host, 0 for none."""
+    notice, annotations = tmp_path / "notice", tmp_path / "annotations"
+    assert train._signals_anywhere(str(notice), str(annotations), 1) == (False, set())
+    annotations.write_text(ANNOTATIONS_FILE)
+    noticed, requests = train._signals_anywhere(str(notice), str(annotations), 1)
+    assert not noticed and requests == {train._request_hash(str(annotations))} and 0 < min(requests) < 2 ** 31
+    notice.write_text("")
+    assert train._signals_anywhere(str(notice), str(annotations), 1) == (True, requests)

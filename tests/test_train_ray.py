@@ -20,6 +20,7 @@ STEPS = 30
 CKPT_EVERY = 10
 FAIL_AT = 15
 NOTICE_AT = 5
+REQUEST_AT = 25  # the failover controller's checkpoint request, in the worker group that restarted after FAIL_AT
 VOCAB = train.build_parser().parse_args([]).vocab  # the defaults are what `python train.py` runs
 LOG_V = math.log(VOCAB)
 
@@ -137,10 +138,13 @@ def test_an_uninterrupted_runs_goodput_is_written_beside_its_checkpoints(baselin
 def test_a_notice_loses_no_step_a_crash_at_most_one_interval_and_both_match_the_uninterrupted_run(baseline,
                                                                                                    tmp_path):
     """One fit, two faults: GKE's termination notice at step NOTICE_AT (the file the workers' preStop hook creates),
-    then a worker killed without notice at FAIL_AT. Ray Train restarts the worker group after each."""
+    then a worker killed without notice at FAIL_AT. Ray Train restarts the worker group after each. And a checkpoint
+    request at REQUEST_AT (the pods' annotations file): a save off the interval, and training goes on."""
     notice = tmp_path / "notice-dir" / "termination-notice"
+    annotations = tmp_path / "podinfo" / "annotations"
     result = train.main(_argv(tmp_path, "crash", STEPS, "--fail-at-step", str(FAIL_AT),
-                              "--preempt-at-step", str(NOTICE_AT), "--notice-file", str(notice)))
+                              "--preempt-at-step", str(NOTICE_AT), "--notice-file", str(notice),
+                              "--request-at-step", str(REQUEST_AT), "--pod-annotations-file", str(annotations)))
 
     assert (tmp_path / "crash-orbax" / f"injected-notice-at-step-{NOTICE_AT}").exists()  # the notice came once
     assert (tmp_path / "crash-orbax" / f"injected-failure-at-step-{FAIL_AT}").exists()  # it did die once
@@ -157,6 +161,9 @@ def test_a_notice_loses_no_step_a_crash_at_most_one_interval_and_both_match_the_
     assert result.metrics["step"] == STEPS
     assert result.metrics["start_step"] == (FAIL_AT // CKPT_EVERY) * CKPT_EVERY == 10
     assert {start for step, start in markers if step > FAIL_AT} == {10}, markers
+    # The checkpoint request: every host saved the step it reached (off the interval), and the same group trained on.
+    assert REQUEST_AT % CKPT_EVERY and (REQUEST_AT, 10) in markers and (STEPS, 10) in markers, markers
+    assert REQUEST_AT in _steps(_run_dir(tmp_path, "crash"))
 
     # Same seed, same batches per step, deterministic CPU XLA: the state after the restart matches the
     # uninterrupted run's exactly (params, Adam moments, step). Bitwise, hence rtol=atol=0.

@@ -14,6 +14,7 @@ import time
 import pytest
 import yaml
 
+from failover.api import CHECKPOINT_REQUEST_ANNOTATION
 from infra.offline import OfflineEngine
 from infra.settings import SettingsError
 from workloads import jobs as jobs_module
@@ -224,9 +225,25 @@ def test_script_configmap_is_named_by_content_and_mounted_everywhere():
     for job in rayjobs(plan).values():
         cluster = job["spec"]["rayClusterSpec"]
         for pod in (cluster["headGroupSpec"]["template"]["spec"], worker_group(job)["template"]["spec"]):
-            assert pod["volumes"] == [{"name": "train-script", "configMap": {"name": name}}]
-            assert pod["containers"][0]["volumeMounts"] == [{"name": "train-script", "mountPath": "/app"}]
+            assert pod["volumes"][0] == {"name": "train-script", "configMap": {"name": name}}
+            assert pod["containers"][0]["volumeMounts"][0] == {"name": "train-script", "mountPath": "/app"}
             assert pod["serviceAccountName"] == "ray-training"
+        assert len(cluster["headGroupSpec"]["template"]["spec"]["volumes"]) == 1  # the head trains nothing
+
+
+def test_tpu_workers_see_their_own_annotations_where_train_py_reads_the_checkpoint_request():
+    """The failover controller's checkpoint request (failover/checkpoints.py) is an annotation on the TPU workers;
+    a downwardAPI volume, mounted whole (a subPath mount is never refreshed), puts it where train.py looks."""
+    for job in rayjobs(plan_for()).values():
+        pod = worker_group(job)["template"]["spec"]
+        assert pod["volumes"][1] == {"name": "pod-annotations", "downwardAPI": {"items": [
+            {"path": "annotations", "fieldRef": {"fieldPath": "metadata.annotations"}}]}}
+        mount = pod["containers"][0]["volumeMounts"][1]
+        assert mount == {"name": "pod-annotations", "mountPath": "/etc/tpu-fallback/pod", "readOnly": True}
+        assert f"{mount['mountPath']}/annotations" == train.DEFAULT_POD_ANNOTATIONS_FILE
+        args = train.build_parser().parse_args(shlex.split(job["spec"]["entrypoint"])[2:])
+        assert args.pod_annotations_file == train.DEFAULT_POD_ANNOTATIONS_FILE
+    assert train.CHECKPOINT_REQUEST_ANNOTATION == CHECKPOINT_REQUEST_ANNOTATION  # train.py imports nothing of ours
 
 
 def test_a_changed_script_gives_a_new_configmap_the_rayjobs_follow(monkeypatch, tmp_path):

@@ -18,7 +18,7 @@ from infra.kueue import NODEPOOL_LABEL_KEY, QUEUED_TAINT_KEY, tolerate_no_schedu
 from infra.settings import NodeShutdown, PlatformSettings
 from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY
 from workloads.settings import WorkloadSettings
-from workloads.train import DEFAULT_NOTICE_FILE
+from workloads.train import DEFAULT_NOTICE_FILE, DEFAULT_POD_ANNOTATIONS_FILE
 
 RUNTIME_REQUIREMENTS = Path(__file__).resolve().parent / "requirements-runtime.txt"
 SCRIPT_PATH = Path(__file__).resolve().parent / "train.py"
@@ -111,6 +111,18 @@ def termination_notice_hook(seconds: int, notice_file: str = DEFAULT_NOTICE_FILE
         + f' && i=0 && while [ "$i" -lt {seconds} ] && [ -e {notice} ]; do sleep 1; i=$((i + 1)); done']}}}
 
 
+def pod_annotations_volume(annotations_file: str = DEFAULT_POD_ANNOTATIONS_FILE) -> tuple[dict, dict]:
+    """The TPU workers' own annotations as a file (a downwardAPI volume), where train.py reads the failover
+    controller's checkpoint request (failover/checkpoints.py): the job needs no API access for it. Mounted whole: the
+    kubelet refreshes a downwardAPI volume when it syncs the pod (at the latest at its sync period, 1 minute by
+    default), never one mounted with subPath.
+    Ref: https://kubernetes.io/docs/concepts/storage/volumes/#downwardapi"""
+    directory, _, name = annotations_file.rpartition("/")
+    volume = {"name": "pod-annotations", "downwardAPI": {"items": [
+        {"path": name, "fieldRef": {"fieldPath": "metadata.annotations"}}]}}
+    return volume, {"name": "pod-annotations", "mountPath": directory, "readOnly": True}
+
+
 def max_replicas(platform: PlatformSettings) -> int:
     """Slices one job may scale to: a job keeps the flavor it was admitted on, so the largest plan bounds it."""
     return max(plan.max_slices for plan in platform.plans)
@@ -165,6 +177,7 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
     tpu, pins = platform.tpu, runtime_pins()
     plan_b = platform.flex_start is not None
     volume, mount = _script_volume(configmap)
+    annotations_volume, annotations_mount = pod_annotations_volume()
     annotations = {
         ELASTIC_ANNOTATION: "true",  # Kueue admits in-tree autoscaling only for elastic jobs
         DELETION_POLICY_ANNOTATION: "background",
@@ -210,10 +223,10 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
                 "image": pins.image(settings.ray_image_repository),
                 "env": [{"name": "JAX_PLATFORMS", "value": "tpu,cpu"}],
                 "resources": _resources(settings.worker_cpu, settings.worker_memory, tpu.chips_per_host),
-                "volumeMounts": [mount],
+                "volumeMounts": [mount, annotations_mount],
                 "lifecycle": termination_notice_hook(notice_save_seconds(shutdown)),
             }],
-            "volumes": [volume],
+            "volumes": [volume, annotations_volume],
         }},
     }
     if tpu.is_multi_host:

@@ -52,6 +52,14 @@ within 15 s (ray/_private/node.py); so the RayJob's worker pods have a preStop h
 step they reached, report it, and exit with ``TerminationNotice``: a preemption with notice loses no finished step.
 Without notice (a host that fails), the loss is at most ``--checkpoint-every`` steps.
 
+Checkpoint request: the failover controller asks for a save ahead of a disruption it sees coming (a maintenance
+window, a DWS run's end) or before a move, by annotating the TPU worker pods ``tpu-fallback/checkpoint-request:
+<id> <time>`` (failover/checkpoints.py). The pods see their annotations in ``--pod-annotations-file``, a downwardAPI
+volume (workloads/rayjob.py) that the kubelet rewrites when it syncs the pod (within its sync period, 1 minute by
+default). Every process reads it after each step, in the same all-gather as the notice; on an id no host has honoured
+yet, all of them save the step they reached and go on training. A worker group takes the request it sees at its start
+as honoured: it has just restored its newest step.
+
 Metrics, reported through ``ray.train.report`` every ``--report-every`` steps and at every checkpoint:
 loss, global tokens/s, step time, model TFLOP/s per device and, given ``--peak-tflops-per-device``, MFU.
 
@@ -409,13 +417,59 @@ def _notice_once(checkpoint_dir: str, notice_file: str, step: int) -> None:
     _log(f"[preempt-at-step] termination notice at step {step} ({notice_file})")
 
 
-def _noticed_anywhere(notice_file: str, n_proc: int) -> bool:
-    """Whether any host of the slice has the termination notice (all processes call this: an all-gather)."""
-    here = os.path.exists(notice_file)
+def checkpoint_request_id(annotations_file: str) -> str | None:
+    """The id of the checkpoint request in a downwardAPI annotations file (``key="value"`` lines, each value quoted
+    as Go's %q writes it), or None: no file, no request, or one that cannot be read."""
+    try:
+        with open(annotations_file) as f:
+            lines = f.read().splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        key, _, quoted = line.partition("=")
+        if key != CHECKPOINT_REQUEST_ANNOTATION:
+            continue
+        try:
+            value = json.loads(quoted)  # the ids and times the controller writes quote the same in Go and JSON
+        except ValueError:
+            return None
+        request_id = value.split(" ", 1)[0] if isinstance(value, str) else ""
+        return request_id or None
+    return None
+
+
+def _request_hash(annotations_file: str) -> int:
+    """The checkpoint request on this host as a number the hosts can all-gather (0: none): 28 bits, an int32 as JAX
+    gathers it without x64."""
+    request_id = checkpoint_request_id(annotations_file)
+    return 0 if request_id is None else int(hashlib.sha256(request_id.encode()).hexdigest()[:7], 16) or 1
+
+
+def _signals_anywhere(notice_file: str, annotations_file: str, n_proc: int) -> tuple[bool, set[int]]:
+    """Whether any host of the slice has the termination notice, and the checkpoint requests the hosts see (one
+    all-gather for both: every process calls it)."""
+    here = np.array([os.path.exists(notice_file), _request_hash(annotations_file)], dtype=np.int32)
     if n_proc == 1:
-        return here
-    from jax.experimental import multihost_utils
-    return bool(np.any(multihost_utils.process_allgather(np.array([here]))))
+        gathered = here[None]
+    else:
+        from jax.experimental import multihost_utils
+        gathered = np.asarray(multihost_utils.process_allgather(here)).reshape(n_proc, 2)
+    return bool(gathered[:, 0].any()), {int(h) for h in gathered[:, 1] if h}
+
+
+def _request_once(checkpoint_dir: str, annotations_file: str, step: int) -> None:
+    """Testing: a checkpoint request at ``step``, once (marker in the checkpoint root), in the file the pods'
+    downwardAPI volume holds on the cluster; replaced whole, as the kubelet does."""
+    from etils import epath
+    marker = epath.Path(checkpoint_dir) / f"injected-request-at-step-{step}"
+    if marker.exists():
+        return
+    marker.write_text(str(time.time()))
+    os.makedirs(os.path.dirname(annotations_file) or ".", exist_ok=True)
+    with open(annotations_file + ".tmp", "w") as f:
+        f.write(f'{CHECKPOINT_REQUEST_ANNOTATION}="injected-at-step-{step} 2026-01-01T00:00:00Z"\n')
+    os.replace(annotations_file + ".tmp", annotations_file)
+    _log(f"[request-at-step] checkpoint request at step {step} ({annotations_file})")
 
 
 def _fail_once(checkpoint_dir: str, step: int) -> None:
@@ -435,6 +489,10 @@ def _fail_once(checkpoint_dir: str, step: int) -> None:
 
 # Where the worker pods' preStop hook writes the termination notice (workloads/rayjob.py imports this name).
 DEFAULT_NOTICE_FILE = "/tmp/tpu-fallback/termination-notice"
+# The TPU worker pods' own annotations, a downwardAPI volume (workloads/rayjob.py imports these names), and the one
+# that asks for a save (failover.api.CHECKPOINT_REQUEST_ANNOTATION: this file imports nothing of the repository).
+DEFAULT_POD_ANNOTATIONS_FILE = "/etc/tpu-fallback/pod/annotations"
+CHECKPOINT_REQUEST_ANNOTATION = "tpu-fallback/checkpoint-request"
 
 # --------------------------------------------------------------------------------------------------
 # Goodput: Google's ml-goodput-measurement records the job's events; its calculator turns them into goodput
@@ -741,6 +799,8 @@ def train_loop_per_worker(config: dict) -> None:
     common = {"start_step": start, "processes": n_proc, "devices": n_dev,
               "resumed_from": source[0] if source else ""}
     first_loss, t0, timed_steps, loss = None, 0.0, 0, None
+    # Checkpoint requests already honoured: the one this group sees at its start (nothing is unsaved yet).
+    honoured = _signals_anywhere(config["notice_file"], config["pod_annotations_file"], n_proc)[1]
     for step in range(start, total):  # state["step"] == step here
         recorder.record_step_start_time(step)
         local = synthetic_batch(config["seed"], step, proc, local_batch, cfg.seq_len, cfg.vocab)
@@ -756,9 +816,13 @@ def train_loop_per_worker(config: dict) -> None:
             _fail_once(root, done)
         if config["preempt_at_step"] == done and rank == world - 1:
             _notice_once(root, config["notice_file"], done)
-        noticed = _noticed_anywhere(config["notice_file"], n_proc)
+        if config["request_at_step"] == done and rank == world - 1:
+            _request_once(root, config["pod_annotations_file"], done)
+        noticed, requests = _signals_anywhere(config["notice_file"], config["pod_annotations_file"], n_proc)
+        requested = bool(requests - honoured)
+        honoured |= requests
 
-        is_ckpt = done % every == 0 or done == total or noticed
+        is_ckpt = done % every == 0 or done == total or noticed or requested
         if not (is_ckpt or done % config["report_every"] == 0):
             continue
         metrics = {"step": done, "loss": float(loss), "first_loss": first_loss, **common}
@@ -779,6 +843,8 @@ def train_loop_per_worker(config: dict) -> None:
             recorder.record_custom_badput_event_end_time(custom_badput_event_type=CHECKPOINT_SAVE_WAIT)
         _report(metrics, done if (is_ckpt and rank == 0) else None, own_dir)
         t0, timed_steps = time.perf_counter(), 0
+        if requested and not noticed and rank == 0:
+            _log(f"[train] checkpoint request: saved step {done}; training on")
         if noticed:
             if os.path.exists(config["notice_file"]):
                 os.remove(config["notice_file"])  # consumed: on a host that outlives the notice, it is not seen twice
@@ -861,6 +927,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--notice-file", default=DEFAULT_NOTICE_FILE,
       help="GKE's termination notice: created by the worker pods' preStop hook; seen on any host, every host saves "
            "the step it reached and exits")
+    a("--pod-annotations-file", default=DEFAULT_POD_ANNOTATIONS_FILE,
+      help="the worker pod's annotations (a downwardAPI volume); a new tpu-fallback/checkpoint-request on any host "
+           "makes every host save the step it reached and train on")
+    a("--request-at-step", type=int, default=None,
+      help="testing: the last rank writes a checkpoint request into --pod-annotations-file after this step, once "
+           "(marker in --checkpoint-dir)")
     a("--preempt-at-step", type=int, default=None,
       help="testing: the last rank creates --notice-file after this step, once (marker in --checkpoint-dir)")
     a("--fail-at-step", type=int, default=None,

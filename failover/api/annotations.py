@@ -20,6 +20,23 @@ FAILOVER_ANNOTATION = "tpu-fallback/failover"
 MOVES_ANNOTATION = "tpu-fallback/moves"
 # On the RayJob: the slice it lost this admission (JSON, see LostSlice).
 SLICE_LOST_ANNOTATION = "tpu-fallback/slice-lost"
+# On a running job's TPU worker pods: a request to save the step it reached and go on training (the value:
+# failover.api.CheckpointRequest). The pods read their own annotations through a downwardAPI volume
+# (workloads/rayjob.py), so the job needs no new rights; train.py saves once per new request id.
+CHECKPOINT_REQUEST_ANNOTATION = "tpu-fallback/checkpoint-request"
+# On the RayJob: a disruption of its slice seen coming (a host's scheduled maintenance, a DWS run's end), and what the
+# controller did ahead of it (JSON, see Ahead).
+AHEAD_ANNOTATION = "tpu-fallback/disruption-ahead"
+# GKE's signals of a TPU or GPU host's maintenance: the label with the window's start (Unix seconds) while it is
+# scheduled, then, during it, the label ONGOING (and the taint failover/slices.py reads as the host going).
+# Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/view-maintenance-events (GKE 1.31.1-gke.2008000+)
+# Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/handle-disruption-gpu-tpu
+SCHEDULED_MAINTENANCE_LABEL = "cloud.google.com/scheduled-maintenance-time"
+ACTIVE_MAINTENANCE_LABEL, MAINTENANCE_ONGOING = "cloud.google.com/active-node-maintenance", "ONGOING"
+# On a DWS job (its RayJob, which Kueue copies to the Workload and the ProvisioningRequest): how long the run may last.
+# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/pkg/util/admissioncheck/admissioncheck.go
+# (FilterProvReqAnnotations: the annotations a job's Workload keeps)
+MAX_RUN_ANNOTATION = "provreq.kueue.x-k8s.io/maxRunDurationSeconds"
 
 # ---- the fleet's (failover/watch/, failover/ladder/) -------------------------------------------------------------
 # On the manager's RayJob: where the job runs as the members show it, against Kueue's record (the watch's Finding).

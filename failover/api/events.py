@@ -13,6 +13,8 @@ MOVE_EVENT_REASON = "MovedToNextRung"  # the regional controller moved (or reque
 # The regional controller's Events on a RayJob whose slice was lost, and whole again; the fleet's ladder reads the
 # first in the step's member (failover/ladder/).
 LOSS_EVENT_REASON, RECOVERY_EVENT_REASON = "SliceLost", "SliceRecovered"
+# The regional controller's Event on a RayJob whose slice will be disrupted at a known time (failover/maintenance.py).
+AHEAD_EVENT_REASON = "DisruptionAhead"
 
 # GKE's autoscaler on pods it could not get nodes for. Only a lack of capacity counts; a quota error does not.
 # Ref: https://cloud.google.com/kubernetes-engine/docs/troubleshooting/cluster-autoscaler-scale-up

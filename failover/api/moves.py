@@ -16,6 +16,8 @@ MOVING, MOVED = "moving", "moved"
 PODS_READY_TIMEOUT = "PodsReadyTimeout"  # Kueue evicted it: its pods were not ready within waitForPodsReady.timeout
 STOCKOUT = "Stockout"  # GKE's autoscaler reported no TPU capacity for its pods for the grace period (the early path)
 SLICE_LOST = "SliceLost"  # a running job lost its slice and it was not back within the rung's recovery wait
+# a running job moved before a disruption of its slice it saw coming (fallback.maintenance.action: move)
+DISRUPTION_AHEAD = "DisruptionAhead"
 # The fleet's ladder's:
 MEMBER_EVICTED = "MemberEvicted"  # the step's member evicted the job
 MEMBER_STOCKOUT = "MemberStockout"  # or: the member reported no capacity for its pods for its grace period

@@ -23,7 +23,12 @@ from failover.api import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, LOSS_
                           MOVED, MOVES_ANNOTATION, MOVING, PODS_READY_TIMEOUT, QUEUE_LABEL, RECOVERY_EVENT_REASON,
                           SLICE_LOST, SLICE_LOST_ANNOTATION, WAIT_FOR_BACKOFF_RESET, Chain, FinishMove, LostSlice,
                           Move, StartMove, WorkloadView, parse_time, stockout_since, with_move_recorded)
+from failover import maintenance
+from failover.api.climbs import CLIMB_BACK, CLIMB_EVENT_REASON, ClimbPolicy
 from failover.regional import decisions
+from failover.regional.ahead import AheadOfDisruptions
+from failover.regional.climbing import ClimbingBack
+from failover.regional.free_slices import FreeSlices
 from failover.regional.decisions import RecordFlavor
 from failover.regional.watches import CachedWorkload, Seen
 from failover.runtime.cache import Cache, Key
@@ -38,16 +43,19 @@ SUSPEND_WAIT_SECONDS = 10.0
 POLL_SECONDS = 0.2  # a wait for Kueue within a move looks again this often
 
 
-class Controller(GuardedWrites, Reconciler):
+class Controller(ClimbingBack, AheadOfDisruptions, GuardedWrites, Reconciler):
     name = "failover"
+    component = COMPONENT
     log = log
     workers = 4  # a move waits up to SUSPEND_WAIT_SECONDS for Kueue
     resync_seconds = 300.0
 
     def __init__(self, api_client: client.ApiClient, chain: Chain, grace: datetime.timedelta,
                  clock: Callable[[], datetime.datetime] = utcnow, metrics: Metrics | None = None,
-                 cache: Cache | None = None, workers: int = 4, resync_seconds: float = 300.0):
+                 cache: Cache | None = None, workers: int = 4, resync_seconds: float = 300.0,
+                 policy: maintenance.Policy | None = None, climb_policy: ClimbPolicy | None = None):
         Reconciler.__init__(self)
+        self.policy = policy or maintenance.Policy(maintenance.NOTHING, datetime.timedelta(0), datetime.timedelta(0))
         self.workers, self.resync_seconds = workers, resync_seconds
         self.api = dynamic.DynamicClient(api_client)
         self.core = client.CoreV1Api(api_client)
@@ -55,11 +63,16 @@ class Controller(GuardedWrites, Reconciler):
         self.rayjobs = self.api.resources.get(api_version=RAYJOB[0], kind=RAYJOB[1])
         self.chain, self.grace, self.clock = chain, grace, clock
         self.metrics = metrics or Metrics()
-        self.seen = Seen(cache or Cache(api_client), chain, clock, self.metrics)
+        cache = cache or Cache(api_client)
+        self.seen = Seen(cache, chain, clock, self.metrics)
+        # fallback.climbBack (failover/regional/climb.py); off unless given
+        zero = datetime.timedelta(0)
+        self.climb_policy = climb_policy or ClimbPolicy((), (), zero, zero, zero, zero, zero)
+        self.free = FreeSlices(cache, self.seen, chain, self.climb_policy, clock)
 
     # ---- what the manager runs ---------------------------------------------------------------------------------
     def watches(self) -> list[Watch]:
-        return self.seen.watches()
+        return self.seen.watches() + self.free.watches()
 
     def keys(self) -> list[Key]:
         return self.seen.workloads.keys()
@@ -80,6 +93,8 @@ class Controller(GuardedWrites, Reconciler):
         view, now = cached.view, self.clock()
         if (pending := Move.from_json(annotation)) is None or pending.state != MOVING:
             acted = self._reconcile_loss(cached, now)
+            if acted is None:
+                acted = self._reconcile_ahead(cached, now)
             if acted is not None:
                 return acted
         job = None
@@ -95,7 +110,7 @@ class Controller(GuardedWrites, Reconciler):
         if action is None:
             if stockout is not None:  # the grace period ends at a known time: look again then
                 self.queue.add(key, delay=(stockout + self.grace - now).total_seconds() + 0.05)
-            return 0
+            return self._reconcile_climb(cached, now)  # a running job below its first rung: up again?
         if not isinstance(action, RecordFlavor):
             # The cache may lag the server by a watch event: decide again on the RayJob as it is now.
             job = self._get(self.rayjobs, view.rayjob, view.namespace)
@@ -224,12 +239,16 @@ class Controller(GuardedWrites, Reconciler):
         if current is not None and current.state == MOVED:
             return
         message = decisions.move_message(move, from_queue or "?")
-        rayjob_event(self.core, meta, COMPONENT, MOVE_EVENT_REASON, message, "Normal", self.clock(),
-                     once=move.to_json())
+        climbed = move.reason == CLIMB_BACK  # a climb back up: its own Event and counter, not a move down's
+        rayjob_event(self.core, meta, COMPONENT, CLIMB_EVENT_REASON if climbed else MOVE_EVENT_REASON, message,
+                     "Normal", self.clock(), once=move.to_json())
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {
             FAILOVER_ANNOTATION: move.done().to_json(),
             MOVES_ANNOTATION: with_move_recorded(meta.get("annotations"), move)}}})
-        self.metrics.moves.labels(move.from_flavor, move.to_flavor, move.reason).inc()
+        if climbed:
+            self.metrics.climbs.labels(move.from_flavor, move.to_flavor).inc()
+        else:
+            self.metrics.moves.labels(move.from_flavor, move.to_flavor, move.reason).inc()
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)
 
     def _tpu_pods(self, job: dict) -> set[str]:

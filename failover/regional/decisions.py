@@ -11,8 +11,10 @@ import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from failover.api import (MOVING, PODS_READY_TIMEOUT, QUEUE_LABEL, SLICE_LOST, STOCKOUT, Chain, FinishMove,
-                          Move, StartMove, WorkloadView, format_time, parse_time, reactivation_step)
+from failover.api import (DISRUPTION_AHEAD, MOVING, PODS_READY_TIMEOUT, QUEUE_LABEL, SLICE_LOST, STOCKOUT, Chain,
+                          FinishMove, Move, StartMove, WorkloadView, format_time, parse_time, reactivation_step)
+from failover.api.climbs import CLIMB_BACK
+from failover.regional.climb import climb_message
 
 # Kueue's eviction for another queue's claim (a team reclaiming its share, InCohortReclamation): capacity exists,
 # it is just someone else's. Never a move. Ref: kueue v0.19.2 apis/kueue/v1beta2/workload_types.go WorkloadPreempted
@@ -31,8 +33,8 @@ def decide(chain: Chain, workload: WorkloadView, job_failover: str | None,
            stockout: datetime.datetime | None, grace: datetime.timedelta, now: datetime.datetime) -> Action:
     """The one next step for a Workload owned by a RayJob; None when there is nothing to do.
 
-    Never moves up the chain nor past its last rung; a move in progress is finished first, so a restart, a
-    repeated event or a second replica moves nothing twice.
+    Moves down the chain only (a climb back up is failover/regional/climb.py's), never past its last rung; a move in
+    progress is finished first, so a restart, a repeated event or a second replica moves nothing twice.
     """
     if workload.multikueue_origin is not None:
         return None  # a fleet's job: its manager re-dispatches it (README "Plan C")
@@ -104,11 +106,18 @@ REPOINT = "repoint"  # the Workload's `spec.queueName` to it
 # then, inactive where it should be: failover.api.reactivation_step (WAIT_FOR_BACKOFF_RESET, then REACTIVATE)
 
 
+def in_place(move: Move) -> bool:
+    """A move that keeps the job's queue: a requeue on the last rung, or a climb to the rung its queue starts at (a
+    job Kueue admitted below its queue's first rung because that rung was full)."""
+    return move.requeue or bool(move.from_local_queue and move.from_local_queue == move.to_local_queue)
+
+
 def next_in_move(move: Move, workload: WorkloadView, job: Mapping) -> str:
-    """The next step of `move` for this Workload and its RayJob. A requeue (the last rung: no next one) is evicted
-    from the admission that lost its slice by a deactivation, then queued again where it was."""
+    """The next step of `move` for this Workload and its RayJob. A move in place (a requeue, or a climb within the
+    queue) is evicted from the admission it leaves by a deactivation, then queued again where it was: Kueue tries the
+    queue's rungs in order again."""
     released = not workload.quota_reserved and bool((job.get("spec") or {}).get("suspend", False))
-    if move.requeue:
+    if in_place(move):
         on_old = workload.quota_reserved and (workload.admitted_at is None
                                               or workload.admitted_at < parse_time(move.at))
         if workload.active:
@@ -163,10 +172,14 @@ def observations(before: WorkloadView | None, after: WorkloadView) -> list[Admis
 
 
 def move_message(move: Move, from_queue: str) -> str:
-    """The one line logged, and the Event's message, for a move."""
+    """The one line logged, and the Event's message, for a move (a climb back's: failover/regional/climb.py)."""
+    if move.reason == CLIMB_BACK:
+        return climb_message(move, from_queue)
     cause = {PODS_READY_TIMEOUT: "its pods were not ready within Kueue's waitForPodsReady timeout",
              STOCKOUT: "GKE's autoscaler reported no TPU capacity for its pods",
-             SLICE_LOST: "it lost its slice and the slice was not back within the rung's recovery wait"}[move.reason]
+             SLICE_LOST: "it lost its slice and the slice was not back within the rung's recovery wait",
+             DISRUPTION_AHEAD: "a disruption of its slice was coming (a host's maintenance or its DWS run's end) and "
+                               "the rung had room"}[move.reason]
     if move.requeue:
         return f"requeued on {move.to_flavor} (LocalQueue {move.to_local_queue}): {cause}"
     return (f"moved from {move.from_flavor} to {move.to_flavor} (LocalQueue {from_queue} -> {move.to_local_queue}): "

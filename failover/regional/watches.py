@@ -11,8 +11,9 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from failover.api import (FAILOVER_ANNOTATION, SCALE_UP_FAILURE_REASONS, SLICE_LOST_ANNOTATION, STOCKOUT_MESSAGE,
-                          TPU_RESOURCE, Chain, WorkloadView)
+from failover import maintenance
+from failover.api import (AHEAD_ANNOTATION, FAILOVER_ANNOTATION, SCALE_UP_FAILURE_REASONS, SLICE_LOST_ANNOTATION,
+                          STOCKOUT_MESSAGE, TPU_RESOURCE, Chain, Move, WorkloadView, move_history)
 from failover.regional import decisions
 from failover.runtime.cache import DELETED, Cache, Change, Key
 from failover.runtime.controller import Watch
@@ -29,6 +30,8 @@ WATCHED_EVENTS = Watched("events", "/api/v1/events", field_selector="involvedObj
 RAY_CLUSTER_LABEL = "ray.io/cluster"
 WATCHED_PODS = Watched("pods", "/api/v1/pods", label_selector="ray.io/node-type=worker")
 WATCHED_NODES = Watched("nodes", "/api/v1/nodes")
+# The rungs' free TPU quota, where a move ahead of a disruption may go (failover/maintenance.py move_target).
+WATCHED_CLUSTERQUEUES = Watched("clusterqueues", "/apis/kueue.x-k8s.io/v1beta2/clusterqueues")
 GONE_NODES_KEPT = datetime.timedelta(hours=1)  # a deleted node is remembered this long (its pods outlive it a while)
 STOCKOUT_FIELDS = ("involvedObject", "reason", "message", "firstTimestamp", "lastTimestamp", "eventTime")
 
@@ -45,6 +48,8 @@ class CachedJob:
     move: str | None  # FAILOVER_ANNOTATION
     loss: str | None  # SLICE_LOST_ANNOTATION
     cluster: str | None  # status.rayClusterName
+    ahead: str | None = None  # AHEAD_ANNOTATION
+    history: tuple[Move, ...] = ()  # MOVES_ANNOTATION: its completed moves, oldest first (a climb's rules read them)
 
 
 @dataclass(frozen=True)
@@ -63,7 +68,8 @@ def cached_workload(obj: dict, before: CachedWorkload | None) -> CachedWorkload:
 def cached_job(obj: dict, _before: object = None) -> CachedJob:
     annotations = obj["metadata"].get("annotations") or {}
     return CachedJob(annotations.get(FAILOVER_ANNOTATION), annotations.get(SLICE_LOST_ANNOTATION),
-                     (obj.get("status") or {}).get("rayClusterName"))
+                     (obj.get("status") or {}).get("rayClusterName"), annotations.get(AHEAD_ANNOTATION),
+                     tuple(move_history(annotations)))
 
 
 def cached_host(obj: dict, _before: object = None) -> CachedHost | None:
@@ -104,6 +110,7 @@ class Seen:
         self.pods = cache.store(WATCHED_PODS, cached_host, {
             "raycluster": lambda key, host: [host.cluster], "node": lambda key, host: [host.view.node]})
         self.nodes = cache.store(WATCHED_NODES, node_view)
+        self.cluster_queues = cache.store(WATCHED_CLUSTERQUEUES, lambda obj, _before=None: maintenance.free_tpus(obj))
         self._lock = threading.Lock()
         self._gone: dict[str, datetime.datetime] = {}  # node -> when its deletion was seen
 
@@ -188,6 +195,10 @@ class Seen:
         with self._lock:
             gone = dict(self._gone)
         return {key[1]: view for key, view in self.nodes.items()}, gone
+
+    def free_tpus(self) -> dict[str, dict[str, int]]:
+        """Each ClusterQueue's free TPU chips by flavor, as last seen."""
+        return {key[1]: free for key, free in self.cluster_queues.items()}
 
     def stockouts_in(self, namespace: str) -> list[dict]:
         """The autoscaler's stockout events in a namespace, as the event informer last saw them."""

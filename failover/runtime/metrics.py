@@ -1,6 +1,6 @@
-"""The controller's Prometheus metrics: what it moved and why, how long jobs waited, and its own health; the fleet
-watch's (failover/watch/): what each pass found, which members answer, how long a pass takes; and the fleet ladder's
-(failover/ladder/): what it moved and gave up.
+"""The controller's Prometheus metrics: what it moved and why, how long jobs waited, each job's scheduling goodput,
+and its own health; the fleet watch's (failover/watch/): what each pass found, which members answer, how long a pass
+takes; and the fleet ladder's (failover/ladder/): what it moved and gave up.
 
 Names are fixed: the stacks' Cloud Monitoring dashboards and alert policies (infra/monitoring.py) query them with
 PromQL. Served at /metrics on FAILOVER_METRICS_PORT, FLEET_METRICS_PORT or LADDER_METRICS_PORT (plain HTTP, scraped
@@ -55,6 +55,21 @@ class Metrics(_Served):
                                    ["flavor"], registry=r)
         self.workloads_watched = Gauge("tpu_fallback_workloads_watched", "Workloads in the controller's cache.",
                                        registry=r)
+        self.climbs = Counter("tpu_fallback_climbs",
+                              "Jobs moved back up the queue chain (fallback.climbBack), once done.",
+                              ["from_flavor", "to_flavor"], registry=r)
+        # The goodput controller's (failover/regional/goodput.py): one series per unfinished job of the chain (its
+        # breakdown is `ops status -o json`'s), and per namespace the job-seconds of each state on each rung. Not
+        # `namespace` and `job`: the scrape's own target labels (the controller's), which would rename these.
+        self.job_goodput = Gauge(
+            "tpu_fallback_job_scheduling_goodput",
+            "Each unfinished job's scheduling goodput: of the time since it was submitted, the share it ran on a "
+            "whole slice (0 to 1).", ["job_namespace", "job_name"], registry=r)
+        self.scheduling_seconds = Counter(
+            "tpu_fallback_scheduling_seconds",
+            "Seconds the jobs of a namespace spent in each state (quota_wait, capacity_wait, starting, running, "
+            "broken_slice, moving, unrecorded) on each rung, summed over the jobs, since the controller started.",
+            ["job_namespace", "state", "rung"], registry=r)
 
     def declare_moves(self, moves: Iterable[tuple[str, str, str]]) -> None:
         """Every (from, to, reason) this controller can count, at 0 from its start. A labelled counter is otherwise
@@ -62,6 +77,11 @@ class Metrics(_Served):
         never sees that move: an alert on moves would miss the first of each kind after every start."""
         for from_flavor, to_flavor, reason in moves:
             self.moves.labels(from_flavor, to_flavor, reason)
+
+    def declare_climbs(self, climbs: Iterable[tuple[str, str]]) -> None:
+        """Every (from, to) a climb back can have, at 0 from the start (as declare_moves, for the same reason)."""
+        for from_flavor, to_flavor in climbs:
+            self.climbs.labels(from_flavor, to_flavor)
 
 
 class FleetMetrics(_Served):

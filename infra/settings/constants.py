@@ -57,6 +57,20 @@ SPOT_CRITICAL_PODS_SECONDS = 15  # the system pods' part at GKE's default, kept 
 # A wait alert needs a few 30 s scrapes to be more than a blip; a day is as long as a queued job is watched here.
 MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS = 5 * 60, 24 * 3600
 MAX_MOVES_PER_HOUR = 1000
+# A disruption seen coming (fallback.maintenance): the checkpoint request from a minute to Cloud TPU's 7 days' notice
+# ahead; the save taken as done 10 s to 10 min after it (the kubelet's refresh of the pods' file takes up to 1 min).
+MIN_MAINTENANCE_LEAD_SECONDS, MAX_MAINTENANCE_LEAD_SECONDS = 60, 7 * 24 * 3600
+MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS = 10, 10 * 60
+MAINTENANCE_ACTIONS = ("checkpoint", "move", "none")  # failover.api.ACTIONS, the default first
+# Climbing back (fallback.climbBack): the rungs it may go to (a DWS rung has no free slice to see: it provisions on
+# request), and each wait's (lowest, highest, default). The lows are the test bed's clock; the defaults GKE's: a freed
+# slice's nodes stay about 10 min, so a 5 min settle still sees an idle on-demand or Spot slice; a climb costs a
+# restart from the checkpoint, so one an hour at most, and none in a job's first 10 min on a rung.
+CLIMB_BACK_RUNGS = ("reservation", "onDemand", "spot")
+CLIMB_WAITS = {"settle": (1, 24 * 3600, "5m"), "minInterval": (60, 7 * 24 * 3600, "1h"),
+               "minRuntime": (0, 24 * 3600, "10m"), "runEndMargin": (0, 24 * 3600, "30m")}
+# The goodput alert's window: a few scrapes at least, and a day at most, as the waits'.
+MIN_GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_WINDOW_SECONDS = 30 * 60, 24 * 3600
 
 # --- Several teams (`teams`): see infra/teams.py for the Kueue objects they become ---
 # The rungs a team holds a guaranteed share of: capacity that exists while the team waits (Spot and DWS are shared

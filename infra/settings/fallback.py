@@ -4,11 +4,28 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.settings.constants import (DEFAULT_RUNG, MAX_PODS_READY_TIMEOUT_SECONDS, MAX_RECOVERY_WAIT_SECONDS,
-                                      MIN_PODS_READY_TIMEOUT_SECONDS, MIN_RECOVERY_WAIT_SECONDS)
-from infra.settings.formats import HTTPS_URL, PINNED_IMAGE
+from infra.settings.constants import (DEFAULT_RUNG, MAINTENANCE_ACTIONS, MAX_MAINTENANCE_LEAD_SECONDS,
+                                      MAX_PODS_READY_TIMEOUT_SECONDS, MAX_RECOVERY_WAIT_SECONDS,
+                                      MAX_SAVE_TIMEOUT_SECONDS, MIN_MAINTENANCE_LEAD_SECONDS,
+                                      MIN_PODS_READY_TIMEOUT_SECONDS, MIN_RECOVERY_WAIT_SECONDS,
+                                      MIN_SAVE_TIMEOUT_SECONDS)
+from infra.settings.formats import HTTPS_URL, PINNED_IMAGE, duration_seconds, short_duration
+from infra.settings.climb_back import ClimbBackSettings, read_climb_back_settings
 from infra.settings.keys import DEFAULTS
 from infra.settings.reader import ConfigReader, read_duration, read_per_rung_durations
+
+
+_MAINTENANCE = DEFAULTS["fallback"]["maintenance"]
+
+
+@dataclass(frozen=True)
+class MaintenanceSettings:
+    """`fallback.maintenance`: what the failover controller does ahead of a disruption it sees coming
+    (failover/maintenance.py)."""
+
+    action: str = _MAINTENANCE["action"]  # checkpoint, move or none
+    lead_seconds: int = duration_seconds(_MAINTENANCE["leadTime"])
+    save_timeout_seconds: int = duration_seconds(_MAINTENANCE["saveTimeout"])
 
 
 @dataclass(frozen=True)
@@ -21,6 +38,8 @@ class FallbackSettings:
     # (rung config key or DEFAULT_RUNG, seconds): how long a running job that lost its slice waits for it to be whole
     # again before it moves on (failover/slices.py)
     slice_recovery_wait: tuple[tuple[str, int], ...]
+    maintenance: MaintenanceSettings = MaintenanceSettings()  # the regional controller's only: not published
+    climb_back: ClimbBackSettings = ClimbBackSettings()  # likewise (infra/settings/climb_back.py)
 
     def recovery_seconds(self, rung: str) -> int:
         """The recovery wait of a rung (its config key): its own, or the default."""
@@ -54,7 +73,34 @@ def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:
     recovery = read_per_rung_durations(reader, "fallback.sliceRecoveryWait", raw["sliceRecoveryWait"],
                                        DEFAULTS["fallback"]["sliceRecoveryWait"], MIN_RECOVERY_WAIT_SECONDS,
                                        MAX_RECOVERY_WAIT_SECONDS)
-    return FallbackSettings(timeout, grace, tuple(sorted(recovery)))  # one order, whatever the config's
+    maintenance = read_maintenance_settings(reader, raw["maintenance"])
+    climb_back = read_climb_back_settings(reader, raw["climbBack"])
+    return FallbackSettings(timeout, grace, tuple(sorted(recovery)), maintenance,  # one order, whatever the config's
+                            climb_back)
+
+
+def read_maintenance_settings(reader: ConfigReader, given: dict) -> MaintenanceSettings:
+    """`fallback.maintenance`, its fields merged over the defaults; the defaults where a value is unreadable (a
+    problem names it)."""
+    raw = reader.fields("fallback.maintenance", given, _MAINTENANCE)
+    reader.check("fallback.maintenance.action", raw["action"] in MAINTENANCE_ACTIONS,
+                 f"{raw['action']!r} is not an action; use {', '.join(MAINTENANCE_ACTIONS)}")
+    bounded = {}
+    for field, low, high in (("leadTime", MIN_MAINTENANCE_LEAD_SECONDS, MAX_MAINTENANCE_LEAD_SECONDS),
+                             ("saveTimeout", MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS)):
+        name = f"fallback.maintenance.{field}"
+        seconds = read_duration(reader, name, raw[field])
+        if seconds is not None and reader.check(name, low <= seconds <= high, f"{raw[field]} is out of range; use "
+                                                f"{short_duration(low)} to {short_duration(high)}"):
+            bounded[field] = seconds
+    defaults = MaintenanceSettings()
+    lead = bounded.get("leadTime", defaults.lead_seconds)
+    save = bounded.get("saveTimeout", defaults.save_timeout_seconds)
+    reader.check("fallback.maintenance.saveTimeout", save < lead,
+                 f"{raw['saveTimeout']} is not shorter than leadTime {raw['leadTime']}: the save must be taken as done "
+                 "before the disruption, for a move to come first")
+    action = raw["action"] if raw["action"] in MAINTENANCE_ACTIONS else defaults.action
+    return MaintenanceSettings(action, lead, save)
 
 
 def read_controller_runtime(reader: ConfigReader) -> ControllerRuntime:

@@ -13,7 +13,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from infra.rungs import FLEX_START, ON_DEMAND, RUNG_KINDS, SPOT, RungKind
-from infra.settings.constants import (DEFAULT_RUNG, MAX_MOVES_PER_HOUR, MAX_PENDING_ALERT_SECONDS,
+from infra.settings.constants import (DEFAULT_RUNG, MAX_GOODPUT_WINDOW_SECONDS, MAX_MOVES_PER_HOUR,
+                                      MAX_PENDING_ALERT_SECONDS, MIN_GOODPUT_WINDOW_SECONDS,
                                       MAX_PODS_READY_TIMEOUT_SECONDS, MAX_RECOVERY_WAIT_SECONDS,
                                       MAX_SLICES_PER_PLAN, MAX_SYSTEM_NODES, MIN_GKE_FOR_QUEUED_TPU,
                                       MIN_GKE_FOR_RAY_OPERATOR, MIN_GKE_FOR_SPOT_GRACE, MIN_KUEUE_VERSION,
@@ -21,6 +22,9 @@ from infra.settings.constants import (DEFAULT_RUNG, MAX_MOVES_PER_HOUR, MAX_PEND
                                       MIN_RECOVERY_WAIT_SECONDS, MIN_SYSTEM_NODES, SHARE_ORDERS,
                                       SPOT_CRITICAL_PODS_SECONDS, SPOT_GRACE_CHOICES, SPOT_GRACE_SECONDS,
                                       SYSTEM_NAMESPACE_PREFIXES, SYSTEM_NAMESPACES)
+from infra.settings.constants import (MAINTENANCE_ACTIONS, MAX_MAINTENANCE_LEAD_SECONDS, MAX_SAVE_TIMEOUT_SECONDS,
+                                      MIN_MAINTENANCE_LEAD_SECONDS, MIN_SAVE_TIMEOUT_SECONDS)
+from infra.settings.constants import CLIMB_BACK_RUNGS, CLIMB_WAITS
 from infra.settings.keys_roles import FLEET, PLATFORM_STACK, TEAM, WORKLOADS
 from infra.settings.schema import (BOOLEAN, DURATION, INTEGER, OBJECT, OBJECTS, PER_RUNG, REQUIRED, STRING,
                                    STRINGS, UNSET, REGION, Bounds, Setting)
@@ -52,6 +56,30 @@ _SPOT_GRACE = S(
     choices=tuple(f"{seconds}s" for seconds in SPOT_GRACE_CHOICES),
     rule=f"{SPOT_GRACE_CHOICES[-1]}s needs gkeVersion {MIN_GKE_FOR_SPOT_GRACE} or later while the rung is on")
 
+
+def _climb_wait(name: str, description: str) -> Setting:
+    low, high, default = CLIMB_WAITS[name]
+    return S(name, DURATION, description, default, bounds=Bounds(low, high, duration=True))
+
+
+# On by default, onto a reservation only: its slices are paid for whether used or not, and held by GCE for the
+# project, so a job on Spot, DWS or on-demand below it gains the most and risks the least (docs/ladder-and-failover.md
+# "Climbing back").
+_CLIMB_BACK = S(
+    "climbBack", OBJECT, "a running job below its ladder's first rung moves back up to a rung named in `to` once that "
+                         "rung has had a free slice for it for `settle` (its quota free in Kueue and, except on a "
+                         "reservation, an idle slice of its own nodes; no stockout there meanwhile); it is asked to "
+                         "checkpoint first and moves fallback.maintenance.saveTimeout later, by the same route as a "
+                         "move down (docs/ladder-and-failover.md; fields merged over these defaults)", fields=(
+        S("to", STRINGS, "the rungs a job may climb back to (empty: never climb)", ["reservation"],
+          rule=f"rung config keys without an admission check ({', '.join(CLIMB_BACK_RUNGS)}), each once; one that is "
+               "off in this stack is skipped"),
+        _climb_wait("settle", "how long the rung must have had a free slice for the job, and no stockout, before it "
+                              "climbs"),
+        _climb_wait("minInterval", "at most one climb per job in this long"),
+        _climb_wait("minRuntime", "no climb in a job's first this long on a rung"),
+        _climb_wait("runEndMargin", "no climb for a DWS run that ends within this long (its end is a disruption "
+                                    "ahead: fallback.maintenance)")))
 
 _ROUTES = (
     S("zone", STRING, "Zone of the zonal cluster and of every pool; the region is derived from it.", "us-east5-b",
@@ -111,7 +139,26 @@ _CONTROLLERS = (
                                          "controller moves it to the next rung, or requeues it on the last (the "
                                          "given entries are merged over the defaults)",
           {DEFAULT_RUNG: "10m", "spot": "2m", "flexStart": "2m"},
-          bounds=Bounds(MIN_RECOVERY_WAIT_SECONDS, MAX_RECOVERY_WAIT_SECONDS, duration=True)))),
+          bounds=Bounds(MIN_RECOVERY_WAIT_SECONDS, MAX_RECOVERY_WAIT_SECONDS, duration=True)),
+        S("maintenance", OBJECT, "a disruption of a running job's slice seen coming: a TPU host's scheduled "
+                                 "maintenance (GKE's node label cloud.google.com/scheduled-maintenance-time) or the "
+                                 "end of a DWS run (its start plus workloads.maxRunDuration); the window itself is a "
+                                 "lost slice (sliceRecoveryWait), whatever the action (docs/disruptions.md; fields "
+                                 "merged over these defaults)", fields=(
+            S("action", STRING, "checkpoint: ask the job to save the step it reached leadTime ahead (an annotation "
+                                "its TPU pods read, no new rights for the job); move: that, then, saveTimeout later "
+                                "and before the disruption, move it to another rung without a check (reservation, "
+                                "onDemand, spot) whose ClusterQueue has free quota for it; none: only record it "
+                                "(ops status, an Event, a metric)", MAINTENANCE_ACTIONS[0],
+              choices=MAINTENANCE_ACTIONS),
+            S("leadTime", DURATION, "how long before the disruption the job is asked to checkpoint", "15m",
+              bounds=Bounds(MIN_MAINTENANCE_LEAD_SECONDS, MAX_MAINTENANCE_LEAD_SECONDS, duration=True),
+              rule="longer than saveTimeout"),
+            S("saveTimeout", DURATION, "how long after the request the save is taken as done (the job cannot answer "
+                                       "without new rights): the kubelet's refresh of the pods' annotations file (up "
+                                       "to 1 min), the step in progress and the save", "2m",
+              bounds=Bounds(MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS, duration=True)))),
+        _CLIMB_BACK)),
     S("failoverController", OBJECT, "Where the failover controller's pinned Python packages come from. Default (both "
                                     "empty): PyPI, at each start. Not both.", fields=(
         S("image", STRING, "a prebuilt image that has the pins (failover/Dockerfile): nothing is installed at start",
@@ -131,6 +178,13 @@ _CONTROLLERS = (
               bounds=Bounds(MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS, duration=True)),
             S("movesPerHour", INTEGER, "the failover controller's moves down the ladder from one rung in an hour above "
                                        "which an alert fires (a stockout)", 3, bounds=Bounds(0, MAX_MOVES_PER_HOUR)),
+            S("goodputBelow", OBJECT, "an alert when the jobs of a namespace ran on a whole slice less than `percent` "
+                                      "of their time over the last `window` (their scheduling goodput, "
+                                      "docs/goodput.md), once that time adds up to a window at least (the failover "
+                                      "controller's metrics; fields merged over these defaults)", fields=(
+                S("percent", INTEGER, "the threshold, 0 to turn the alert off", 50, bounds=Bounds(0, 100)),
+                S("window", DURATION, "the window the share is taken over", "6h",
+                  bounds=Bounds(MIN_GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_WINDOW_SECONDS, duration=True)))),
             S("notificationChannels", STRINGS, "the Cloud Monitoring channels every policy notifies (none: incidents "
                                                "in the console only)", [],
               rule="projects/<project>/notificationChannels/<id>, each once"))))),

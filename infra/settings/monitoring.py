@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra.settings.constants import (DEFAULT_RUNG, MAX_MOVES_PER_HOUR, MAX_PENDING_ALERT_SECONDS,
+from infra.settings.constants import (DEFAULT_RUNG, MAX_GOODPUT_WINDOW_SECONDS, MAX_MOVES_PER_HOUR,
+                                      MAX_PENDING_ALERT_SECONDS, MIN_GOODPUT_WINDOW_SECONDS,
                                       MIN_PENDING_ALERT_SECONDS)
-from infra.settings.formats import NOTIFICATION_CHANNEL, duration_seconds
+from infra.settings.formats import NOTIFICATION_CHANNEL, duration_seconds, short_duration
 from infra.settings.keys import DEFAULTS
-from infra.settings.reader import ConfigReader, read_per_rung_durations
+from infra.settings.reader import ConfigReader, read_duration, read_per_rung_durations
 
 _ALERTS: Mapping = DEFAULTS["monitoring"]["alerts"]
 
@@ -17,7 +18,8 @@ _ALERTS: Mapping = DEFAULTS["monitoring"]["alerts"]
 @dataclass(frozen=True)
 class AlertSettings:
     """Cloud Monitoring alert policies over the scraped metrics (infra/monitoring.py): how long a job may wait on
-    a rung, how many moves down the ladder per hour are too many, and where notifications go (none: the policies
+    a rung, how many moves down the ladder per hour are too many, how little of their time a namespace's jobs may
+    run over a window (scheduling goodput), and where notifications go (none: the policies
     open incidents in the console only). The defaults are the table's (infra/settings/keys.py)."""
 
     enabled: bool = _ALERTS["enabled"]
@@ -27,6 +29,9 @@ class AlertSettings:
     moves_per_hour: int = _ALERTS["movesPerHour"]
     # projects/<project>/notificationChannels/<id>
     notification_channels: tuple[str, ...] = tuple(_ALERTS["notificationChannels"])
+    # The jobs of a namespace ran less than this share of their time (percent; 0: no alert) over the window
+    goodput_below_percent: int = _ALERTS["goodputBelow"]["percent"]
+    goodput_window_seconds: int = duration_seconds(_ALERTS["goodputBelow"]["window"])
 
     def pending_seconds(self, rung: str) -> int:
         """The wait that alerts on this rung (its config key): its own, or the default."""
@@ -47,10 +52,12 @@ def read_monitoring_settings(reader: ConfigReader) -> MonitoringSettings:
     """`monitoring`, with its `alerts` object merged field by field over the defaults."""
     raw = reader.obj("monitoring", DEFAULTS["monitoring"])
     alerts = reader.fields("monitoring.alerts", raw["alerts"], _ALERTS)
+    goodput = reader.fields("monitoring.alerts.goodputBelow", alerts["goodputBelow"], _ALERTS["goodputBelow"])
     return MonitoringSettings(raw["enabled"], AlertSettings(
         alerts["enabled"], _read_pending_too_long(reader, alerts["pendingTooLong"]),
         _read_moves_per_hour(reader, alerts["movesPerHour"]),
-        _read_notification_channels(reader, alerts["notificationChannels"])))
+        _read_notification_channels(reader, alerts["notificationChannels"]),
+        _read_goodput_percent(reader, goodput["percent"]), _read_goodput_window(reader, goodput["window"])))
 
 
 def _read_pending_too_long(reader: ConfigReader, given: dict) -> tuple[tuple[str, int], ...]:
@@ -63,6 +70,23 @@ def _read_moves_per_hour(reader: ConfigReader, value: int) -> int:
                  f"{value} is out of range; moves per hour from one rung above which the alert fires, 0 (any "
                  f"move) to {MAX_MOVES_PER_HOUR}")
     return value
+
+
+def _read_goodput_percent(reader: ConfigReader, value: int) -> int:
+    reader.check("monitoring.alerts.goodputBelow.percent", 0 <= value <= 100,
+                 f"{value} is out of range; the share of their time a namespace's jobs must run, 0 (no alert) to 100")
+    return value
+
+
+def _read_goodput_window(reader: ConfigReader, value: str) -> int:
+    name = "monitoring.alerts.goodputBelow.window"
+    seconds = read_duration(reader, name, value)
+    if seconds is not None and not reader.check(
+            name, MIN_GOODPUT_WINDOW_SECONDS <= seconds <= MAX_GOODPUT_WINDOW_SECONDS,
+            f"{value} is out of range; use {short_duration(MIN_GOODPUT_WINDOW_SECONDS)} to "
+            f"{short_duration(MAX_GOODPUT_WINDOW_SECONDS)}"):
+        return AlertSettings.goodput_window_seconds
+    return seconds if seconds is not None else AlertSettings.goodput_window_seconds
 
 
 def _read_notification_channels(reader: ConfigReader, channels: list) -> tuple[str, ...]:

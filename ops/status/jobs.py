@@ -16,9 +16,11 @@ from dataclasses import dataclass
 
 import yaml
 
-from failover import api, slices
+from failover import api, maintenance, slices
 from failover.api import (FAILOVER_ANNOTATION, FLEET_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT,
                           TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK
+from failover.api.goodput import Account, JobTimes, account
 from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
                                 namespace_of, owned_by, quantity)
@@ -61,7 +63,11 @@ MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscale
               api.STEP_BUSY: "the step did not admit it within the fleet's stepWait (its capacity is in use)",
               api.MEMBER_SLICE_LOST: "it lost its slice in the step's member, which was not back within the "
                                      "member's sliceRecoveryWait",
-              api.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait"}
+              api.SLICE_LOST: "it lost its slice, which was not back within the rung's sliceRecoveryWait",
+              api.DISRUPTION_AHEAD: "a disruption of its slice was coming (a host's maintenance, its DWS run's end): "
+                                    "moved first (fallback.maintenance.action: move)",
+              # The regional controller's move back up (failover/regional/climb.py).
+              CLIMB_BACK: "the rung had a free slice for fallback.climbBack.settle"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
 REQUEST_CONDITIONS = (
@@ -153,6 +159,8 @@ class JobView:
     looping_on: str | None = None  # the last rung, when the job keeps failing there (nothing below to move to)
     pools: tuple[str, ...] | None = None  # the GKE node pools its pods run on; None: Nodes not readable
     ran: tuple[datetime.datetime, datetime.datetime | None] | None = None  # the Ray job's start and end (KubeRay)
+    goodput: Account | None = None  # its scheduling goodput and where its time went; None: its Workload unknown
+    ahead: api.Ahead | None = None  # a disruption of its slice seen coming, this admission (failover/maintenance.py)
 
     @property
     def run_seconds(self) -> float | None:
@@ -262,6 +270,16 @@ def request_view(request: Mapping | None) -> RequestView | None:
     return RequestView(name, kind, "Pending", "created, not accepted yet", created_at(request), "")
 
 
+def ahead_of(rayjob: Mapping, workload: Mapping | None) -> api.Ahead | None:
+    """The disruption the failover controller saw coming for the job's slice (maintenance of host H at T, a DWS run's
+    end), while it is about the admission the job runs on."""
+    recorded = api.Ahead.from_json(annotations(rayjob).get(api.AHEAD_ANNOTATION))
+    if recorded is None or workload is None:
+        return None
+    view = api.WorkloadView.from_object(workload)
+    return maintenance.current(recorded, view.flavor, view.pods_ready_since)
+
+
 def check_states(workload: Mapping | None) -> tuple[tuple[str, str], ...]:
     return tuple((c.get("name", ""), c.get("state", ""))
                  for c in ((workload or {}).get("status") or {}).get("admissionChecks") or [])
@@ -271,7 +289,8 @@ def moves_of(rayjob: Mapping) -> tuple[tuple[MoveView, ...], MoveView | None]:
     """The completed moves (tpu-fallback/moves) and the one in progress (tpu-fallback/failover while `moving`)."""
     recorded = annotations(rayjob)
     latest = Move.from_json(recorded.get(FAILOVER_ANNOTATION))
-    in_progress = MoveView.of(latest) if latest is not None and latest.state == api.MOVING else None
+    # A climb back is under way from its checkpoint on (the job still runs while it saves).
+    in_progress = MoveView.of(latest) if latest is not None and latest.state in (api.MOVING, CHECKPOINTING) else None
     return tuple(MoveView.of(m) for m in move_history(recorded)), in_progress
 
 
@@ -313,7 +332,9 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
                      kueue_message(finished))
     if move_in_progress is not None:
         move = move_in_progress
-        words = (f"being requeued on {move.to_flavor} (the last rung or step: no next one)"
+        words = (f"climbing back from {move.from_flavor} to {move.to_flavor} (a checkpoint first)"
+                 if move.reason == CLIMB_BACK else
+                 f"being requeued on {move.to_flavor} (the last rung or step: no next one)"
                  if move.from_flavor == move.to_flavor else f"moving from {move.from_flavor} to {move.to_flavor}")
         return State(MOVING, words, parse_time(move.at),
                      f"started by the failover controller ({move.reason}): {MOVE_WORDS.get(move.reason, move.reason)}")
@@ -351,8 +372,10 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     # gets one (seen on the tier, where the status test once found no Evicted condition after a move).
     moved_here = last_move is not None and last_move.local_queue == view.queue_name
     requeued_here = moved_here and last_move.from_flavor == last_move.to_flavor
+    climbed_here = moved_here and last_move.reason == CLIMB_BACK
     earlier = (f"requeued here by the failover controller ({MOVE_WORDS.get(last_move.reason, last_move.reason)})"
-               if requeued_here else f"moved here from {last_move.from_flavor} by the failover controller"
+               if requeued_here else f"climbed back here from {last_move.from_flavor} by the failover controller"
+               if climbed_here else f"moved here from {last_move.from_flavor} by the failover controller"
                if moved_here else f"evicted earlier: {eviction_words(evicted.get('reason'))}" if evicted is not None
                else "")
     if earlier:
@@ -551,3 +574,12 @@ def kueue_pods_ready_timeout(config_map: Mapping) -> int | None:
     if not isinstance(wait, dict):
         return None
     return go_duration_seconds(str(wait["timeout"])) if wait.get("timeout") else KUEUE_DEFAULT_PODS_READY_SECONDS
+
+
+def goodput_of(owner: Mapping, workload: Mapping | None, waiting_on: str | None,
+               now: datetime.datetime) -> Account | None:
+    """The job's scheduling goodput and where its time went (failover/api/goodput.py), from its objects: the RayJob's
+    creation and the failover controller's records on it, the Workload's conditions; `waiting_on`: the rung its
+    queue starts at."""
+    times = JobTimes.of(meta(owner), WorkloadView.from_object(workload) if workload is not None else None, waiting_on)
+    return account(times, now) if times is not None else None

@@ -7,9 +7,11 @@ import json
 from collections.abc import Sequence
 
 from failover.api import TPU_RESOURCE, format_time
+from failover.api.climbs import CLIMB_BACK
+from failover.api.goodput import Account
 from ops.status.health import ControllerView
 from ops.status.fleet import FleetView
-from ops.status.jobs import POSITION_COMPUTED, POSITION_FROM_KUEUE, JobView, MoveView
+from ops.status.jobs import MOVE_WORDS, POSITION_COMPUTED, POSITION_FROM_KUEUE, JobView, MoveView
 from ops.status.ladder import FROM_CLUSTER_QUEUES, FROM_CONTROLLER, FROM_LOCAL_QUEUES, UNKNOWN, Quota
 from ops.status.objects import plain_number
 from ops.status.report import Report
@@ -46,6 +48,8 @@ def seconds_since(moment: datetime.datetime | None, now: datetime.datetime) -> i
 
 
 def move_words(move: MoveView) -> str:
+    if move.reason == CLIMB_BACK:  # a move up the ladder (failover/regional/climb.py)
+        return f"climbed back from {move.from_flavor} to {move.to_flavor} at {move.at} ({MOVE_WORDS[CLIMB_BACK]})"
     return f"{move.from_flavor} -> {move.to_flavor} ({move.reason}, {move.at})"
 
 
@@ -89,7 +93,28 @@ def job_dict(job: JobView, now: datetime.datetime) -> dict:
         "evictAt": time_or_none(job.evict_at),
         "evictInSeconds": None if job.evict_at is None else max(0, int((job.evict_at - now).total_seconds())),
         "loopingOn": job.looping_on,
+        "disruptionAhead": None if job.ahead is None else {
+            "kind": job.ahead.kind, "at": job.ahead.at, "host": job.ahead.host or None, "flavor": job.ahead.flavor,
+            "seenAt": job.ahead.seen_at, "checkpointRequest": job.ahead.checkpoint or None,
+            "movedTo": job.ahead.moved_to or None, "words": job.ahead.message()},
+        "goodput": goodput_dict(job.goodput),  # null: its Workload could not be read
     }
+
+
+def goodput_dict(found: Account | None) -> dict | None:
+    """Scheduling goodput (running over the time since submission, null in its first second) and where the time
+    went: seconds per state, per state and rung, and the timeline itself (`exact` false: estimated, docs/goodput.md)."""
+    if found is None:
+        return None
+    return {"scheduling": None if found.goodput is None else round(found.goodput, 4),
+            "submittedAt": format_time(found.submitted), "until": format_time(found.end),
+            "elapsedSeconds": round(found.elapsed_seconds, 1),
+            "seconds": {state: round(seconds, 1) for state, seconds in found.seconds.items()},
+            "byRung": [{"state": state, "rung": rung, "seconds": round(seconds, 1)}
+                       for (state, rung), seconds in found.by_rung.items()],
+            "estimatedSeconds": round(found.estimated_seconds, 1),
+            "timeline": [{"state": s.state, "rung": s.rung, "from": format_time(s.start), "to": format_time(s.end),
+                          "seconds": round(s.seconds, 1), "exact": s.exact} for s in found.segments]}
 
 
 def controller_dict(controller: ControllerView) -> dict:
@@ -223,6 +248,13 @@ def position_cell(job: JobView) -> str | None:
     return f"{job.position}" if job.position_source == POSITION_FROM_KUEUE else f"~{job.position}"
 
 
+def goodput_cell(job: JobView) -> str | None:
+    """Its scheduling goodput in percent; ~ where part of its time is estimated (docs/goodput.md)."""
+    if job.goodput is None or job.goodput.goodput is None:
+        return None
+    return f"{'~' if job.goodput.estimated_seconds else ''}{round(100 * job.goodput.goodput)}%"
+
+
 def job_lines(report: Report) -> list[str]:
     where = "all namespaces" if report.namespace is None else f"namespace {report.namespace}"
     if not report.jobs_known:
@@ -238,15 +270,18 @@ def job_lines(report: Report) -> list[str]:
                len(job.moves), request, job.kind, job.size.chips if job.size else None, pods_cell(job),
                pools_cell(job), job.priority,
                duration(seconds_since(job.created, report.generated_at)) if job.created else None,
-               position_cell(job), job.eviction_count)
+               position_cell(job), job.eviction_count, goodput_cell(job))
         rows.append(((job.namespace,) if all_namespaces else ()) + (job.name,) + row)
     headers = (("NAMESPACE",) if all_namespaces else ()) + (
         "NAME", "QUEUE", "RUNG", "STATE", "SINCE", "FOR", "MOVES", "PROVISIONING REQUEST", "KIND", "CHIPS", "PODS",
-        "NODE POOLS", "PRIORITY", "AGE", "POSITION", "EVICTIONS")
+        "NODE POOLS", "PRIORITY", "AGE", "POSITION", "EVICTIONS", "GOODPUT")
     lines = [f"JOBS ({where})"] + table(headers, rows)
     if any(j.position_source == POSITION_COMPUTED for j in report.jobs):
         lines += ["", "POSITION ~n: computed from the Workloads shown (Kueue's visibility API is not served here), "
                      "from 0"]
+    if any(j.goodput is not None and j.goodput.estimated_seconds for j in report.jobs):
+        lines += ["", "GOODPUT: the share of the time since submission the job ran on a whole slice; ~n%: part of "
+                      "that time is estimated (docs/goodput.md; -o json has the breakdown)"]
     return lines
 
 
@@ -266,6 +301,8 @@ def why_lines(report: Report) -> list[str]:
         if job.run_seconds is not None:
             parts.append(f"ran {duration(job.run_seconds)} (KubeRay: {format_time(job.ran[0])} to "
                          f"{format_time(job.ran[1])})")
+        if job.ahead is not None:
+            parts.append(f"ahead: {job.ahead.message()}")
         if job.looping_on:
             parts.append(f"looping on the last rung ({job.looping_on}): evicted there again and again, with no "
                          "rung below to move to")

@@ -181,7 +181,10 @@ def job_view(owner: Mapping, workload: Mapping | None, snapshot: Snapshot, share
                    position_source=shared.position_source if key in shared.positions else None,
                    evictions=evictions, requeues=job_states.requeues_of(workload),
                    evict_at=job_states.evict_deadline(workload, state.state, shared.pods_ready_timeout),
-                   looping_on=looping, pools=pools, ran=job_states.run_span(owner) if is_rayjob else None)
+                   looping_on=looping, pools=pools, ran=job_states.run_span(owner) if is_rayjob else None,
+                   goodput=(job_states.goodput_of(owner, workload, start.flavor if start else None, snapshot.now)
+                            if state.state != job_states.UNKNOWN else None),
+                   ahead=job_states.ahead_of(owner, workload) if is_rayjob else None)
 
 
 def provisioning_checks(snapshot: Snapshot) -> frozenset[str]:

@@ -1,0 +1,72 @@
+"""Climbing back: a running job below its chain's first rung moved up to a rung that has had a free slice for a settle
+time (failover/regional/climb.py decides it). Its vocabulary: the reason of its Move, the state a climb's Move is in
+while the job saves, its Event, and the policy the stack writes (FAILOVER_CLIMB_BACK, failover/config.py)."""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+# A Move's reason when the controller moves a job up the chain, not down (from_flavor below to_flavor).
+CLIMB_BACK = "ClimbBack"
+# A climb's Move on the RayJob (FAILOVER_ANNOTATION) before it becomes MOVING: the job was asked to checkpoint
+# (failover/checkpoints.py) and still runs where it is; the move starts once the save is taken as done, or is called
+# off (the record before it is put back) when the job or the rung above changed meanwhile.
+CHECKPOINTING = "checkpointing"
+CLIMB_EVENT_REASON = "ClimbedBack"  # the Event on the RayJob once a climb is done (a move down: MovedToNextRung)
+# On a TPU node: the rung (Kueue flavor) its pool serves, as the stack labels every TPU pool (infra/tpu_pool.py
+# PLAN_LABEL_KEY, which each rung's ResourceFlavor selects), and GKE's label of its node pool.
+CAPACITY_LABEL = "tpu-fallback/capacity"
+NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
+
+
+@dataclass(frozen=True)
+class ClimbPolicy:
+    """`fallback.climbBack` as the controller reads it: the rungs (flavors) a job may climb to, and the bounds."""
+
+    to: tuple[str, ...]  # the flavors a job may climb to; empty: climbing back is off
+    # Of those, the flavors whose free quota is itself the proof of capacity: a reservation's slices are held for the
+    # project (its quota is the reservation's size). Any other rung also needs an idle slice of its own nodes.
+    reserved: tuple[str, ...]
+    settle: datetime.timedelta  # how long the rung above must have had a free slice, without a capacity failure
+    min_interval: datetime.timedelta  # at most one climb per job in this long
+    min_runtime: datetime.timedelta  # never in a job's first this long on a rung
+    run_end_margin: datetime.timedelta  # never for a DWS run that ends within this long
+    save_timeout: datetime.timedelta  # the checkpoint asked first is taken as saved this long after the request
+
+    @property
+    def enabled(self) -> bool:
+        return bool(self.to)
+
+    def as_data(self) -> dict[str, Any]:
+        return {"to": list(self.to), "reserved": list(self.reserved),
+                **{name: _number(getattr(self, field).total_seconds()) for name, field in _DURATIONS}}
+
+    @classmethod
+    def from_data(cls, data: Mapping[str, Any]) -> ClimbPolicy:
+        to, reserved = _flavors(data, "to"), _flavors(data, "reserved")
+        durations = {}
+        for name, field in _DURATIONS:
+            seconds = data[name]
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or seconds < 0:
+                raise TypeError(f"{name} must be a number of seconds, at least 0: {dict(data)!r}")
+            durations[field] = datetime.timedelta(seconds=seconds)
+        return cls(to, reserved, **durations)
+
+
+_DURATIONS = (("settleSeconds", "settle"), ("minIntervalSeconds", "min_interval"),
+              ("minRuntimeSeconds", "min_runtime"), ("runEndMarginSeconds", "run_end_margin"),
+              ("saveTimeoutSeconds", "save_timeout"))
+
+
+def _flavors(data: Mapping[str, Any], key: str) -> tuple[str, ...]:
+    value = data[key]
+    if not isinstance(value, list) or not all(isinstance(item, str) and item for item in value):
+        raise TypeError(f"{key} must be a list of flavor names: {dict(data)!r}")
+    return tuple(value)
+
+
+def _number(seconds: float) -> int | float:
+    return int(seconds) if seconds == int(seconds) else seconds

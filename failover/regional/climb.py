@@ -1,0 +1,232 @@
+"""Climbing back: when a running job below its chain's first rung moves up, as pure functions of what the controller
+reads (no I/O here; the signal is kept by free_slices.py, the steps carried out by controller.py).
+
+Kueue tries a queue's rungs in order when it admits, never again after: a job that fell to Spot or DWS (a stockout, a
+full rung) stays there when the rung above frees. Kueue's own answer, Concurrent Admission's `TryPreferredFlavors`
+migration, cannot see a GCE stockout; GKE's ComputeClass `activeMigration` does not queue multi-host slices through
+Kueue. So the controller moves such a job up (the same route as a move down: deactivate, relabel, repoint, reactivate)
+once a rung it may climb to (`fallback.climbBack.to`) has had a free slice for `settle`.
+Ref: https://kueue.sigs.k8s.io/docs/concepts/admission_fair_sharing/ (flavors are tried at admission only)
+Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/about-custom-compute-classes#active-migration
+
+A free slice, on the rung above, is:
+- quota: the rung's nominal TPU quota, over every ClusterQueue, less what Kueue has reserved on it (ClusterQueue
+  status `flavorsReservation`), holds the job's chips: Kueue would admit it there now;
+- capacity: on a reservation rung that is enough, its slices are held by GCE for the project (its quota is the
+  reservation's size); on any other rung quota does not prove GCE has the VMs (a stockout), so the rung also needs an
+  idle slice of its own: nodes of one of its pools, Ready, not going, no TPU pod on them, as many as the job's hosts
+  (GKE keeps a freed slice about 10 minutes before it scales it down);
+- and no capacity failure on the rung (a move down from it for a stockout or a PodsReady timeout, a stockout the
+  autoscaler reported on a pod admitted there) within `settle`.
+
+Bounded: a job climbs at most once per `minInterval`, never in its first `minRuntime` on a rung, never while its
+slice is lost, never for a DWS run that ends within `runEndMargin`, never while a checkpoint it was asked for (by a
+maintenance, say) is still being saved. Safe: the climb's Move is written `checkpointing` first and the job asked to
+save (failover/checkpoints.py); the move starts once the save is taken as done (`saveTimeout`), and only if the job
+still runs where it did and the rung above is still free; else it is called off.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from failover.api import (MOVED, PODS_READY_TIMEOUT, SLICE_LOST, STOCKOUT, CheckpointRequest, Chain, Move,
+                          WorkloadView, format_time, parse_time)
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, ClimbPolicy
+from failover.checkpoints import answered_at, pods_to_ask
+
+
+# ---- the signal ------------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Sample:
+    """What one rung had from `at` on, until the next sample."""
+
+    at: datetime.datetime
+    free_chips: int  # nominal TPU quota less what Kueue reserved, over every ClusterQueue
+    idle_hosts: int  # the most idle TPU hosts in one of the rung's node pools
+
+
+@dataclass(frozen=True)
+class Need:
+    """What the job takes of a rung: its TPU chips and hosts."""
+
+    chips: int
+    hosts: int
+
+
+def fits(sample: Sample, need: Need, reserved: bool) -> bool:
+    """Whether the rung could admit the job and give it a slice, as this sample says."""
+    return sample.free_chips >= need.chips and (reserved or sample.idle_hosts >= need.hosts)
+
+
+def free_since(samples: Sequence[Sample], need: Need, reserved: bool) -> datetime.datetime | None:
+    """Since when the rung has had a free slice for the job without a break (samples oldest first); None when it has
+    none now. The oldest sample kept bounds it: what came before is unknown (a restart starts the settle afresh)."""
+    since = None
+    for sample in reversed(samples):
+        if not fits(sample, need, reserved):
+            break
+        since = sample.at
+    return since
+
+
+def record(samples: list[Sample], sample: Sample, horizon: datetime.datetime) -> bool:
+    """Append `sample` if it differs from the last one, and forget what is older than `horizon` except the newest such
+    sample (it says what the rung had at the horizon). Whether anything changed."""
+    changed = not samples or (samples[-1].free_chips, samples[-1].idle_hosts) != (sample.free_chips, sample.idle_hosts)
+    if changed:
+        samples.append(sample)
+    while len(samples) > 1 and samples[1].at <= horizon:
+        del samples[0]
+    return changed
+
+
+# A move down for one of these says the rung it left had no capacity for the job (a Spot slice reclaimed and not back
+# included); a climb back to it waits `settle` after the newest one.
+CAPACITY_FAILURES = frozenset({STOCKOUT, PODS_READY_TIMEOUT, SLICE_LOST})
+
+
+def capacity_failures(moves: Iterable[Move | None]) -> dict[str, datetime.datetime]:
+    """{rung left: when} of the newest move down for a capacity failure, per rung, among a RayJob's moves (its
+    history and its latest record)."""
+    newest: dict[str, datetime.datetime] = {}
+    for move in moves:
+        at = parse_time(move.at) if move is not None and move.reason in CAPACITY_FAILURES else None
+        if at is not None and (move.from_flavor not in newest or at > newest[move.from_flavor]):
+            newest[move.from_flavor] = at
+    return newest
+
+
+def event_time(event: Mapping) -> datetime.datetime | None:
+    """When an Event was last seen (a stockout the autoscaler keeps reporting counts from its latest report)."""
+    try:
+        return parse_time(event.get("lastTimestamp") or event.get("eventTime") or event.get("firstTimestamp"))
+    except ValueError:
+        return None
+
+
+# ---- the decision ----------------------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class JobFacts:
+    """What the climb rules read of the job besides its Workload."""
+
+    pending: Move | None  # FAILOVER_ANNOTATION: the latest move (a climb's while it checkpoints)
+    history: tuple[Move, ...]  # MOVES_ANNOTATION: its completed moves, oldest first
+    losing: bool  # its slice is lost this admission (failover/slices.py): the loss rules decide
+    checkpoints: Mapping[str, str | None]  # its TPU pods' CHECKPOINT_REQUEST_ANNOTATION, by pod
+    run_ends_at: datetime.datetime | None = None  # a DWS run's end (its start + maxRunDuration), when known
+
+
+@dataclass(frozen=True)
+class Climb:
+    """Start climbing: write `move` (state `checkpointing`) on the RayJob, then ask the job to save."""
+
+    move: Move
+
+
+@dataclass(frozen=True)
+class NotYet:
+    """Nothing now; look again at `at` (None: only a change of the job or of a rung can make it climb)."""
+
+    at: datetime.datetime | None
+
+
+def decide_climb(chain: Chain, policy: ClimbPolicy, view: WorkloadView, job: JobFacts,
+                 free: Callable[[str], datetime.datetime | None],
+                 last_failure: Callable[[str], datetime.datetime | None], now: datetime.datetime) -> Climb | NotYet:
+    """Whether the job climbs now, and to which rung: the highest one it may climb to that has had a free slice for
+    the job (`free(flavor)`: since when, or None) for `settle`, with no capacity failure (`last_failure(flavor)`)
+    within it. Else when to look again."""
+    never = NotYet(None)
+    if not policy.enabled or view.multikueue_origin is not None or view.rayjob is None:
+        return never  # a fleet's copy: its manager's ladder moves it
+    if job.pending is not None and job.pending.state != MOVED:
+        return never  # a move (or a climb) under way finishes first
+    if chain.start_of_queue(view.queue_name) is None or not (view.admitted and view.pods_ready_since) \
+            or view.finished or job.losing:
+        return never  # only a job of the chain that runs on a whole slice climbs
+    rung = chain.index_of_flavor(view.flavor)
+    targets = [i for i in range(rung or 0) if chain.rungs[i].flavor in policy.to and not chain.rungs[i].admission_check]
+    if not targets:
+        return never  # at its first rung, or nothing above it it may climb to
+    if job.run_ends_at is not None and now >= job.run_ends_at - policy.run_end_margin:
+        return never  # its DWS run ends soon: the run's end decides (failover/maintenance.py)
+    # Not before these: its first minutes on the rung, its last climb's interval, a save it was asked for.
+    blocked = [(view.admitted_at or now) + policy.min_runtime]
+    climbs = [parse_time(m.at) for m in job.history if m.reason == CLIMB_BACK]
+    if climbs:
+        blocked.append(max(climbs) + policy.min_interval)
+    blocked += [answered_at(request, policy.save_timeout) for request in _requests(job.checkpoints)]
+    ready = []  # (when it has been free for settle, rung)
+    for index in targets:
+        flavor = chain.rungs[index].flavor
+        since = free(flavor)
+        if since is None:
+            continue
+        failed = last_failure(flavor)
+        settled = max(since, failed or since) + policy.settle
+        ready.append((settled, index))
+    if not ready:
+        return never  # a rung's capacity changing queues the job again (free_slices.py)
+    at = max(*blocked, min(settled for settled, _ in ready))
+    if now < at:
+        return NotYet(at)
+    target = chain.rungs[min(index for settled, index in ready if settled <= now)]
+    return Climb(Move(view.flavor, target.flavor, target.local_queue, CLIMB_BACK, format_time(now), CHECKPOINTING,
+                      from_local_queue=view.queue_name))
+
+
+def _requests(checkpoints: Mapping[str, str | None]) -> list[CheckpointRequest]:
+    found = {CheckpointRequest.parse(value) for value in checkpoints.values()}
+    return [request for request in found if request is not None]
+
+
+# ---- a climb's checkpoint, one step at a time ------------------------------------------------------------------
+ASK = "ask"  # write the request on the pods that do not carry it yet
+SAVING = "saving"  # wait until the save is taken as done
+GO = "go"  # mark the Move `moving`: the move's own steps follow (decisions.next_in_move)
+CALL_OFF = "call-off"  # put back the record before the climb; the job stays where it runs
+
+
+def checkpoint_of(move: Move) -> CheckpointRequest:
+    """The save a climb asks for, from its Move alone: a restart asks the same."""
+    at = parse_time(move.at)
+    return CheckpointRequest.about(CLIMB_BACK, at, at)
+
+
+def next_in_climb(move: Move, view: WorkloadView, job: JobFacts, still_free: bool, policy: ClimbPolicy,
+                  now: datetime.datetime) -> tuple[str, datetime.datetime | None]:
+    """The next step of a climb while the job saves, and until when it waits (SAVING). Called off when the job no
+    longer runs on the admission it climbs from (moved, evicted, finished, its slice lost) or the rung above is no
+    longer free when the save is done: giving up the slice it has would then gain nothing."""
+    on_it = (view.admitted and view.pods_ready_since is not None and not view.finished and not job.losing
+             and view.flavor == move.from_flavor
+             and (view.admitted_at is None or view.admitted_at <= parse_time(move.at)))
+    if not on_it:
+        return CALL_OFF, None
+    request = checkpoint_of(move)
+    if pods_to_ask(request, job.checkpoints):
+        return ASK, None
+    done = answered_at(request, policy.save_timeout)
+    if now < done:
+        return SAVING, done
+    return (GO if still_free else CALL_OFF), None
+
+
+def restored(history: Sequence[Move]) -> Move | None:
+    """What FAILOVER_ANNOTATION held before a climb that is called off: the last completed move, if any."""
+    return history[-1] if history else None
+
+
+def climb_message(move: Move, from_queue: str) -> str:
+    """The one line logged, and the Event's message, for a climb done."""
+    return (f"climbed back from {move.from_flavor} to {move.to_flavor} (LocalQueue {from_queue} -> "
+            f"{move.to_local_queue}): {move.to_flavor} had a free slice for the settle time")
+
+
+def possible_climbs(chain: Chain, policy: ClimbPolicy) -> list[tuple[str, str]]:
+    """Every (from flavor, to flavor) a climb can have: from any rung below one the policy names, up to it."""
+    return [(lower.flavor, upper.flavor) for i, upper in enumerate(chain.rungs)
+            if upper.flavor in policy.to and not upper.admission_check for lower in chain.rungs[i + 1:]]

@@ -1,0 +1,142 @@
+"""The free-slice signal of the rungs a job may climb back to (failover/regional/climb.py says what counts), kept from
+what the controller watches: Kueue's ClusterQueues (each flavor's TPU quota less what is reserved of it), the
+TPU nodes (labelled with the rung their pool serves) and the TPU worker pods on them. Each change that moves a rung's
+numbers is a sample; a rung that gains room queues the jobs running below it, whose reconcile then says when to look
+again (when the rung has been free for the settle time).
+
+Kept in memory only: a restart starts every rung's settle time afresh, which only delays a climb.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+
+from failover.api import Chain, Move
+from failover.api.climbs import CAPACITY_LABEL, NODE_POOL_LABEL, ClimbPolicy
+from failover.regional import climb
+from failover.regional.watches import WATCHED_CLUSTERQUEUES, WATCHED_PODS
+from failover.runtime.cache import Cache, Change, Key
+from failover.runtime.controller import Watch
+from failover.runtime.informer import Watched
+from failover.slices import NodeView
+
+# The TPU nodes only (every TPU pool carries the label), a store of their own beside the loss rules' view of nodes.
+WATCHED_TPU_NODES = Watched("tpu-nodes", "/api/v1/nodes", label_selector=CAPACITY_LABEL)
+KEPT_BEYOND_SETTLE = datetime.timedelta(minutes=1)  # samples are kept for the settle time and this much more
+
+
+@dataclass(frozen=True)
+class CapacityNode:
+    flavor: str
+    pool: str
+    usable: bool  # Ready, not going (failover/slices.py GOING_TAINTS), schedulable
+
+
+def capacity_node(obj: dict, _before: object = None) -> CapacityNode:
+    labels = obj["metadata"].get("labels") or {}
+    view = NodeView.from_object(obj)
+    usable = view.ready and view.going is None and not (obj.get("spec") or {}).get("unschedulable")
+    return CapacityNode(labels.get(CAPACITY_LABEL, ""), labels.get(NODE_POOL_LABEL, ""), usable)
+
+
+def rung_numbers(flavor: str, free_tpus: Iterable[Mapping[str, int]], nodes: Iterable[tuple[str, CapacityNode]],
+                 busy: Callable[[str], bool]) -> tuple[int, int]:
+    """(free chips, idle hosts) of one rung: its chips free over every ClusterQueue (`free_tpus`: each one's nominal
+    quota less what Kueue reserved there, by flavor, failover/maintenance.py; a queue that borrows the flavor lists it
+    with no quota, so its reservation counts against the lender's), and the most usable nodes without a TPU pod in one
+    of its pools (a multi-host slice is one pool)."""
+    free = sum(queue.get(flavor, 0) for queue in free_tpus)
+    idle: dict[str, int] = {}
+    for name, node in nodes:
+        if node.flavor == flavor and node.usable and not busy(name):
+            idle[node.pool] = idle.get(node.pool, 0) + 1
+    return max(free, 0), max(idle.values(), default=0)
+
+
+class FreeSlices:
+    """Each rung's samples (climb.Sample) for the flavors the policy may climb to, and the Workloads a rung's gain
+    queues. `seen` is the controller's stores (watches.Seen): its TPU pods by node, RayJobs, Workloads, stockouts."""
+
+    def __init__(self, cache: Cache, seen, chain: Chain, policy: ClimbPolicy,
+                 clock: Callable[[], datetime.datetime]):
+        self.seen, self.chain, self.policy, self.clock = seen, chain, policy, clock
+        self.flavors = [rung.flavor for rung in chain.rungs if rung.flavor in policy.to and not rung.admission_check]
+        # The TPU nodes are watched only when there is a rung to climb to (climbing back on).
+        self.nodes = cache.store(WATCHED_TPU_NODES, capacity_node) if self.flavors else None
+        self._lock = threading.Lock()
+        self._samples: dict[str, list[climb.Sample]] = {flavor: [] for flavor in self.flavors}
+
+    def watches(self) -> list[Watch]:
+        if not self.flavors:
+            return []  # climbing back is off, or no rung it may climb to is in this chain: nothing to watch
+        return [Watch(WATCHED_CLUSTERQUEUES, self._changed), Watch(WATCHED_TPU_NODES, self._changed),
+                Watch(WATCHED_PODS, self._changed)]
+
+    # ---- the samples -------------------------------------------------------------------------------------------
+    def _changed(self, _change: Change) -> list[Key]:
+        """A rung's numbers again; when one gained room, the Workloads running below it (their reconcile says when
+        the rung has been free long enough)."""
+        return self.workloads_below(self.sample())
+
+    def sample(self) -> list[str]:
+        """Take each rung's numbers now; the flavors that gained room."""
+        if not self.flavors:
+            return []
+        now = self.clock()
+        quotas = list(self.seen.free_tpus().values())
+        nodes = self.nodes.items()
+        gained = []
+        with self._lock:
+            for flavor in self.flavors:
+                free_chips, idle_hosts = rung_numbers(flavor, quotas, ((key[1], node) for key, node in nodes),
+                                                      lambda name: bool(self.seen.pods.by("node", name)))
+                samples = self._samples[flavor]
+                before = samples[-1] if samples else None
+                if climb.record(samples, climb.Sample(now, free_chips, idle_hosts),
+                                now - self.policy.settle - KEPT_BEYOND_SETTLE) and (
+                        before is None or free_chips > before.free_chips or idle_hosts > before.idle_hosts):
+                    gained.append(flavor)
+        return gained
+
+    def free_since(self, flavor: str, need: climb.Need) -> datetime.datetime | None:
+        with self._lock:
+            samples = list(self._samples.get(flavor, ()))
+        return climb.free_since(samples, need, flavor in self.policy.reserved)
+
+    def workloads_below(self, flavors: list[str]) -> list[Key]:
+        """The Workloads running on a rung below any of `flavors`."""
+        if not flavors:
+            return []
+        top = min(self.chain.index_of_flavor(flavor) for flavor in flavors)
+        found = []
+        for key, cached in self.seen.workloads.items():
+            rung = self.chain.index_of_flavor(cached.view.flavor)
+            if rung is not None and rung > top and cached.view.admitted and cached.view.pods_ready_since:
+                found.append(key)
+        return found
+
+    # ---- capacity failures -------------------------------------------------------------------------------------
+    def last_failure(self, flavor: str) -> datetime.datetime | None:
+        """The newest capacity failure seen on a rung: a job's move down from it for a stockout, a PodsReady timeout
+        or a slice not back (recorded on every RayJob the controller sees), or a stockout the autoscaler reported on
+        a TPU pod of a job admitted there."""
+        times = [at for job in self.seen.rayjobs.values()
+                 for failed, at in climb.capacity_failures((*job.history, Move.from_json(job.move))).items()
+                 if failed == flavor]
+        for event in self.seen.stockouts.values():
+            if self._flavor_of_pod((event.get("involvedObject") or {})) == flavor:
+                at = climb.event_time(event)
+                if at is not None:
+                    times.append(at)
+        return max(times, default=None)
+
+    def _flavor_of_pod(self, involved: Mapping) -> str | None:
+        host = self.seen.pods.get((involved.get("namespace", ""), involved.get("name", "")))
+        job = self.seen.rayjobs.last("raycluster", host.cluster) if host is not None else None
+        key = self.seen.workloads.last("rayjob", job) if job is not None else None
+        cached = self.seen.workloads.get(key) if key is not None else None
+        return None if cached is None else (cached.view.flavor or cached.view.recorded_flavor)
+

@@ -1,0 +1,209 @@
+"""Climbing back (issue 36), on the failover tier: real Kueue, KubeRay, kube-scheduler and KWOK nodes shaped like the
+plan's pools, the failover controller with its ServiceAccount's rights. A job that fell to Spot moves back up to the
+reservation once the reservation has had a free slice for `fallback.climbBack.settle`, after its checkpoint request's
+save time, one run at a time, once.
+
+Its own tier (the failover tier's fixture, with this stack's ladder): reservation (1 slice), on-demand, Spot (1
+slice), DWS; `fallback.climbBack` and `fallback.maintenance.saveTimeout` set through stack config as a user would,
+on the tier's clock.
+"""
+
+from __future__ import annotations
+
+import datetime
+import time
+
+import pytest
+
+from failover import api
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, CLIMB_EVENT_REASON
+from failover.regional import decisions
+from infra import kueue as stack_kueue
+from ops.status.render import move_words
+from ops.status.report import build_report
+from ops.status.snapshot import ClusterReader
+from testbed import jobs
+from testbed.failover_tier import NAMESPACE, controller_running, start_failover_tier
+from testbed.kube import wait_for
+
+pytestmark = pytest.mark.controlplane
+
+SETTLE_SECONDS = 5
+SAVE_SECONDS = 10  # fallback.maintenance.saveTimeout's lowest
+MIN_RUNTIME_SECONDS = 5
+# The issue's bound: the climb starts within settle + 2 s of the rung's slice freeing.
+CLIMB_SLACK_SECONDS = 2
+REACTION = 90  # generous: nothing timed here but what the issue bounds
+LADDER = {"reservation": {"reservations": [{"name": "team-v6e", "slices": 1}]}, "spot": {"maxSlices": 1},
+          "fallback": {"stockoutGracePeriod": "4s", "maintenance": {"saveTimeout": f"{SAVE_SECONDS}s"},
+                       "climbBack": {"to": ["reservation", "onDemand"], "settle": f"{SETTLE_SECONDS}s",
+                                     "minRuntime": f"{MIN_RUNTIME_SECONDS}s", "minInterval": "10m"}}}
+
+
+@pytest.fixture(scope="module")
+def tier(request):
+    with controller_running(start_failover_tier(overrides=LADDER), request.session) as tier:
+        yield tier
+
+
+@pytest.fixture
+def clean(tier):
+    yield tier
+    tier.delete_all_jobs()
+
+
+class Runs:
+    """The job's runs (RayClusters with pods) seen, poll by poll: it never runs twice at once."""
+
+    def __init__(self, tier, job: str):
+        self.tier, self.job, self.most = tier, job, 0
+
+    def wait(self, probe, what: str, timeout: float = REACTION):
+        def polled():
+            self.most = max(self.most, self.tier.runs_of(self.job))
+            return probe()
+        return wait_for(polled, timeout, what, interval=0.1)
+
+
+def reserved_chips(tier, flavor: str) -> int:
+    """The TPU chips Kueue has reserved of `flavor` in the ClusterQueue that holds its quota."""
+    queue = tier.kube.get(stack_kueue.KUEUE_API_VERSION, "ClusterQueue", stack_kueue.CLUSTER_QUEUE)
+    return sum(int(resource.get("total", 0)) for usage in (queue.get("status") or {}).get("flavorsReservation") or []
+               if usage["name"] == flavor for resource in usage.get("resources") or []
+               if resource["name"] == api.TPU_RESOURCE)
+
+
+def climb_seconds(climb: api.Move, since: datetime.datetime) -> float:
+    """The latest the climb can have started after `since`: its record's time is whole seconds, truncated."""
+    return (api.parse_time(climb.at) + datetime.timedelta(seconds=1) - since).total_seconds()
+
+
+def climb_events(tier, job: str) -> list[dict]:
+    return [e for e in tier.kube.list("v1", "Event", namespace=NAMESPACE)
+            if e["involvedObject"].get("kind") == "RayJob" and e["involvedObject"]["name"] == job
+            and e["reason"] == CLIMB_EVENT_REASON]
+
+
+def test_a_job_on_spot_climbs_back_to_the_freed_reservation_after_its_save_once(clean):
+    tier = clean
+    tier.stockout("on-demand")  # GCE has no on-demand TPUs: the second job goes down to Spot
+    tier.submit("holder")
+    wait_for(lambda: tier.running_on("holder", "reservation"), REACTION, "the holder running on the reservation")
+    tier.submit("climber")
+    runs = Runs(tier, "climber")
+    runs.wait(lambda: tier.running_on("climber", "spot"), "the climber running on Spot")
+    jobs.wait_pods_ready(tier.kube, NAMESPACE, "climber", REACTION)
+    down = tier.move_of("climber")
+    assert (down.from_flavor, down.to_flavor, down.reason, down.state) == ("on-demand", "spot", api.STOCKOUT, api.MOVED)
+    time.sleep(MIN_RUNTIME_SECONDS)  # past its first minutes on Spot: only the reservation's settle time is awaited
+
+    # The reservation's slice frees: Kueue releases the holder's quota.
+    asked_to_free = datetime.datetime.now(datetime.timezone.utc)
+    tier.kube.delete(*jobs.RAYJOB, "holder", NAMESPACE, propagation="Background")
+    wait_for(lambda: reserved_chips(tier, "reservation") == 0, REACTION, "the reservation's quota released",
+             interval=0.1)
+    freed = datetime.datetime.now(datetime.timezone.utc)
+
+    climb = runs.wait(lambda: (m := tier.move_of("climber")) and m.reason == CLIMB_BACK and m, "the climb started",
+                      SETTLE_SECONDS + REACTION)
+    started = climb_seconds(climb, freed)
+    assert (climb.from_flavor, climb.to_flavor, climb.to_local_queue) == ("spot", "reservation", "user-queue")
+    assert started <= SETTLE_SECONDS + CLIMB_SLACK_SECONDS, (started, climb)
+    assert climb_seconds(climb, asked_to_free) >= SETTLE_SECONDS, (climb, asked_to_free)  # never before settle
+
+    # The job is asked to save first (every TPU pod of its Spot run), and still runs there while it saves.
+    request = api.CheckpointRequest.about(CLIMB_BACK, api.parse_time(climb.at), api.parse_time(climb.at))
+    asked = runs.wait(lambda: (pods := jobs.pods_of(tier.kube, NAMESPACE, "climber")["worker"]) and all(
+        api.CheckpointRequest.parse((p["metadata"].get("annotations") or {}).get(api.CHECKPOINT_REQUEST_ANNOTATION))
+        == request for p in pods) and pods, "the checkpoint asked of its TPU pods")
+    assert len(asked) == 4  # one per host of the v6e 4x4 slice
+
+    # The move begins only once the save is taken as done (saveTimeout after the request): just before then the job
+    # still runs on Spot, admitted, its Workload active; then it is deactivated.
+    saved = request.asked_at + datetime.timedelta(seconds=SAVE_SECONDS)
+    time.sleep(max((saved - datetime.timedelta(seconds=1.5) - datetime.datetime.now(datetime.timezone.utc))
+                   .total_seconds(), 0))
+    assert datetime.datetime.now(datetime.timezone.utc) < saved, "the test was late for its own check"
+    workload = jobs.workload_of(tier.kube, NAMESPACE, "climber")
+    assert workload["spec"].get("active", True) and jobs.tpu_flavor(workload) == "spot", workload["spec"]
+    assert tier.move_of("climber").state == CHECKPOINTING
+    runs.wait(lambda: not jobs.workload_of(tier.kube, NAMESPACE, "climber")["spec"].get("active", True)
+              or tier.running_on("climber", "reservation"), "the climber deactivated", SAVE_SECONDS + REACTION)
+    left = datetime.datetime.now(datetime.timezone.utc)
+
+    runs.wait(lambda: tier.running_on("climber", "reservation"), "the climber running on the reservation")
+    done = wait_for(lambda: (m := tier.move_of("climber")) and m.state == api.MOVED and m, REACTION, "the climb done")
+    assert done == climb.done() and tier.queues_of("climber") == ("user-queue", "user-queue")
+    history = api.move_history(tier.kube.get(*jobs.RAYJOB, "climber", NAMESPACE)["metadata"]["annotations"])
+    assert history == [down, done]
+    (event,) = wait_for(lambda: climb_events(tier, "climber"), REACTION, "the ClimbedBack Event")
+    assert event["message"] == decisions.move_message(climb, "user-queue-spot")
+    assert runs.most == 1  # the Spot run's pods were gone before the reservation's run began
+
+    # ops status says it climbed back, when and why.
+    report = build_report(ClusterReader(tier.kube.api_client).read(NAMESPACE, "tier"))
+    (view,) = [j for j in report.jobs if j.name == "climber"]
+    assert move_words(view.moves[-1]).startswith(f"climbed back from spot to reservation at {climb.at} (")
+
+    # Once: on its first rung now, and counted once; a few more passes change nothing.
+    time.sleep(3)
+    assert tier.move_of("climber") == done and len(climb_events(tier, "climber")) == 1
+    assert tier.metric("tpu_fallback_climbs_total", from_flavor="spot", to_flavor="reservation") == 1
+    print(f"\nclimb back: started {started:.1f} s after the reservation's release (settle {SETTLE_SECONDS} s); "
+          f"deactivation seen {(left - request.asked_at).total_seconds():.1f} s after the checkpoint request "
+          f"(saveTimeout {SAVE_SECONDS} s)")
+
+
+def idle_slice(tier, flavor: str) -> bool:
+    """A whole slice of the rung's nodes with no pod on them (GKE keeps a freed slice ~10 min before scale-down)."""
+    busy = {p["spec"].get("nodeName") for p in tier.kube.list("v1", "Pod", namespace=NAMESPACE)}
+    return any(nodes and not busy & set(nodes) for nodes in (tier.gke.nodes_of(pool) for pool in tier.pools_of(flavor)))
+
+
+def test_a_job_climbs_to_an_idle_on_demand_slice_and_not_again_within_min_interval(clean):
+    """On-demand's free quota alone is no proof of GCE capacity: the job climbs there onto the idle slice another job
+    left. Once there, the reservation freeing does not move it again within minInterval."""
+    tier = clean
+    kept = tier.gke.scale_down_seconds
+    tier.gke.scale_down_seconds = 600  # a freed slice stays, as GKE's ~10 min scale-down delay keeps it
+    try:
+        tier.submit("holder-r")
+        wait_for(lambda: tier.running_on("holder-r", "reservation"), REACTION, "holder-r on the reservation")
+        tier.submit("holder-o")
+        wait_for(lambda: tier.running_on("holder-o", "on-demand"), REACTION, "holder-o on on-demand")
+        tier.submit("climber-2")  # the reservation and on-demand full: Kueue admits it on Spot from user-queue
+        runs = Runs(tier, "climber-2")
+        runs.wait(lambda: tier.running_on("climber-2", "spot"), "the climber running on Spot")
+        jobs.wait_pods_ready(tier.kube, NAMESPACE, "climber-2", REACTION)
+        assert tier.move_of("climber-2") is None and tier.queues_of("climber-2") == ("user-queue", "user-queue")
+        time.sleep(MIN_RUNTIME_SECONDS)
+
+        asked_to_free = datetime.datetime.now(datetime.timezone.utc)
+        tier.kube.delete(*jobs.RAYJOB, "holder-o", NAMESPACE, propagation="Background")
+        runs.wait(lambda: reserved_chips(tier, "on-demand") == 0 and idle_slice(tier, "on-demand"),
+                  "on-demand's quota released and its slice idle")
+        freed = datetime.datetime.now(datetime.timezone.utc)
+        climb = runs.wait(lambda: (m := tier.move_of("climber-2")) and m.reason == CLIMB_BACK and m,
+                          "the climb to on-demand", SETTLE_SECONDS + REACTION)
+        started = climb_seconds(climb, freed)
+        assert (climb.from_flavor, climb.to_flavor, climb.to_local_queue) == ("spot", "on-demand",
+                                                                             "user-queue-on-demand")
+        assert started <= SETTLE_SECONDS + CLIMB_SLACK_SECONDS, (started, climb)
+        assert climb_seconds(climb, asked_to_free) >= SETTLE_SECONDS, (climb, asked_to_free)
+        runs.wait(lambda: tier.running_on("climber-2", "on-demand"), "the climber on the idle on-demand slice",
+                  SAVE_SECONDS + REACTION)
+        done = wait_for(lambda: (m := tier.move_of("climber-2")) and m.state == api.MOVED and m, REACTION,
+                        "the climb done")
+        assert runs.most == 1
+
+        # The reservation frees too; within minInterval the job stays where it climbed to.
+        tier.kube.delete(*jobs.RAYJOB, "holder-r", NAMESPACE, propagation="Background")
+        wait_for(lambda: reserved_chips(tier, "reservation") == 0, REACTION, "the reservation's quota released")
+        time.sleep(SETTLE_SECONDS + CLIMB_SLACK_SECONDS + 1)
+        assert tier.move_of("climber-2") == done and len(climb_events(tier, "climber-2")) == 1
+        assert tier.metric("tpu_fallback_climbs_total", from_flavor="on-demand", to_flavor="reservation") == 0
+        assert tier.running_on("climber-2", "on-demand")
+        print(f"\nclimb to an idle on-demand slice: started {started:.1f} s after it freed (settle {SETTLE_SECONDS} "
+              "s); no second climb within minInterval")
+    finally:
+        tier.gke.scale_down_seconds = kept
