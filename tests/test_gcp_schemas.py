@@ -242,7 +242,7 @@ def test_enum_values_the_program_sets_are_the_ones_gke_allows():
         "AlertPolicy.combiner": {"OR"},  # the alert policies (infra/monitoring.py): one condition each
         "AlertPolicy.severity": {"WARNING", "ERROR"},
         "Axis.scale": {"LINEAR"},  # the dashboard (infra/monitoring.py)
-        "DataSet.plotType": {"LINE", "STACKED_BAR"},
+        "DataSet.plotType": {"LINE", "STACKED_AREA", "STACKED_BAR"},  # STACKED_AREA: where goodput went
         "DataSet.targetAxis": {"Y1", "Y2"},
         # GKE's defaults for a new 1.34 Standard cluster stay on (infra/cluster.py MONITORING_COMPONENTS)
         "MonitoringComponentConfig.enableComponents[]": {"SYSTEM_COMPONENTS", "STORAGE", "POD", "DEPLOYMENT",
