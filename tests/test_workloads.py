@@ -136,6 +136,7 @@ def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
     assert args.steps == 500 and args.dtype == "bfloat16" and args.d_model == 1024  # the configured flags
     assert args.checkpoint_every == 100  # workloads.checkpointEvery
     assert args.notice_file == train.DEFAULT_NOTICE_FILE  # where the workers' preStop hook writes
+    assert args.goodput_logger == "file"  # the records in the bucket: the service account's only rights
 
 
 def test_checkpoint_interval_comes_from_config():

@@ -91,6 +91,10 @@ def entrypoint(platform: PlatformSettings, settings: WorkloadSettings, job_name:
         # A fixed run name and storage: a RayJob retry (a new RayCluster) resumes from the checkpoints.
         "--run-name", job_name, "--storage-path", f"gs://{bucket}/ray", "--checkpoint-dir", f"{run}/orbax",
         "--checkpoint-every", str(settings.checkpoint_every),
+        # Goodput records beside the checkpoints: the training's service account may write the bucket only. Cloud
+        # Logging (`--goodput-logger cloud`) needs roles/logging.logWriter and roles/logging.viewer on the project,
+        # rights over every log of it, so it is the user's choice (docs/goodput.md).
+        "--goodput-logger", "file",
     ]
     return shlex.join(["python", f"{SCRIPT_MOUNT}/{SCRIPT_KEY}", *flags, *settings.training_args])
 
