@@ -24,7 +24,8 @@ from infra.fleet import (FLEET_KEY, LADDER_RUNGS, FleetManager, FleetSettings, M
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_MEMBER_OUTPUT, FLEET_NAMESPACE
 from infra.monitoring import FleetMonitoring
 from infra.settings import (DEFAULTS, MAX_STEP_NAME, ClusterKeys, ConfigReader, ControllerRuntime, MonitoringSettings,
-                            PlatformSettings, read_cluster_keys, read_controller_runtime, read_monitoring_settings)
+                            NodeShutdown, PlatformSettings, read_cluster_keys, read_controller_runtime,
+                            read_monitoring_settings)
 from roles.contract import KUBECONFIG_OUTPUT, PLATFORM_OUTPUT, cluster_id, settings_from_output
 from roles.team import WORKLOADS_KEY, differs_from_default, read_published
 from workloads.jobs import JobSite, PlatformHandles, TeamNamespace, TrainingJobs
@@ -136,12 +137,27 @@ def check_workloads_fit(reader: ConfigReader, members: list[Member]) -> Any:
     return workloads
 
 
+def workers_shutdown(members: list[PlatformSettings]) -> NodeShutdown:
+    """The Spot notice a fleet job's TPU workers are sized by: the shortest of the members' (each member's own
+    `spot.gracefulTermination`, read and checked against its GKE version by its stack, GKE's default where its Spot
+    rung is off). MultiKueue runs the manager's one RayJob unchanged on whichever member admits it, and the kubelet
+    gives a pod the lesser of its node's pods' part and its own grace period: a hook sized for a longer notice than
+    the member's would be killed in its wait, and `ray start` would never get its SIGTERM (docs/disruptions.md)."""
+    return min((member.spot_shutdown for member in members), key=lambda shutdown: shutdown.pods_seconds)
+
+
 def manager_settings(keys: ClusterKeys, kueue: tuple[str, str], runtime: ControllerRuntime,
-                     monitoring: MonitoringSettings, fleet_template: PlatformSettings) -> PlatformSettings:
+                     monitoring: MonitoringSettings, fleet_template: PlatformSettings,
+                     shutdown: NodeShutdown) -> PlatformSettings:
     """The manager cluster's settings: its own cluster keys, Kueue, controller runtime and monitoring, and the
-    members' slice for the jobs it queues."""
+    members' slice for the jobs it queues (the template: the first member's settings). `shutdown`
+    (workers_shutdown): the notice the jobs' workers are sized by, set on the template's Spot rung, whose
+    `spot_shutdown` the RayJob builder reads; the manager declares no pools. A template without a Spot rung already
+    has GKE's default, the shortest there is, so the members' shortest is then the same."""
+    plans = tuple(dataclasses.replace(plan, shutdown=shutdown) if plan.shutdown is not None else plan
+                  for plan in fleet_template.plans)
     return dataclasses.replace(
-        fleet_template, project=keys.project, kueue_version=kueue[0], kueue_chart_repository=kueue[1],
+        fleet_template, plans=plans, project=keys.project, kueue_version=kueue[0], kueue_chart_repository=kueue[1],
         failover_controller=runtime, zone=keys.zone, cluster_name=keys.cluster_name,
         gke_version=keys.gke_version, deletion_protection=keys.deletion_protection,
         system_pool=dataclasses.replace(fleet_template.system_pool, machine=keys.machine or
@@ -188,7 +204,8 @@ def deploy() -> None:
         check_members(reader, members, kueue_version)
         workloads = check_workloads_fit(reader, members)
         reader.raise_if_failed()
-        settings = manager_settings(keys, (kueue_version, kueue_repository), runtime, monitoring, members[0].settings)
+        settings = manager_settings(keys, (kueue_version, kueue_repository), runtime, monitoring, members[0].settings,
+                                    workers_shutdown([member.settings for member in members]))
         workloads = dataclasses.replace(workloads, namespace=FLEET_NAMESPACE)
 
         cluster = GkeCluster("fleet", settings, ray_operator=False)

@@ -25,6 +25,7 @@ from testbed import upstream
 from testbed import versions
 from tests.conftest import FLEET_STACKS, REPO, config_with, namespaced, plan_for
 from tests.k8s_schema import validation_errors
+from workloads import rayjob, train
 
 FLEET = "fleet"
 MEMBERS = ("member-us-east5-a", "member-asia-northeast1-b")
@@ -264,6 +265,31 @@ def test_the_jobs_are_queued_on_the_manager_and_their_pods_prepared_on_every_mem
     # One Workload Identity binding for the jobs: both members are in the placeholder project (and the manager's).
     assert sorted(r.name for r in plan.of_type("gcp:serviceaccount/iAMMember:IAMMember")) == [
         "fleet-manager-workload-identity", "training-workload-identity"]
+
+
+def _member_with(member: str, overrides: dict[str, object]) -> StackOutputs:
+    plan = plan_for(member, overrides)
+    return StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
+
+
+@pytest.mark.parametrize("graces, pods, window", [
+    ((None, None), 15, 10), (("30s", "30s"), 15, 10), (("120s", "120s"), 105, 100),
+    (("120s", "30s"), 15, 10), (("30s", "120s"), 15, 10), (("120s", None), 15, 10),
+], ids=["no-spot", "30s-30s", "120s-120s", "first-120s", "second-120s", "one-without-spot"])
+def test_the_fleet_jobs_workers_are_sized_by_the_members_shortest_spot_notice(graces, pods, window):
+    """MultiKueue runs the manager's one RayJob unchanged on any member, and the kubelet gives a pod the lesser of its
+    node's pods' part and its grace period: the workers follow the shortest of the members' `spot.gracefulTermination`
+    (GKE's default 30 s where a member's Spot rung is off), as a member sizes its own jobs (test_workloads.py)."""
+    answers = {}
+    for member, grace in zip(MEMBERS, graces):
+        if grace is not None:
+            answers[member.replace("-", "_")] = _member_with(member, {
+                "gkeVersion": "1.35.0-gke.1171000", "spot": {"maxSlices": 1, "gracefulTermination": grace}})
+    job = fleet_plan(answers=references(**answers)).only(RAYJOB)
+    spec = job.inputs["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    assert spec["terminationGracePeriodSeconds"] == pods
+    (container,) = spec["containers"]
+    assert container["lifecycle"] == rayjob.termination_notice_hook(window, train.DEFAULT_NOTICE_FILE)
 
 
 def test_preview_declares_the_same_resources():
