@@ -1,8 +1,9 @@
 """The vocabulary the programs share with each other, with `ops status`, the benchmarks and the tests: the labels and
 annotations they write (annotations), the Events (events), the records kept on a RayJob (moves, records, ahead: a
 disruption seen coming), what they read of a Workload (views), a checkpoint request to a running job (checkpoints), a
-climb back up the ladder (climbs), the queues they are given (queues) and timestamps (times). Controllers, `ops/`
-and `bench/` import it from here; nothing outside a controller's package imports the controller.
+climb back up the ladder (climbs), a job's time account (goodput), the queues they are given (queues) and timestamps
+(times). Controllers, `ops/` and `bench/` import it from here; nothing outside a controller's package imports the
+controller.
 """
 
 from failover.api.ahead import ACTIONS, CHECKPOINT, MAINTENANCE, MOVE, NOTHING, RUN_END, Ahead
@@ -20,6 +21,7 @@ from failover.api.moves import (DISRUPTION_AHEAD, MEMBER_EVICTED, MEMBER_NOT_REA
                                 MEMBER_STOCKOUT, MOVED, MOVING, PODS_READY_TIMEOUT, REACTIVATE, SLICE_LOST, STEP_BUSY,
                                 STOCKOUT, WAIT_FOR_BACKOFF_RESET, FinishMove, Move, StartMove, move_history,
                                 reactivation_step, with_move_recorded)
+from failover.api.goodput import STATES, Account, JobTimes, Segment, account, clipped
 from failover.api.queues import Chain, Ladder, Rung, Step
 from failover.api.records import GAVE_UP, GIVING_UP, LOST, RECOVERED, GiveUp, LostSlice
 from failover.api.times import format_time, parse_time
@@ -39,6 +41,7 @@ __all__ = [
     "DISRUPTION_AHEAD", "MEMBER_EVICTED", "MEMBER_NOT_READY", "MEMBER_SLICE_LOST", "MEMBER_STOCKOUT", "MOVED", "MOVING",
     "PODS_READY_TIMEOUT", "REACTIVATE", "SLICE_LOST", "STEP_BUSY", "STOCKOUT", "WAIT_FOR_BACKOFF_RESET",
     "FinishMove", "Move", "StartMove", "move_history", "reactivation_step", "with_move_recorded",
+    "STATES", "Account", "JobTimes", "Segment", "account", "clipped",
     "Chain", "Ladder", "Rung", "Step",
     "GAVE_UP", "GIVING_UP", "LOST", "RECOVERED", "GiveUp", "LostSlice",
     "format_time", "parse_time",

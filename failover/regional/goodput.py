@@ -20,8 +20,8 @@ import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from failover.api import FAILOVER_ANNOTATION, MOVES_ANNOTATION, SLICE_LOST_ANNOTATION, Chain
-from failover.api.goodput import STATES, JobTimes, Segment, account, clipped
+from failover.api import (FAILOVER_ANNOTATION, MOVES_ANNOTATION, SLICE_LOST_ANNOTATION, STATES, Chain, JobTimes,
+                          Segment, account, clipped)
 from failover.regional.watches import WATCHED_WORKLOADS, CachedWorkload, cached_workload
 from failover.runtime.cache import Cache, Change, Key
 from failover.runtime.controller import Reconciler, Watch

@@ -17,10 +17,9 @@ from dataclasses import dataclass
 import yaml
 
 from failover import api, maintenance, slices
-from failover.api import (FAILOVER_ANNOTATION, FLEET_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT,
-                          TPU_RESOURCE, Move, WorkloadView, move_history, parse_time)
-from failover.api.climbs import CHECKPOINTING, CLIMB_BACK
-from failover.api.goodput import Account, JobTimes, account
+from failover.api import (CHECKPOINTING, CLIMB_BACK, FAILOVER_ANNOTATION, FLEET_ANNOTATION, PODS_READY_TIMEOUT,
+                          QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Account, JobTimes, Move, WorkloadView, account,
+                          move_history, parse_time)
 from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
                                 namespace_of, owned_by, quantity)

@@ -6,9 +6,7 @@ import datetime
 import json
 from collections.abc import Sequence
 
-from failover.api import TPU_RESOURCE, format_time
-from failover.api.climbs import CLIMB_BACK
-from failover.api.goodput import Account
+from failover.api import CLIMB_BACK, TPU_RESOURCE, Account, format_time
 from ops.status.health import ControllerView
 from ops.status.fleet import FleetView
 from ops.status.jobs import MOVE_WORDS, POSITION_COMPUTED, POSITION_FROM_KUEUE, JobView, MoveView
