@@ -10,7 +10,9 @@ Ref: https://cloud.google.com/tpu/docs/view-maintenance-notifications
 Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/handle-disruption-gpu-tpu
 
 The earliest such disruption of the job's slice is recorded on the RayJob (failover.api.Ahead: `ops status`, an Event,
-a metric). `fallback.maintenance.leadTime` before it the job is asked to checkpoint (failover/checkpoints.py). With
+a metric). A DWS run's end is known from the run's start, often days ahead: it is recorded then for `ops status`, but
+announced (the Event, the metric) only from `announce_at` on, so that the Event and the count say something is
+coming soon rather than that a DWS job runs. `fallback.maintenance.leadTime` before it the job is asked to checkpoint (failover/checkpoints.py). With
 `fallback.maintenance.action: move`, once the save is taken as done (`saveTimeout`) and before the disruption, the
 job moves to another rung that has room for it now (`move_target`), as any move does: one run at a time. Whatever
 was done ahead, the window itself is the lost-slice path (failover/slices.py): ONGOING and the taint make the host
@@ -71,6 +73,14 @@ def run_end(view: WorkloadView, rung: Rung) -> datetime.datetime | None:
     return view.admitted_since + datetime.timedelta(seconds=view.max_run_seconds)
 
 
+def announce_at(seen: Seen, policy: Policy) -> datetime.datetime | None:
+    """When a disruption seen coming is announced (Event, metric); None: at once. A maintenance at once: GKE gives days
+    of notice of each, and each is news. A DWS run's end one `saveTimeout` before its checkpoint request (`leadTime`
+    before it): the Event then precedes what is done about it by as long as the save is given, and a run that ends
+    days away is no disruption ahead yet."""
+    return seen.at - policy.lead - policy.save_timeout if seen.kind == RUN_END else None
+
+
 def current(recorded: Ahead | None, flavor: str | None, running_since: datetime.datetime | None) -> Ahead | None:
     """The record, if it is about this admission (the rung it runs on, seen since its pods were all ready)."""
     if recorded is None or flavor is None or running_since is None or recorded.flavor != flavor:
@@ -110,7 +120,8 @@ def move_target(chain: Chain, flavor: str, chips: int, free: Mapping[str, Mappin
 # ---- what to do now ----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class RecordAhead:
-    """A disruption newly seen (or moved in time): the record, an Event and the metric."""
+    """A disruption newly seen (or moved in time): the record, and unless it is quiet an Event and the metric. A
+    quiet record made loud (`ahead.quiet` False again) is the announcement of one recorded earlier."""
 
     ahead: Ahead
 
@@ -150,9 +161,13 @@ def decide_ahead(view: WorkloadView, recorded: Ahead | None, seen: Seen | None, 
     if seen is None:  # cancelled before its time: the record goes; once its time has come it stays, as history
         cancelled = ahead is not None and not ahead.moved_to and (parse_time(ahead.at) or now) > now
         return (ClearAhead() if cancelled else None), None
-    found = Ahead(seen.kind, format_time(seen.at), seen.host, flavor, format_time(now))
+    announce = announce_at(seen, policy)
+    loud = announce is None or now >= announce
+    found = Ahead(seen.kind, format_time(seen.at), seen.host, flavor, format_time(now), quiet=not loud)
     if ahead is None or not found.same_disruption(ahead):
         return RecordAhead(found), now
+    if ahead.quiet:
+        return (RecordAhead(ahead.with_(quiet=False)), now) if loud else (None, announce)
     if policy.action == NOTHING or ahead.moved_to:
         return None, None
     ask_at = checkpoints.ask_at(seen.at, policy.lead)

@@ -165,3 +165,46 @@ def test_the_record_reads_back(kind):
     if kind == RUN_END:
         assert ahead.message() == ("its DWS run ends at 2026-12-01T10:00:00Z (on dws); checkpoint asked at "
                                    "2026-12-01T09:45:00Z, moved to spot")
+
+
+def test_a_dws_run_end_is_recorded_at_once_but_announced_only_a_save_before_its_checkpoint_request():
+    """A DWS run's end is known from its start, days ahead: every DWS job would get a DisruptionAhead Event and a
+    count the moment it runs. It is recorded then, quiet (`ops status` reads the record), and announced (the Event,
+    the metric: a loud record) `saveTimeout` before its checkpoint request, which goes `leadTime` before the end."""
+    end = T0 + datetime.timedelta(days=7)
+    seen = Seen(RUN_END, end)
+    announce = end - 15 * MINUTE - 2 * MINUTE
+    assert maintenance.announce_at(seen, CHECKPOINT_ONLY) == announce
+    assert maintenance.announce_at(Seen(MAINTENANCE, end, "b"), CHECKPOINT_ONLY) is None  # a maintenance at once
+
+    started = T0 + MINUTE
+    quiet = Ahead(RUN_END, format_time(end), "", "on-demand", format_time(started), quiet=True)
+    assert _decide(None, started, seen=seen) == (RecordAhead(quiet), started)
+    assert quiet.message() == "its DWS run ends at 2026-12-08T09:00:00Z (on on-demand)"  # what `ops status` says
+    assert _decide(quiet, started, seen=seen) == (None, announce)  # nothing more until the announcement
+    assert _decide(quiet, announce - MINUTE, seen=seen) == (None, announce)
+    loud = quiet.with_(quiet=False)
+    assert _decide(quiet, announce, seen=seen) == (RecordAhead(loud), announce)
+    assert loud.seen_at == format_time(started)  # still when it was first seen
+    assert _decide(loud, announce, seen=seen) == (None, end - 15 * MINUTE)  # then the checkpoint request's time
+    ask = end - 15 * MINUTE
+    action, _ = _decide(loud, ask, seen=seen)
+    assert isinstance(action, AskCheckpoint) and not action.ahead.quiet
+    # Seen first within the horizon (a short maxRunDuration, or a controller that started late): loud at once.
+    late = announce + MINUTE
+    assert _decide(None, late, seen=seen) == (
+        RecordAhead(Ahead(RUN_END, format_time(end), "", "on-demand", format_time(late))), late)
+    # A run end that moved (a new admission's): recorded anew, quiet again while far off.
+    moved = Seen(RUN_END, end + datetime.timedelta(days=1))
+    action, again = _decide(loud, started, seen=moved)
+    assert isinstance(action, RecordAhead) and action.ahead.quiet and again == started
+
+
+def test_a_quiet_record_reads_back_and_an_older_record_counts_as_announced():
+    quiet = Ahead(RUN_END, "2026-12-08T09:00:00Z", "", "dws", "2026-12-01T09:01:00Z", quiet=True)
+    assert Ahead.from_json(quiet.to_json()) == quiet
+    loud = quiet.with_(quiet=False)
+    assert "quiet" not in loud.to_json() and Ahead.from_json(loud.to_json()) == loud
+    # Written before the field existed: those were all announced when recorded.
+    assert Ahead.from_json('{"kind": "run-end", "at": "2026-12-08T09:00:00Z", "host": "", "flavor": "dws", '
+                           '"seenAt": "2026-12-01T09:01:00Z"}') == loud

@@ -70,10 +70,12 @@ class AheadOfDisruptions:
         if isinstance(action, maintenance.RecordAhead):
             ahead = action.ahead
             self._patch(self.rayjobs, job, {"metadata": {"annotations": {AHEAD_ANNOTATION: ahead.to_json()}}})
-            disruptions_counter(self.metrics).labels(ahead.kind, ahead.flavor).inc()
-            rayjob_event(self.core, job["metadata"], self.component, AHEAD_EVENT_REASON, ahead.message(), "Normal",
-                         now, once=f"{ahead.kind}/{ahead.at}/{ahead.host}/{ahead.flavor}")
-            log.info("%s/%s: %s", view.namespace, view.rayjob, ahead.message())
+            if not ahead.quiet:  # a DWS run's end far off is recorded for `ops status`, announced later
+                disruptions_counter(self.metrics).labels(ahead.kind, ahead.flavor).inc()
+                rayjob_event(self.core, job["metadata"], self.component, AHEAD_EVENT_REASON, ahead.message(),
+                             "Normal", now, once=f"{ahead.kind}/{ahead.at}/{ahead.host}/{ahead.flavor}")
+            log.info("%s/%s: %s%s", view.namespace, view.rayjob, ahead.message(), " (not announced yet)"
+                     if ahead.quiet else "")
             return 1
         if isinstance(action, maintenance.AskCheckpoint):
             if action.ahead != recorded:  # the record first: a restart asks the same request
