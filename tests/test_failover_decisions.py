@@ -119,6 +119,17 @@ def test_stockout_within_the_grace_period_waits():
     assert _decide(workload(reserved_on="on-demand", recorded="on-demand"), stockout=since) is None
 
 
+def test_a_job_whose_pods_became_ready_after_the_stockout_report_is_not_moved():
+    # GCE's capacity came back within the grace: the pods the autoscaler reported got their slice, and the job runs
+    # (Kueue's PodsReady). The report on those same pods is history now, not a stockout (seen on the goodput bench: a
+    # job moved away from on-demand 2 min after it started running there).
+    since = NOW - GRACE - datetime.timedelta(minutes=1)
+    running = workload(reserved_on="on-demand", recorded="on-demand")
+    running["status"]["conditions"].append({"type": "PodsReady", "status": "True", "reason": "PodsReady",
+                                            "lastTransitionTime": _time(2)})
+    assert _decide(running, stockout=since) is None
+
+
 def test_no_early_move_on_a_rung_with_an_admission_check():
     # DWS admits only once capacity is provisioned; its pods waiting is not a stockout signal.
     since = NOW - datetime.timedelta(hours=1)

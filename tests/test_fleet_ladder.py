@@ -763,6 +763,9 @@ def test_a_members_stockout_report_moves_the_job_once_its_grace_period_has_passe
     assert ladder_rules.decide(GRACE_LADDER, pending, None, NOW + HOUR, stockout=seen) is None
     # A step without a published grace period (a member of an older version) has no early path.
     assert ladder_rules.decide(LADDER, view, None, NOW + HOUR, stockout=seen) is None
+    # Capacity came back within the grace and the job runs: the report on its pods is over, as in a region.
+    ready = _waiting("fleet-on-demand-w1", READY_W1, admitted=True, pods_ready={"status": "True"})
+    assert ladder_rules.decide(GRACE_LADDER, ready, None, NOW + HOUR, stockout=seen) is None
 
 
 NOT_READY_LADDER = api.Ladder.from_json(json.dumps([

@@ -287,7 +287,7 @@ def decide(ladder: Ladder, view: LadderView, job_move: str | None, now: datetime
         return None  # the member's stockout reports are about the lost slice's replacement: its wait rules, as in
         # the regional controller (a slice may come back within it)
     elif (stockout is not None and step.stockout_grace is not None and admitted_at(step, view) is not None
-          and now - stockout >= step.stockout_grace):
+          and not view.pods_ready and now - stockout >= step.stockout_grace):  # ready: the stockout is over
         reason = MEMBER_STOCKOUT
     elif (deadline := not_ready_deadline(step, view)) is not None and now >= deadline:
         reason = MEMBER_NOT_READY

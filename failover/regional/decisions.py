@@ -56,8 +56,10 @@ def decide(chain: Chain, workload: WorkloadView, job_failover: str | None,
 
     if workload.evicted_reason == PREEMPTED:
         return None  # a preemption, not a stockout: Kueue requeues it where it was
-    if (workload.admitted and chain.stocks_out_after_admission(workload.flavor) and stockout is not None
-            and now - stockout >= grace):  # early path
+    # Early path. Not once the pods are ready: capacity came back within the grace, and the report on the same pods
+    # is over (a move then would take a running job off its slice).
+    if (workload.admitted and workload.pods_ready_since is None and chain.stocks_out_after_admission(workload.flavor)
+            and stockout is not None and now - stockout >= grace):
         return _move_to_next(chain, workload, start, chain.index_of_flavor(workload.flavor), STOCKOUT, now)
     return None
 
