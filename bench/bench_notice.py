@@ -3,11 +3,15 @@ loss to the first new step, with real Ray Train and JAX on the CPU (2 workers, a
 
     .venv/bin/python -m bench.bench_notice [--runs 3] [--steps 30] [--checkpoint-every 10]
 
-One fit per run with two faults, as tests/test_train.py: the notice (the file the workers' preStop hook creates on
+One fit per run with two faults, as tests/test_train_ray.py: the notice (the file the workers' preStop hook creates on
 GKE) after step 5, then a worker killed without notice after step 15. Ray Train restarts the worker group after
 each; the new group resumes from the newest orbax step. Per fault: steps lost (the step reached minus the step the
 next group starts at) and seconds from the fault (its marker's time) to the next group's first step done (Ray
 Train's restart, the processes' start, JAX's distributed init, the restore and the first step's compile).
+A second fit per run plays a host maintenance asked ahead: the failover controller's checkpoint request, in the
+pods' annotations file (the downwardAPI volume), after step 13, the lead time before the window; training goes on;
+at the window, after step 17, GKE terminates the pods (the preStop hook's notice, then the kill). Steps lost: the
+last step finished before the kill minus the step the next group starts at.
 On a TPU slice the restart is that of the whole RayCluster's worker group, on new hosts: add the slice's return.
 """
 
@@ -24,6 +28,7 @@ from bench.report import print_medians, run_line
 from workloads import train
 
 NOTICE_AT, FAIL_AT = 5, 15
+REQUEST_AT, WINDOW_AT = 13, 17  # the maintenance: its checkpoint request, then its window (both off the interval)
 
 
 def one_run(root: Path, steps: int, every: int) -> dict[str, float]:
@@ -41,7 +46,26 @@ def one_run(root: Path, steps: int, every: int) -> dict[str, float]:
         after = min((m for m in markers if m["step"] > at), key=lambda m: m["step"])  # the next group's first
         found[f"{label}: steps lost"] = at - after["start_step"]
         found[f"{label}: fault -> first new step, s"] = after["first_step_at"] - fault_time
+    found.update(maintenance_run(root / "maintenance", steps, every))
     return found
+
+
+def maintenance_run(root: Path, steps: int, every: int) -> dict[str, float]:
+    """The maintenance asked ahead: request after REQUEST_AT, the window's notice and kill after WINDOW_AT."""
+    result = train.main(["--storage-path", str(root / "ray"), "--run-name", "bench", "--checkpoint-dir",
+                         str(root / "orbax"), "--steps", str(steps), "--checkpoint-every", str(every),
+                         "--report-every", "10", "--num-workers", "2", "--request-at-step", str(REQUEST_AT),
+                         "--pod-annotations-file", str(root / "podinfo" / "annotations"),
+                         "--preempt-at-step", str(WINDOW_AT), "--notice-file", str(root / "notice")])
+    markers = [json.loads(p.read_text()) for p in (root / "ray").rglob("meta.json")]
+    assert result.metrics["step"] == steps
+    # The first group saved for the request and trained on: the last step it finished is the window's.
+    first = [m["step"] for m in markers if m["start_step"] == 0]
+    assert REQUEST_AT in first and max(first) == WINDOW_AT, first
+    window = float((root / "orbax" / f"injected-notice-at-step-{WINDOW_AT}").read_text())
+    after = min((m for m in markers if m["step"] > WINDOW_AT), key=lambda m: m["step"])
+    return {"maintenance: steps lost": WINDOW_AT - after["start_step"],
+            "maintenance: window -> first new step, s": after["first_step_at"] - window}
 
 
 def main() -> None:
@@ -63,7 +87,8 @@ def main() -> None:
     finally:
         ray.shutdown()
     print_medians(f"median of {args.runs} runs (min-max); checkpoint every {args.checkpoint_every} steps, notice "
-                  f"after step {NOTICE_AT}, a worker killed after step {FAIL_AT}:", results, unit="")
+                  f"after step {NOTICE_AT}, a worker killed after step {FAIL_AT}; a maintenance: request after step "
+                  f"{REQUEST_AT}, window after step {WINDOW_AT}:", results, unit="")
 
 
 if __name__ == "__main__":

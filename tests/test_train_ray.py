@@ -1,9 +1,10 @@
 """workloads/train.py with real Ray Train (JaxTrainer) and real JAX on the CPU: 2 worker processes joined by
-jax.distributed (2 processes x 1 CPU device), like two TPU hosts. Three fit() calls, each ~25 s alone on 2 cores
+jax.distributed (2 processes x 1 CPU device), like two TPU hosts. Four fit() calls, each ~25 s alone on 2 cores
 with JAX's persistent compilation cache shared by the worker groups: an uninterrupted run, a run with a termination
-notice and an injected worker death, and a second dispatch of the first run's job (another run id) that resumes from
-it. A rerun with the same run id (`python train.py` twice, locally) resumes through the branch the faulted run's
-restarts take (its own run's newest step), so it has no fit of its own: each fit costs ~50 s in the loaded suite.
+notice and an injected worker death, a second dispatch of the first run's job (another run id) that resumes from
+it, and a short run through a maintenance asked ahead (70 s on its own under load). A rerun with the same run id
+(`python train.py` twice, locally) resumes through the branch the faulted run's restarts take (its own run's newest
+step), so it has no fit of its own: each fit costs ~50 s in the loaded suite.
 """
 
 import json
@@ -240,3 +241,34 @@ def test_a_second_dispatch_of_the_job_resumes_from_the_first_and_writes_only_its
     batch = np.concatenate([train.synthetic_batch(config["seed"], a_newest, proc, local_batch, cfg.seq_len,
                                                   cfg.vocab) for proc in (0, 1)])
     assert b.metrics["first_loss"] == pytest.approx(float(train.loss_fn(params, batch, cfg)), rel=1e-5, abs=0)
+
+
+MAINTENANCE_STEPS, LEAD_AT, WINDOW_AT = 12, 6, 8  # the request LEAD_AT, the window at WINDOW_AT: both off the interval
+
+
+def test_a_maintenance_asked_ahead_loses_no_finished_step(ray_cpu, tmp_path):
+    """A host maintenance as the failover controller and GKE play it: the checkpoint request the lead time before
+    the window, in the pods' annotations file (the downwardAPI volume, replaced whole as the kubelet does); the job
+    saves and trains on. At the window GKE terminates the pods (the preStop hook's notice, then the kill at the end of
+    the pods' part): every host saves the step it reached and exits, and the restarted worker group resumes at the
+    last step finished before the kill. The request is still in the file it starts with: taken as honoured, no save."""
+    from failover.api import CHECKPOINT_REQUEST_ANNOTATION, CheckpointRequest
+
+    notice, annotations = tmp_path / "notice-dir" / "termination-notice", tmp_path / "podinfo" / "annotations"
+    result = train.main(_argv(tmp_path, "maint", MAINTENANCE_STEPS, "--request-at-step", str(LEAD_AT),
+                              "--pod-annotations-file", str(annotations), "--preempt-at-step", str(WINDOW_AT),
+                              "--notice-file", str(notice)))
+    # What the pods' file held is a request as the controller writes it (failover/api/checkpoints.py).
+    key, _, quoted = annotations.read_text().strip().partition("=")
+    assert key == CHECKPOINT_REQUEST_ANNOTATION and CheckpointRequest.parse(json.loads(quoted)) is not None
+    assert (tmp_path / "maint-orbax" / f"injected-notice-at-step-{WINDOW_AT}").exists() and not notice.exists()
+    markers = {(meta["step"], meta["start_step"]) for meta in
+               (json.loads(p.read_text()) for p in (tmp_path / "ray" / "maint").rglob("meta.json"))}
+    assert LEAD_AT % CKPT_EVERY and WINDOW_AT % CKPT_EVERY
+    # The first group: the request's save, then the window's; nothing else before the kill.
+    assert {step for step, start in markers if start == 0} == {LEAD_AT, WINDOW_AT}, markers
+    # The next group began at the window's step, the last finished before the kill: no finished step lost; it saved
+    # on the interval and at the end only.
+    assert {(step, start) for step, start in markers if start != 0} == {(10, WINDOW_AT),
+                                                                         (MAINTENANCE_STEPS, WINDOW_AT)}, markers
+    assert (result.metrics["step"], result.metrics["start_step"]) == (MAINTENANCE_STEPS, WINDOW_AT)
