@@ -75,6 +75,9 @@ class Step:
     rung: str  # "" for the last step
     stockout_grace: datetime.timedelta | None = None  # the member's stockout grace period (the early path)
     pods_ready_timeout: datetime.timedelta | None = None  # the member's podsReadyTimeout (Kueue's waitForPodsReady)
+    # The member's Kueue flavor of the rung (a one-member step's: what a climb back reads of the member's quota); ""
+    # for the last step, or a member that did not publish it (an older version)
+    flavor: str = ""
 
     @property
     def member(self) -> str | None:
@@ -82,7 +85,8 @@ class Step:
         return self.members[0] if self.rung and len(self.members) == 1 else None
 
     def as_data(self) -> dict[str, Any]:
-        """Its JSON form; the members' two durations only where they published them (None: an older member)."""
+        """Its JSON form; the members' two durations and the flavor only where they published them (an older
+        member did not)."""
         data: dict[str, Any] = {"localQueue": self.local_queue, "clusterQueue": self.cluster_queue,
                                 "admissionCheck": self.admission_check, "rung": self.rung,
                                 "members": list(self.members)}
@@ -90,6 +94,8 @@ class Step:
             data["stockoutGracePeriodSeconds"] = _number(self.stockout_grace.total_seconds())
         if self.pods_ready_timeout is not None:
             data["podsReadyTimeoutSeconds"] = _number(self.pods_ready_timeout.total_seconds())
+        if self.flavor:
+            data["flavor"] = self.flavor
         return data
 
     @classmethod
@@ -99,7 +105,8 @@ class Step:
             raise TypeError(f"members must be a list of strings: {dict(data)!r}")
         return cls(_string(data, "localQueue"), _string(data, "clusterQueue"), _string(data, "admissionCheck"),
                    tuple(members), _string(data, "rung", empty=True), _seconds(data.get("stockoutGracePeriodSeconds")),
-                   _seconds(data.get("podsReadyTimeoutSeconds")))
+                   _seconds(data.get("podsReadyTimeoutSeconds")), _string(data, "flavor", empty=True)
+                   if "flavor" in data else "")
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,9 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from failover.api import (FAILOVER_ANNOTATION, GAVE_UP, GAVE_UP_ANNOTATION, GIVING_UP, LOSS_EVENT_REASON,
-                          MAX_WAIT_ANNOTATION, MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST, MEMBER_STOCKOUT,
-                          MOVING, QUEUE_LABEL, SCALE_UP_FAILURE_REASONS, STEP_BUSY, STOCKOUT_MESSAGE, FinishMove,
+from failover.api import (CHECKPOINTING, FAILOVER_ANNOTATION, GAVE_UP, GAVE_UP_ANNOTATION, GIVING_UP, LOSS_EVENT_REASON,
+                          MAX_RUN_ANNOTATION, MAX_WAIT_ANNOTATION, MEMBER_EVICTED, MEMBER_NOT_READY,
+                          MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVING, QUEUE_LABEL, SCALE_UP_FAILURE_REASONS, STEP_BUSY, STOCKOUT_MESSAGE, FinishMove,
                           GiveUp, Ladder, LostSlice, Move, StartMove, Step, format_time, parse_time,
                           reactivation_step, stockout_since)
 from failover.slices import waiting_until
@@ -112,6 +112,8 @@ class LadderView:
     give_up: str | None = None  # WORKLOAD_GIVE_UP_ANNOTATION: the give-up this deactivation is
     requeue_state: bool = False  # status.requeueState is set (a requeue backoff Kueue clears while it is inactive)
     cluster_name: str | None = None  # status.clusterName: the member MultiKueue runs it in (set once one admitted it)
+    # A DWS run's limit, counted from its admission (MAX_RUN_ANNOTATION, which Kueue copies from the RayJob)
+    max_run_seconds: int | None = None
 
     @classmethod
     def from_object(cls, obj: Mapping) -> LadderView:
@@ -139,10 +141,15 @@ class LadderView:
             move=(meta.get("annotations") or {}).get(WORKLOAD_MOVE_ANNOTATION),
             give_up=(meta.get("annotations") or {}).get(WORKLOAD_GIVE_UP_ANNOTATION),
             requeue_state=status.get("requeueState") is not None,
-            cluster_name=status.get("clusterName") or None)
+            cluster_name=status.get("clusterName") or None,
+            max_run_seconds=_whole_seconds((meta.get("annotations") or {}).get(MAX_RUN_ANNOTATION)))
 
     def check(self, name: str) -> CheckState | None:
         return next((c for c in self.checks if c.name == name), None)
+
+
+def _whole_seconds(text: str | None) -> int | None:
+    return int(text) if text is not None and str(text).isdigit() else None
 
 
 @dataclass(frozen=True)
@@ -413,7 +420,9 @@ def next_in_move(move: Move, view: LadderView, job: Mapping, to_check: str | Non
     label = (job["metadata"].get("labels") or {}).get(QUEUE_LABEL)
     arrived = view.queue_name == move.to_local_queue
     recorded = Move.from_json((job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION))
-    on_record = recorded is not None and (recorded.at, recorded.to_local_queue) == (move.at, move.to_local_queue)
+    # A climb's record while the job saved (CHECKPOINTING) has the move's time and target too: not the move's yet.
+    on_record = (recorded is not None and recorded.state != CHECKPOINTING
+                 and (recorded.at, recorded.to_local_queue) == (move.at, move.to_local_queue))
     if move.requeue and view.active:
         # A requeue stays at its step: active again is done only after the deactivation, which the record on the
         # RayJob follows (written while inactive, below), so an active Workload without it is still to deactivate.

@@ -1,0 +1,200 @@
+"""Climbing back in a fleet: when a fleet job running at a step below its ladder's first step moves back up to an
+earlier step, as pure functions of what the ladder controller reads (no I/O here; failover/ladder/climbing.py keeps
+the signal and acts). The regional climb (failover/regional/climb.py) for the fleet's ladder: the same policy
+(failover.api.ClimbPolicy), the same bounds, the same route as a move down (route D on the manager's Workload).
+
+A fleet job's copy in a member is never moved by the member's own controller (its manager would delete and recreate
+it): a job that fell to a later step (the reservation was busy, a stockout) stays there when an earlier step frees,
+unless the fleet's ladder moves it up.
+
+A free slice, at an earlier step (one member's rung): the member's free TPU quota of the step's flavor, over every
+ClusterQueue there (nominal quota less what its Kueue reserved: the step's own ClusterQueue borrows it all from the
+region's cohort), holds the job's chips. A reservation's quota is the reservation's size, its slices held by GCE for
+the project: that is enough. Any other rung would also need an idle slice of its own nodes, which the ladder cannot
+see in a member (it reads no nodes or pods there): `fleet.climbBack.to` takes reservations only. And no capacity
+failure at the step (a move down from it for a stockout, pods not ready, an eviction, a slice not back, of any fleet
+job) within `settle`.
+
+Bounded as the regional climb: at most one climb per job per `minInterval`, never in its first `minRuntime` at a step,
+never while the member running it says its slice is lost, never for a DWS run (the last step) that ends within
+`runEndMargin`, never while a save it was asked for is still under way; one climb at a time (a move or a climb under
+way finishes first). Safe: the climb's Move is written on the manager's RayJob `checkpointing` first, the job's TPU
+pods in the member running it are asked to save (the checkpoint channel, failover/checkpoints.py), and only once the
+save is taken as done (`saveTimeout`) does route D start, if the job still runs where it did and the earlier step is
+still free; else the climb is called off and the record before it put back.
+"""
+
+from __future__ import annotations
+
+import datetime
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+
+from failover.api import (MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVED, MOVING,
+                          CheckpointRequest, Ladder, Move, Step, format_time, parse_time)
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, ClimbPolicy
+from failover.checkpoints import answered_at, pods_to_ask
+from failover.ladder.decisions import LadderView, admitted_at, running_member
+
+# A move down from a step for one of these says the step had no capacity for the job; a climb back to it waits
+# `settle` after the newest one (a StepBusy says only that the step was in use then: what a climb waits to end).
+CAPACITY_FAILURES = frozenset({MEMBER_STOCKOUT, MEMBER_NOT_READY, MEMBER_EVICTED, MEMBER_SLICE_LOST})
+
+
+@dataclass(frozen=True)
+class FleetJob:
+    """What the climb rules read of a fleet job besides its manager Workload."""
+
+    pending: Move | None  # the manager RayJob's FAILOVER_ANNOTATION: its latest move (a climb's while it saves)
+    history: tuple[Move, ...]  # its MOVES_ANNOTATION: the moves done, oldest first
+    # Its TPU pods' CHECKPOINT_REQUEST_ANNOTATION, by pod, in the member running it (empty: none read)
+    checkpoints: Mapping[str, str | None]
+    losing: bool = False  # the member running it recorded that it lost its slice, this admission
+
+
+@dataclass(frozen=True)
+class Climb:
+    """Start climbing: write `move` (state `checkpointing`) on the manager's RayJob, then ask the job to save."""
+
+    move: Move
+
+
+@dataclass(frozen=True)
+class NotYet:
+    """Nothing now; look again at `at` (None: only a change of the job or of a member's quota can make it climb)."""
+
+    at: datetime.datetime | None
+
+
+def targets(ladder: Ladder, policy: ClimbPolicy, index: int) -> list[int]:
+    """The steps before `index` a job may climb to: one member's rung whose flavor the policy names."""
+    return [i for i in range(index) if ladder.steps[i].member is not None and ladder.steps[i].flavor in policy.to]
+
+
+def capacity_failures(moves: Iterable[Move | None]) -> dict[str, datetime.datetime]:
+    """{step left (its LocalQueue): when} of the newest move down for a capacity failure, per step, among moves."""
+    newest: dict[str, datetime.datetime] = {}
+    for move in moves:
+        at = parse_time(move.at) if move is not None and move.reason in CAPACITY_FAILURES else None
+        if at is not None and (move.from_flavor not in newest or at > newest[move.from_flavor]):
+            newest[move.from_flavor] = at
+    return newest
+
+
+def run_end(step: Step, view: LadderView) -> datetime.datetime | None:
+    """When a DWS run (the last step: every member's DWS rung) ends: its admission plus its maxRunDurationSeconds."""
+    admitted = admitted_at(step, view)
+    if step.rung or admitted is None or view.max_run_seconds is None:
+        return None
+    return admitted + datetime.timedelta(seconds=view.max_run_seconds)
+
+
+def running(view: LadderView) -> bool:
+    """Admitted by a member and its pods all ready there, active, not finished, no move under way on the Workload."""
+    return (view.active and view.admitted and view.pods_ready and not view.finished and view.move is None
+            and view.give_up is None)
+
+
+def decide_climb(ladder: Ladder, policy: ClimbPolicy, view: LadderView, job: FleetJob,
+                 free: Callable[[Step], datetime.datetime | None],
+                 last_failure: Callable[[Step], datetime.datetime | None], now: datetime.datetime) -> Climb | NotYet:
+    """Whether the fleet job climbs now, and to which step: the earliest it may climb to that has had a free slice for
+    the job (`free(step)`: since when, or None) for `settle`, with no capacity failure (`last_failure(step)`) within
+    it. Else when to look again."""
+    never = NotYet(None)
+    if not policy.enabled or view.rayjob is None or not running(view) or job.losing:
+        return never  # only a job running on a whole slice climbs
+    if job.pending is not None and job.pending.state != MOVED:
+        return never  # a move (or a climb) under way finishes first
+    index = ladder.index(view.queue_name)
+    step = ladder.steps[index] if index is not None else None
+    since = admitted_at(step, view) if step is not None else None
+    member = running_member(step, view) if step is not None else None
+    if since is None or member is None:
+        return never
+    candidates = targets(ladder, policy, index)
+    if not candidates:
+        return never  # at its first step, or nothing before it it may climb to
+    end = run_end(step, view)
+    if end is not None and now >= end - policy.run_end_margin:
+        return never  # its DWS run ends soon: the run's end decides
+    blocked = [since + policy.min_runtime]  # its first minutes at the step
+    climbs = [parse_time(m.at) for m in job.history if m.reason == CLIMB_BACK]
+    if climbs:
+        blocked.append(max(climbs) + policy.min_interval)
+    blocked += [answered_at(request, policy.save_timeout) for request in _requests(job.checkpoints)]
+    ready = []  # (when it has been free for settle, step index)
+    for i in candidates:
+        free_since = free(ladder.steps[i])
+        if free_since is None:
+            continue
+        failed = last_failure(ladder.steps[i])
+        ready.append((max(free_since, failed or free_since) + policy.settle, i))
+    if not ready:
+        return never  # a member's quota changing queues the job again
+    at = max(*blocked, min(settled for settled, _ in ready))
+    if now < at:
+        return NotYet(at)
+    target = ladder.steps[min(i for settled, i in ready if settled <= now)]
+    return Climb(Move(step.local_queue, target.local_queue, target.local_queue, CLIMB_BACK, format_time(now),
+                      CHECKPOINTING, member=member))
+
+
+def _requests(checkpoints: Mapping[str, str | None]) -> list[CheckpointRequest]:
+    found = {CheckpointRequest.parse(value) for value in checkpoints.values()}
+    return [request for request in found if request is not None]
+
+
+# ---- a climb's checkpoint, one step at a time ------------------------------------------------------------------
+ASK = "ask"  # write the request on the job's TPU pods in the member that do not carry it yet
+SAVING = "saving"  # wait until the save is taken as done
+GO = "go"  # route D: the deactivation with the Move (now `moving`) on the Workload, then the move's steps
+CALL_OFF = "call-off"  # put back the record before the climb; the job stays where it runs
+
+
+def checkpoint_of(move: Move) -> CheckpointRequest:
+    """The save a climb asks for, from its Move alone: a restart asks the same."""
+    at = parse_time(move.at)
+    return CheckpointRequest.about(CLIMB_BACK, at, at)
+
+
+def next_in_climb(ladder: Ladder, move: Move, view: LadderView, job: FleetJob, still_free: bool,
+                  policy: ClimbPolicy, now: datetime.datetime) -> tuple[str, datetime.datetime | None]:
+    """The next step of a climb while the job saves, and until when it waits (SAVING). Called off when the job no
+    longer runs on the admission it climbs from (moved, evicted, finished, its slice lost, another member) or the
+    step above is no longer free once the save is done: giving up the slice it has would then gain nothing."""
+    step = ladder.step_of(view.queue_name)
+    since = admitted_at(step, view) if step is not None else None
+    on_it = (step is not None and running(view) and not job.losing and view.queue_name == move.from_flavor
+             and since is not None and since <= parse_time(move.at) and running_member(step, view) == move.member)
+    if not on_it:
+        return CALL_OFF, None
+    request = checkpoint_of(move)
+    if not job.checkpoints or pods_to_ask(request, job.checkpoints):
+        return ASK, None  # (no pods read: asked again, which finds them)
+    done = answered_at(request, policy.save_timeout)
+    if now < done:
+        return SAVING, done
+    return (GO if still_free else CALL_OFF), None
+
+
+def moving(move: Move) -> Move:
+    """The climb's Move once the save is done: route D carries it out as any move (failover/ladder/decisions.py)."""
+    return replace(move, state=MOVING)
+
+
+def restored(history: tuple[Move, ...]) -> Move | None:
+    """What FAILOVER_ANNOTATION held before a climb that is called off: the last move done, if any."""
+    return history[-1] if history else None
+
+
+def climb_message(move: Move) -> str:
+    """The one line logged, and the Event's message, for a climb done."""
+    return (f"climbed back from step {move.from_flavor} (member {move.member}) to step {move.to_flavor}: it had a "
+            "free slice for the job for fleet.climbBack.settle")
+
+
+def possible_climbs(ladder: Ladder, policy: ClimbPolicy) -> list[tuple[str, str]]:
+    """Every (from step, to step) a climb can have: from any step after one the policy names, up to it."""
+    return [(lower.local_queue, ladder.steps[i].local_queue) for i in targets(ladder, policy, len(ladder.steps))
+            for lower in ladder.steps[i + 1:]]

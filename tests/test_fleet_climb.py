@@ -1,0 +1,213 @@
+"""Climbing back in a fleet (failover/ladder/climb.py), offline: every rule of a fleet job's climb to an earlier step
+of the ladder, and a climb's checkpoint, one step at a time. The real Kueue judges it in
+tests/test_fleet_climb_controlplane.py."""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+
+import pytest
+
+from failover import api
+from failover.api import CHECKPOINTING, CLIMB_BACK, ClimbPolicy, Move
+from failover.ladder import climb
+from failover.ladder import decisions as ladder_rules
+from failover.ladder.climb import FleetJob, NotYet
+from infra.fleet_member import FLEET_NAMESPACE
+
+MINUTE = datetime.timedelta(minutes=1)
+NOW = datetime.datetime(2026, 12, 1, 12, 0, tzinfo=datetime.timezone.utc)
+RESERVED_W2, ON_DEMAND_W1, SPOT_W2, DWS = ("fleet-reservation-w2", "fleet-on-demand-w1", "fleet-spot-w2",
+                                           "fleet-queue")
+LADDER = api.Ladder.from_json(json.dumps([
+    {"localQueue": RESERVED_W2, "clusterQueue": RESERVED_W2, "admissionCheck": RESERVED_W2, "members": ["w2"],
+     "rung": "reservation", "flavor": "reservation"},
+    {"localQueue": ON_DEMAND_W1, "clusterQueue": ON_DEMAND_W1, "admissionCheck": ON_DEMAND_W1, "members": ["w1"],
+     "rung": "onDemand", "flavor": "on-demand"},
+    {"localQueue": SPOT_W2, "clusterQueue": SPOT_W2, "admissionCheck": SPOT_W2, "members": ["w2"],
+     "rung": "spot", "flavor": "spot"},
+    {"localQueue": DWS, "clusterQueue": "fleet-cluster-queue", "admissionCheck": "fleet-multikueue",
+     "members": ["w1", "w2"], "rung": ""}]))
+POLICY = ClimbPolicy(("reservation",), ("reservation",), settle=5 * MINUTE, min_interval=60 * MINUTE,
+                     min_runtime=10 * MINUTE, run_end_margin=30 * MINUTE, save_timeout=2 * MINUTE)
+ADMITTED = NOW - 30 * MINUTE
+
+
+def stamp(at: datetime.datetime) -> str:
+    return at.strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def running(queue: str = SPOT_W2, admitted: datetime.datetime = ADMITTED, cluster: str | None = None,
+            pods_ready: bool = True, active: bool = True, move: str | None = None,
+            max_run: int | None = None) -> ladder_rules.LadderView:
+    """A manager Workload a member admitted at `queue` (its check Ready since `admitted`) and runs."""
+    check = LADDER.step_of(queue).admission_check
+    annotations = {api.MAX_RUN_ANNOTATION: str(max_run)} if max_run is not None else {}
+    if move is not None:
+        annotations[ladder_rules.WORKLOAD_MOVE_ANNOTATION] = move
+    return ladder_rules.LadderView.from_object({
+        "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}],
+                     "creationTimestamp": stamp(ADMITTED - MINUTE), "annotations": annotations},
+        "spec": {"queueName": queue, "active": active},
+        "status": {"conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"},
+                                  {"type": "PodsReady", "status": "True" if pods_ready else "False"}],
+                   "admissionChecks": [{"name": check, "state": "Ready", "lastTransitionTime": stamp(admitted)}],
+                   "clusterName": cluster}})
+
+
+def job(pending: Move | None = None, history: tuple[Move, ...] = (), checkpoints: dict | None = None,
+        losing: bool = False) -> FleetJob:
+    return FleetJob(pending, history, {"w-0": None, "w-1": None} if checkpoints is None else checkpoints, losing)
+
+
+def free_for(**since: datetime.datetime):
+    """`free(step)` for steps named by their LocalQueue (underscores for dashes): since when each is free."""
+    return lambda step: since.get(step.local_queue.replace("-", "_"))
+
+
+def decide(view=None, fleet_job=None, free=None, failed=None, policy=POLICY, now=NOW):
+    return climb.decide_climb(LADDER, policy, view or running(), fleet_job or job(),
+                              free or free_for(fleet_reservation_w2=NOW - 6 * MINUTE),
+                              failed or (lambda step: None), now)
+
+
+def test_a_job_on_a_later_step_climbs_to_the_reservation_step_free_for_the_settle_time():
+    decided = decide()
+    assert decided == climb.Climb(Move(SPOT_W2, RESERVED_W2, RESERVED_W2, CLIMB_BACK, "2026-12-01T12:00:00Z",
+                                       CHECKPOINTING, member="w2"))
+    assert "member w2" in climb.climb_message(decided.move)
+
+
+def test_it_waits_for_the_settle_time_then_climbs_exactly_then():
+    free = free_for(fleet_reservation_w2=NOW - 2 * MINUTE)
+    assert decide(free=free) == NotYet(NOW + 3 * MINUTE)
+    assert isinstance(decide(free=free, now=NOW + 3 * MINUTE), climb.Climb)
+
+
+def test_a_capacity_failure_at_the_step_restarts_its_settle_time_and_a_busy_step_does_not():
+    failed_at = NOW - MINUTE
+    assert decide(failed=lambda step: failed_at if step.local_queue == RESERVED_W2 else None) == NotYet(
+        failed_at + 5 * MINUTE)
+    moves = [Move(RESERVED_W2, ON_DEMAND_W1, ON_DEMAND_W1, api.MEMBER_STOCKOUT, stamp(NOW - 40 * MINUTE), "moved"),
+             Move(RESERVED_W2, ON_DEMAND_W1, ON_DEMAND_W1, api.MEMBER_NOT_READY, stamp(NOW - 20 * MINUTE), "moved"),
+             Move(ON_DEMAND_W1, SPOT_W2, SPOT_W2, api.MEMBER_EVICTED, stamp(NOW - 50 * MINUTE), "moved"),
+             Move(SPOT_W2, DWS, DWS, api.MEMBER_SLICE_LOST, stamp(NOW - 45 * MINUTE), "moved"),
+             Move(RESERVED_W2, SPOT_W2, SPOT_W2, api.STEP_BUSY, stamp(NOW - MINUTE), "moved"),
+             None]
+    assert climb.capacity_failures(moves) == {RESERVED_W2: NOW - 20 * MINUTE, ON_DEMAND_W1: NOW - 50 * MINUTE,
+                                              SPOT_W2: NOW - 45 * MINUTE}
+
+
+def test_the_earliest_step_free_for_the_settle_time_wins():
+    both = ClimbPolicy(("reservation", "on-demand"), ("reservation",), *dataclasses.astuple(POLICY)[2:])
+    free = free_for(fleet_reservation_w2=NOW - 6 * MINUTE, fleet_on_demand_w1=NOW - 9 * MINUTE)
+    assert decide(policy=both, free=free).move.to_local_queue == RESERVED_W2
+    # the reservation not settled yet: the on-demand step, settled, is taken now
+    free = free_for(fleet_reservation_w2=NOW - 1 * MINUTE, fleet_on_demand_w1=NOW - 9 * MINUTE)
+    assert decide(policy=both, free=free).move.to_local_queue == ON_DEMAND_W1
+
+
+def test_only_the_steps_the_policy_names_and_only_before_the_jobs_step():
+    assert climb.targets(LADDER, POLICY, 3) == [0]
+    assert climb.targets(LADDER, POLICY, 0) == []
+    free = free_for(fleet_on_demand_w1=NOW - 9 * MINUTE)  # on-demand is not in `to`
+    assert decide(free=free) == NotYet(None)
+    assert decide(view=running(RESERVED_W2)) == NotYet(None)  # at the first step: nothing above
+    off = dataclasses.replace(POLICY, to=(), reserved=())
+    assert decide(policy=off) == NotYet(None)
+    assert climb.possible_climbs(LADDER, POLICY) == [(ON_DEMAND_W1, RESERVED_W2), (SPOT_W2, RESERVED_W2),
+                                                     (DWS, RESERVED_W2)]
+
+
+def test_a_job_that_does_not_run_on_a_whole_slice_does_not_climb():
+    assert decide(view=running(pods_ready=False)) == NotYet(None)
+    assert decide(view=running(active=False)) == NotYet(None)
+    assert decide(view=running(move=Move(SPOT_W2, DWS, DWS, api.STEP_BUSY, stamp(NOW)).to_json())) == NotYet(None)
+    assert decide(fleet_job=job(losing=True)) == NotYet(None)  # its member says its slice is lost
+    assert decide(view=running(DWS)) == NotYet(None)  # at the last step, no member named as running it yet
+    assert isinstance(decide(view=running(DWS, cluster="w1")), climb.Climb)
+
+
+def test_one_climb_or_move_at_a_time():
+    under_way = Move(SPOT_W2, RESERVED_W2, RESERVED_W2, CLIMB_BACK, stamp(NOW - MINUTE), CHECKPOINTING, member="w2")
+    assert decide(fleet_job=job(pending=under_way)) == NotYet(None)
+    moving = Move(ON_DEMAND_W1, SPOT_W2, SPOT_W2, api.STEP_BUSY, stamp(NOW - MINUTE))
+    assert decide(fleet_job=job(pending=moving)) == NotYet(None)
+    assert isinstance(decide(fleet_job=job(pending=moving.done())), climb.Climb)
+
+
+def test_never_in_its_first_min_runtime_at_the_step():
+    assert decide(view=running(admitted=NOW - 4 * MINUTE)) == NotYet(NOW + 6 * MINUTE)
+
+
+def test_at_most_one_climb_per_min_interval():
+    earlier = Move(SPOT_W2, RESERVED_W2, RESERVED_W2, CLIMB_BACK, stamp(NOW - 50 * MINUTE), "moved", member="w2")
+    assert decide(fleet_job=job(history=(earlier,))) == NotYet(NOW + 10 * MINUTE)
+
+
+def test_never_while_a_save_it_was_asked_for_is_under_way():
+    request = api.CheckpointRequest("maintenance-20261201t130000z", stamp(NOW - MINUTE))
+    assert decide(fleet_job=job(checkpoints={"w-0": request.value()})) == NotYet(NOW + MINUTE)
+
+
+def test_never_for_a_dws_run_near_its_end():
+    hours = 3600
+    near = running(DWS, cluster="w1", max_run=hours // 2 + 20 * 60)  # admitted 30 min ago: ends in 20 min
+    assert decide(view=near) == NotYet(None)
+    far = running(DWS, cluster="w1", max_run=24 * hours)
+    assert isinstance(decide(view=far), climb.Climb)
+
+
+# ---- a climb's checkpoint ------------------------------------------------------------------------------------
+
+CLIMB = Move(SPOT_W2, RESERVED_W2, RESERVED_W2, CLIMB_BACK, stamp(NOW), CHECKPOINTING, member="w2")
+
+
+def test_a_climb_asks_the_pods_then_waits_the_save_then_goes_if_the_step_is_still_free():
+    request = climb.checkpoint_of(CLIMB)
+    assert request.id == "climbback-20261201t120000z"
+    assert climb.next_in_climb(LADDER, CLIMB, running(), job(), True, POLICY, NOW) == (climb.ASK, None)
+    assert climb.next_in_climb(LADDER, CLIMB, running(), job(checkpoints={}), True, POLICY, NOW) == (
+        climb.ASK, None)  # no pod read yet: asked (again), which finds them
+    asked = job(checkpoints={"w-0": request.value(), "w-1": request.value()})
+    assert climb.next_in_climb(LADDER, CLIMB, running(), asked, True, POLICY, NOW + MINUTE) == (
+        climb.SAVING, NOW + 2 * MINUTE)
+    assert climb.next_in_climb(LADDER, CLIMB, running(), asked, True, POLICY, NOW + 2 * MINUTE) == (climb.GO, None)
+    assert climb.next_in_climb(LADDER, CLIMB, running(), asked, False, POLICY, NOW + 2 * MINUTE) == (
+        climb.CALL_OFF, None)  # the step above taken meanwhile: the slice it has is kept
+    assert climb.moving(CLIMB).state == api.MOVING
+
+
+@pytest.mark.parametrize("view", [
+    running(pods_ready=False), running(ON_DEMAND_W1), running(admitted=NOW + MINUTE),
+    running(active=False), running(DWS, cluster="w1")], ids=["not-ready", "another-step", "readmitted",
+                                                               "deactivated", "another-member"])
+def test_a_climb_is_called_off_when_the_job_no_longer_runs_where_it_climbs_from(view):
+    assert climb.next_in_climb(LADDER, CLIMB, view, job(), True, POLICY, NOW) == (climb.CALL_OFF, None)
+    assert climb.next_in_climb(LADDER, CLIMB, running(), job(losing=True), True, POLICY, NOW) == (
+        climb.CALL_OFF, None)
+    before = Move(ON_DEMAND_W1, SPOT_W2, SPOT_W2, api.STEP_BUSY, stamp(NOW - 40 * MINUTE), "moved")
+    assert climb.restored((before,)) == before and climb.restored(()) is None
+
+
+def test_route_d_records_the_climb_once_it_is_moving_not_while_it_saved():
+    """The climb's record while the job saved has the move's time and target: route D still writes the move's own
+    record (state moving) on the RayJob after the deactivation."""
+    go = climb.moving(CLIMB)
+    rayjob = {"metadata": {"labels": {api.QUEUE_LABEL: SPOT_W2},
+                           "annotations": {api.FAILOVER_ANNOTATION: CLIMB.to_json()}},
+              "spec": {"suspend": True}, "status": {"jobDeploymentStatus": "Suspended"}}
+    deactivated = dataclasses.replace(running(), active=False, move=go.to_json())
+    assert ladder_rules.next_in_move(go, deactivated, rayjob, RESERVED_W2) == ladder_rules.RECORD
+    rayjob["metadata"]["annotations"][api.FAILOVER_ANNOTATION] = go.to_json()
+    assert ladder_rules.next_in_move(go, deactivated, rayjob, RESERVED_W2) == ladder_rules.WAIT_FOR_QUOTA
+
+
+def test_a_steps_flavor_is_read_back_and_an_older_ladder_without_it_has_none():
+    assert [s.flavor for s in LADDER.steps] == ["reservation", "on-demand", "spot", ""]
+    assert api.Ladder.from_json(LADDER.to_json()) == LADDER
+    older = json.loads(LADDER.to_json())
+    del older[0]["flavor"]
+    assert api.Ladder.from_data(older).steps[0].flavor == ""
