@@ -210,6 +210,9 @@ class LadderConfig:
     workers: int  # LADDER_WORKERS: jobs handled at once
     health_port: int  # LADDER_HEALTH_PORT: /healthz (0: none)
     metrics_port: int  # LADDER_METRICS_PORT: Prometheus /metrics (0: none)
+    # FLEET_CLIMB_BACK: fleet.climbBack (failover/ladder/climb.py), a JSON object {to, reserved (the members'
+    # flavors), settleSeconds, minIntervalSeconds, minRuntimeSeconds, runEndMarginSeconds, saveTimeoutSeconds}
+    climb_back: ClimbPolicy
 
     def to_env(self) -> list[EnvVar]:
         return [_var("FLEET_LADDER", self.ladder.to_json()),
@@ -222,10 +225,12 @@ class LadderConfig:
                 _var("LADDER_RESYNC_SECONDS", seconds_text(self.resync)),
                 _var("LADDER_WORKERS", str(self.workers)),
                 _var("LADDER_HEALTH_PORT", str(self.health_port)),
-                _var("LADDER_METRICS_PORT", str(self.metrics_port))]
+                _var("LADDER_METRICS_PORT", str(self.metrics_port)),
+                _var("FLEET_CLIMB_BACK", json.dumps(self.climb_back.as_data(), sort_keys=True))]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> LadderConfig:
+        from failover.api.climbs import ClimbPolicy
         from failover.api.queues import Ladder
 
         ladder = _json(environ, "FLEET_LADDER", Ladder.from_data, "a JSON list of steps {localQueue, clusterQueue, "
@@ -237,7 +242,10 @@ class LadderConfig:
                    _json(environ, "FLEET_MEMBERS", _names, "a JSON object {member: kubeconfig Secret}"),
                    _text(environ, "FLEET_SECRETS_NAMESPACE"), _seconds(environ, "FLEET_WATCH_SECONDS"),
                    _seconds(environ, "LADDER_RESYNC_SECONDS"), _int(environ, "LADDER_WORKERS", 1),
-                   _port(environ, "LADDER_HEALTH_PORT"), _port(environ, "LADDER_METRICS_PORT"))
+                   _port(environ, "LADDER_HEALTH_PORT"), _port(environ, "LADDER_METRICS_PORT"),
+                   _json(environ, "FLEET_CLIMB_BACK", ClimbPolicy.from_data, "a JSON object {to, reserved, "
+                         "settleSeconds, minIntervalSeconds, minRuntimeSeconds, runEndMarginSeconds, "
+                         "saveTimeoutSeconds}"))
 
 
 # ---- python -m failover.credentials --------------------------------------------------------------------------------

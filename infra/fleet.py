@@ -21,15 +21,17 @@ import pulumi
 import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
-from failover.api import Ladder, Step
+from failover.api import ClimbPolicy, Ladder, Step
 from failover.config import FleetRenewerConfig, FleetWatchConfig, LadderConfig, MemberAccess
 from failover.credentials import inline_kubeconfig
 from infra import failover
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_CLUSTER_ROLE, STOCKOUT_READER_ROLE
 from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
                          install_release, values_for)
+from infra.rungs import RUNG_KINDS
 from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIMEOUT_SECONDS, ConfigReader,
                             PlatformSettings, duration_seconds, key_default)
+from infra.settings.climb_back import FleetClimbBackSettings, read_fleet_climb_back
 
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = key_default(FLEET_KEY)  # the table's (infra/settings/keys_roles.py): one default a knob
@@ -111,6 +113,7 @@ class FleetSettings:
     rung_order: tuple[str, ...]  # config keys, the order of the ladder's rungs
     step_wait_seconds: int  # how long a job may wait at a step before the last without being admitted
     max_wait_seconds: int  # how long a job may wait with no member admitting it before it is given up; 0: never
+    climb_back: FleetClimbBackSettings  # when a job climbs back to an earlier step (failover/ladder/climb.py)
 
     @property
     def cluster_names(self) -> tuple[str, ...]:
@@ -170,9 +173,10 @@ def read_fleet_settings(reader: ConfigReader, this_stack: tuple[str, str]) -> Fl
                  f"{raw['maxWait']!r} is not a duration from {MIN_MAX_WAIT // 60}m to {MAX_MAX_WAIT // 3600}h, such as "
                  "6h: how long a job may wait with no member admitting it before it is given up (leave it out: "
                  "never)")
+    climb_back = read_fleet_climb_back(reader, raw["climbBack"], FLEET_DEFAULTS["climbBack"])
     return FleetSettings(tuple(members), raw["dispatcher"], lost or 0, location,
                          member_order=member_order, rung_order=tuple(rung_order), step_wait_seconds=step_wait or 0,
-                         max_wait_seconds=max_wait or 0,
+                         max_wait_seconds=max_wait or 0, climb_back=climb_back,
                          origin=f"tpu-fallback-{this_stack[1]}"[:63].rstrip("-.").lower(),
                          service_account_id=re.sub(r"[^a-z0-9-]", "-", f"fleet-{this_stack[1]}".lower())[:30]
                          .rstrip("-"))
@@ -212,11 +216,12 @@ class FleetStep:
     # The member's podsReadyTimeout (its fallback.podsReadyTimeout): the ladder moves a job whose pods are not ready
     # just before it ends. None: the last step, or a member that did not publish it (an older version).
     pods_ready_timeout_seconds: int | None = None
+    flavor: str = ""  # the member's Kueue flavor of the rung (a climb back reads the member's quota of it); "": last
 
     def step(self) -> Step:
         """The step as the ladder controller reads it (failover/api/queues.py)."""
         return Step(self.local_queue, self.cluster_queue, self.admission_check, self.members, self.rung,
-                    _seconds(self.stockout_grace_seconds), _seconds(self.pods_ready_timeout_seconds))
+                    _seconds(self.stockout_grace_seconds), _seconds(self.pods_ready_timeout_seconds), self.flavor)
 
     def as_output(self) -> dict:
         return self.step().as_data()
@@ -240,7 +245,7 @@ def ladder_steps(fleet: FleetSettings, members: Sequence[MemberHandle]) -> tuple
                     steps.append(FleetStep(name, name, name, name, rung, (cluster,),
                                            fleet_quota([offered["capacity"]]),
                                            offered.get("stockoutGracePeriodSeconds"),
-                                           offered.get("podsReadyTimeoutSeconds")))
+                                           offered.get("podsReadyTimeoutSeconds"), offered.get("flavor", "")))
     steps.append(FleetStep(FLEET_LOCAL_QUEUE, CLUSTER_QUEUE, ADMISSION_CHECK, MULTIKUEUE_CONFIG, "",
                            tuple(fleet.cluster_names), fleet_quota([m.capacity for m in members])))
     return tuple(steps)
@@ -362,13 +367,24 @@ def watch_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap
 
 
 def ladder_config(fleet: FleetSettings, steps: Sequence[FleetStep]) -> LadderConfig:
-    """What the ladder controller runs with (failover/config.py): the ladder, the fleet's waits, and the members it
-    reads (a stockout, a lost slice) through the kubeconfig Secrets MultiKueue uses."""
+    """What the ladder controller runs with (failover/config.py): the ladder, the fleet's waits, the members it
+    reads (a stockout, a lost slice, a member's free quota) through the kubeconfig Secrets MultiKueue uses, and when
+    a job climbs back."""
     return LadderConfig(fleet_ladder(steps), FLEET_NAMESPACE, datetime.timedelta(seconds=fleet.step_wait_seconds),
                         datetime.timedelta(seconds=fleet.max_wait_seconds) if fleet.max_wait_seconds else None,
                         {c: kubeconfig_secret_name(c) for c in read_members(steps)}, KUEUE_NAMESPACE,
                         datetime.timedelta(seconds=WATCH_SECONDS), datetime.timedelta(seconds=LADDER_RESYNC_SECONDS),
-                        LADDER_WORKERS, failover.HEALTH_PORT, failover.METRICS_PORT)
+                        LADDER_WORKERS, failover.HEALTH_PORT, failover.METRICS_PORT, fleet_climb_policy(fleet))
+
+
+def fleet_climb_policy(fleet: FleetSettings) -> ClimbPolicy:
+    """fleet.climbBack as the ladder reads it: the rungs by their members' flavor (a member's flavor of a rung is the
+    rung's, infra/rungs.py), each one's free quota its capacity (reservations only)."""
+    climb, seconds = fleet.climb_back, lambda value: datetime.timedelta(seconds=value)
+    flavors = tuple(RUNG_KINDS[key].flavor for key in climb.to)
+    return ClimbPolicy(flavors, flavors, seconds(climb.settle_seconds), seconds(climb.min_interval_seconds),
+                       seconds(climb.min_runtime_seconds), seconds(climb.run_end_margin_seconds),
+                       seconds(climb.save_timeout_seconds))
 
 
 def ladder_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str,

@@ -34,7 +34,9 @@ LADDER = LadderConfig(
                  900 * SECONDS),
             Step("fleet-queue", "fleet-cluster-queue", "fleet-multikueue", ("w1", "w2"), ""))),
     "tpu-fleet", 30 * SECONDS, 6 * 3600 * SECONDS, {"w1": "w1-kubeconfig", "w2": "w2-kubeconfig"}, "kueue-system",
-    10 * SECONDS, 60 * SECONDS, 2, 8080, 9090)
+    10 * SECONDS, 60 * SECONDS, 2, 8080, 9090,
+    ClimbPolicy(("reservation",), ("reservation",), 300 * SECONDS, 3600 * SECONDS, 600 * SECONDS, 1800 * SECONDS,
+                120 * SECONDS))
 FLEET_RENEWER = FleetRenewerConfig({"w1": MemberAccess("w1-kubeconfig", "https://203.0.113.1", "Q0Ex")},
                                    "kueue-system")
 SCRAPE_RENEWER = ScrapeRenewerConfig(("kueue-system", "kueue-reader"), ("kueue-system", "scrape-token"),
@@ -87,6 +89,9 @@ MALFORMED = {
     "FAILOVER_CLIMB_BACK": ['{"to": "on-demand"}', '{"to": [], "reserved": [], "settleSeconds": -1, '
                             '"minIntervalSeconds": 0, "minRuntimeSeconds": 0, "runEndMarginSeconds": 0, '
                             '"saveTimeoutSeconds": 0}'],
+    "FLEET_CLIMB_BACK": ['{"to": ["reservation"]}', '{"to": ["reservation"], "reserved": ["reservation"], '
+                         '"settleSeconds": true, "minIntervalSeconds": 0, "minRuntimeSeconds": 0, '
+                         '"runEndMarginSeconds": 0, "saveTimeoutSeconds": 0}'],
     "FLEET_MEMBERS": ['["w1"]', '{"w1": 1}'],
     "FLEET_WATCH_SECONDS": ["0"],
     "FLEET_RESYNC_SECONDS": ["nan"],

@@ -211,3 +211,61 @@ def test_a_steps_flavor_is_read_back_and_an_older_ladder_without_it_has_none():
     older = json.loads(LADDER.to_json())
     del older[0]["flavor"]
     assert api.Ladder.from_data(older).steps[0].flavor == ""
+
+
+# ---- fleet.climbBack, from the fleet stack to the ladder controller ----------------------------------------------
+
+
+def _ladder_env(plan) -> dict[str, str]:
+    from infra import fleet as fleet_objects
+    from tests.test_fleet_ladder import manifests
+
+    deployment = manifests(plan, "Deployment")[fleet_objects.LADDER_NAME]
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_the_ladder_climbs_to_reservations_by_default_with_the_regional_waits():
+    from failover.config import LadderConfig
+    from tests.test_fleet_ladder import cached_ladder_plan
+
+    env = _ladder_env(cached_ladder_plan())
+    policy = LadderConfig.from_env(env).climb_back
+    assert policy == ClimbPolicy(("reservation",), ("reservation",), settle=5 * MINUTE, min_interval=60 * MINUTE,
+                                 min_runtime=10 * MINUTE, run_end_margin=30 * MINUTE, save_timeout=2 * MINUTE)
+    # Each member step names its member's flavor, what the climb reads of the member's quota.
+    steps = json.loads(env["FLEET_LADDER"])
+    assert [s.get("flavor", "") for s in steps] == ["on-demand", "on-demand", ""]
+
+
+def test_fleet_climb_back_is_set_field_by_field_and_off_with_an_empty_to():
+    from failover.config import LadderConfig
+    from tests.conftest import config_with
+    from tests.test_fleet_ladder import FLEET, fleet_plan
+
+    raw = json.loads(config_with({}, FLEET)["tpu-fallback:fleet"])
+    plan = fleet_plan({"fleet": {**raw, "climbBack": {"settle": "5s", "saveTimeout": "10s"}}})
+    policy = LadderConfig.from_env(_ladder_env(plan)).climb_back
+    assert (policy.to, policy.settle, policy.save_timeout, policy.min_interval) == (
+        ("reservation",), datetime.timedelta(seconds=5), datetime.timedelta(seconds=10), 60 * MINUTE)
+    off = fleet_plan({"fleet": {**raw, "climbBack": {"to": []}}})
+    assert not LadderConfig.from_env(_ladder_env(off)).climb_back.enabled
+
+
+@pytest.mark.parametrize("climb_back, message", [
+    ({"to": ["onDemand"]}, "tpu-fallback:fleet.climbBack.to: ['onDemand']: use reservation"),
+    ({"to": ["reservation", "reservation"]}, "tpu-fallback:fleet.climbBack.to"),
+    ({"settle": "0s"}, "tpu-fallback:fleet.climbBack.settle: 0s is out of range; use 1s to 24h"),
+    ({"saveTimeout": "1h"}, "tpu-fallback:fleet.climbBack.saveTimeout: 1h is out of range; use 10s to 10m"),
+    ({"minInterval": "later"}, "tpu-fallback:fleet.climbBack.minInterval"),
+    ({"sometimes": True}, "tpu-fallback:fleet.climbBack.sometimes: unknown field"),
+], ids=["on-demand", "twice", "settle", "save-timeout", "not-a-duration", "unknown"])
+def test_fleet_climb_back_rules_name_the_key(climb_back, message):
+    from infra.settings import SettingsError
+    from tests.conftest import config_with
+    from tests.test_fleet_ladder import FLEET, fleet_plan
+
+    raw = json.loads(config_with({}, FLEET)["tpu-fallback:fleet"])
+    with pytest.raises(SettingsError) as failure:
+        fleet_plan({"fleet": {**raw, "climbBack": climb_back}})
+    assert message in str(failure.value)

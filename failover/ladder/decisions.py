@@ -11,11 +11,11 @@ import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from failover.api import (CHECKPOINTING, FAILOVER_ANNOTATION, GAVE_UP, GAVE_UP_ANNOTATION, GIVING_UP, LOSS_EVENT_REASON,
-                          MAX_RUN_ANNOTATION, MAX_WAIT_ANNOTATION, MEMBER_EVICTED, MEMBER_NOT_READY,
-                          MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVING, QUEUE_LABEL, SCALE_UP_FAILURE_REASONS, STEP_BUSY, STOCKOUT_MESSAGE, FinishMove,
-                          GiveUp, Ladder, LostSlice, Move, StartMove, Step, format_time, parse_time,
-                          reactivation_step, stockout_since)
+from failover.api import (CHECKPOINTING, FAILOVER_ANNOTATION, GAVE_UP, GAVE_UP_ANNOTATION, GIVING_UP,
+                          LOSS_EVENT_REASON, MAX_RUN_ANNOTATION, MAX_WAIT_ANNOTATION, MEMBER_EVICTED, MEMBER_NOT_READY,
+                          MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVING, QUEUE_LABEL, SCALE_UP_FAILURE_REASONS, STEP_BUSY,
+                          STOCKOUT_MESSAGE, FinishMove, GiveUp, Ladder, LostSlice, Move, StartMove, Step, format_time,
+                          parse_time, reactivation_step, stockout_since)
 from failover.slices import waiting_until
 
 COMPONENT = "tpu-fallback-ladder"

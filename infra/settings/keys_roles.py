@@ -3,6 +3,8 @@ a fleet stack's and a team stack's (infra/settings/keys.py has the rest and the 
 
 from __future__ import annotations
 
+from infra.settings.constants import (CLIMB_WAITS, DEFAULT_SAVE_TIMEOUT, FLEET_CLIMB_BACK_RUNGS,
+                                      MAX_SAVE_TIMEOUT_SECONDS, MIN_SAVE_TIMEOUT_SECONDS)
 from infra.settings.schema import (BOOLEAN, DURATION, FLEET as FLEET_STACK, INTEGER, JOBS, OBJECT, REQUIRED, STRING,
                                    STRINGS, TEAM as TEAM_STACK, Bounds, Setting)
 
@@ -41,6 +43,35 @@ WORKLOADS = S("workloads", OBJECT, "The training RayJobs (workloads/).", stacks=
       rule="registry/path with no tag: the tag is the Ray pin"),
 ))
 
+
+
+def climb_wait(name: str, description: str) -> Setting:
+    """A climb's wait (fallback.climbBack, fleet.climbBack): its bounds and default from CLIMB_WAITS, one place."""
+    low, high, default = CLIMB_WAITS[name]
+    return S(name, DURATION, description, default, bounds=Bounds(low, high, duration=True))
+
+
+# Climbing back in a fleet (failover/ladder/climb.py): the regional key's waits, and the save's wait a fleet has no
+# fallback.maintenance for; onto a member's reservation only, the one rung whose free quota alone shows a free slice
+# (the ladder reads no nodes in a member).
+_FLEET_CLIMB_BACK = S(
+    "climbBack", OBJECT, "a fleet job running at a step below the ladder's first moves back up to an earlier step "
+                         "whose rung is named in `to` once that member's quota has had room for it for `settle` "
+                         "(no capacity failure there meanwhile); it is asked to checkpoint first (its TPU pods in "
+                         "the member running it) and moves `saveTimeout` later by route D (docs/fleet.md "
+                         "\"Climbing back\"; fields merged over these defaults)", fields=(
+        S("to", STRINGS, "the rungs a fleet job may climb back to (empty: never climb)", ["reservation"],
+          rule=f"{', '.join(FLEET_CLIMB_BACK_RUNGS)}, each once: a rung whose free quota is a free slice"),
+        climb_wait("settle", "how long the step's member must have had room for the job, and no capacity failure "
+                             "there, before it climbs"),
+        climb_wait("minInterval", "at most one climb per job in this long"),
+        climb_wait("minRuntime", "no climb in a job's first this long at a step"),
+        climb_wait("runEndMargin", "no climb for a DWS run (the last step) that ends within this long"),
+        S("saveTimeout", DURATION, "how long after the checkpoint request the save is taken as done (the job cannot "
+                                   "answer): the kubelet's refresh of the pods' annotations file (up to 1 min), the "
+                                   "step in progress and the save", DEFAULT_SAVE_TIMEOUT,
+          bounds=Bounds(MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS, duration=True))))
+
 FLEET = S("fleet", OBJECT, "Makes this stack a fleet (plan C, roles/fleet.py): one queue over the member stacks, Kueue "
                            "MultiKueue on a small manager cluster. A fleet stack also reads zone, clusterName, "
                            "gkeVersion, deletionProtection, systemPool, kueue, failoverController, monitoring and "
@@ -64,6 +95,7 @@ FLEET = S("fleet", OBJECT, "Makes this stack a fleet (plan C, roles/fleet.py): o
                             "on-demand slice admits within a second)", "30s", bounds=Bounds(5, 3600, duration=True)),
     S("maxWait", DURATION, "how long a job may wait with no member admitting it before it is given up (empty: never)",
       "", bounds=Bounds(60, 720 * 3600, duration=True)),
+    _FLEET_CLIMB_BACK,
 ))
 
 PLATFORM_STACK = S("platformStack", STRING, "Makes this stack a team stack (roles/team.py): the platform stack whose "
