@@ -35,8 +35,10 @@ FLEET_LOCAL_QUEUE = "fleet-queue"
 MANAGER_CLUSTER_ROLE = "tpu-fallback-multikueue-manager"
 # In every member: the manager's identity may read the Events in the fleet's namespace here, where GKE's autoscaler
 # says it has no capacity for a fleet job's pods (the ladder's early path, failover/ladder/) and the failover
-# controller says a fleet job lost its slice. Nothing else: the pods are known by their RayCluster's name, on the
-# RayJob it may read.
+# controller says a fleet job lost its slice; and get, list and patch the fleet's pods here, to ask a running fleet
+# job to checkpoint before the ladder moves it back up (climbing back: failover/ladder/climbing.py writes the
+# request annotation, failover/checkpoints.py). Nothing else, and nothing outside the fleet's namespace: the
+# manager may create and delete the fleet's RayJobs here already, which is more than writing a pod's annotation.
 STOCKOUT_READER_ROLE = "tpu-fallback-fleet-stockout-reader"
 FLEET_MEMBER_OUTPUT = "fleetMember"
 # In every member: no inactive copy of a job the fleet's ladder is moving or giving up. Deactivating the manager's
@@ -68,7 +70,8 @@ def manager_rules() -> list[dict]:
 def stockout_reader_role() -> dict:
     return {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
             "metadata": {"name": STOCKOUT_READER_ROLE, "namespace": FLEET_NAMESPACE},
-            "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": _READ}]}
+            "rules": [{"apiGroups": [""], "resources": ["events"], "verbs": _READ},
+                      {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]}]}
 
 
 def manager_cluster_role() -> dict:

@@ -91,10 +91,12 @@ def test_a_member_declares_the_fleet_queue_and_the_managers_access():
     member = plan.only("tpu-fallback:infra:FleetMember")
     assert sorted(r.type.rsplit(":", 1)[-1] for r in plan.resources if r.parent == member.urn) == [
         "ClusterRole", "LocalQueue", "Namespace", "Role", "ValidatingAdmissionPolicy",
-        "ValidatingAdmissionPolicyBinding"]  # the Role: the ladder reads the Events here (events only); the policy:
-    # no inactive copy of a job the ladder moves (tests/test_fleet_ladder.py)
+        "ValidatingAdmissionPolicyBinding"]  # the Role: the ladder reads the Events here and asks the fleet's pods to
+    # checkpoint (in the fleet's namespace only); the policy: no inactive copy of a job the ladder moves
+    # (tests/test_fleet_ladder.py)
     assert manifests(plan, "Role")[STOCKOUT_READER_ROLE]["rules"] == [
-        {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]
+        {"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]}]
     assert not [m for m in plan.kubernetes_manifests() if m["kind"] == "ServiceAccount"
                 and "multikueue" in m["metadata"]["name"]]
     assert set(plan.secret_outputs) == {"kubeconfig"}

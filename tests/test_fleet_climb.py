@@ -269,3 +269,44 @@ def test_fleet_climb_back_rules_name_the_key(climb_back, message):
     with pytest.raises(SettingsError) as failure:
         fleet_plan({"fleet": {**raw, "climbBack": climb_back}})
     assert message in str(failure.value)
+
+
+# ---- the signal and one run at a time ---------------------------------------------------------------------------
+
+
+def test_a_members_free_chips_count_what_a_borrowing_step_holds_against_the_lender():
+    from failover import maintenance
+
+    def queue(name: str, nominal: int, reserved: int) -> dict:
+        return {"metadata": {"name": name},
+                "spec": {"resourceGroups": [{"flavors": [{"name": "reservation", "resources": [
+                    {"name": api.TPU_RESOURCE, "nominalQuota": nominal}]}]}]},
+                "status": {"flavorsReservation": [{"name": "reservation", "resources": [
+                    {"name": api.TPU_RESOURCE, "total": reserved}]}]}}
+
+    region, step = queue("cluster-queue", 16, 0), queue("fleet-reservation", 0, 16)  # a fleet job holds it
+    free = [maintenance.free_tpus(q) for q in (region, step)]
+    assert climb.free_chips("reservation", free) == 0
+    released = [maintenance.free_tpus(q) for q in (region, queue("fleet-reservation", 0, 0))]
+    assert climb.free_chips("reservation", released) == 16
+    assert climb.free_chips("on-demand", released) == 0
+
+
+def test_a_climb_reactivates_only_once_the_old_runs_pods_are_gone_and_a_move_down_never_waits():
+    go = climb.moving(CLIMB)
+    pods = [("j-abcde-head-x1", "j-abcde"), ("j-abcde-worker-0", "j-abcde"), ("j-2-fghij-head", "j-2-fghij"),
+            ("other-fghij-head", "other-fghij")]
+    assert climb.old_run(go, "j", pods) == ["j-abcde-head-x1", "j-abcde-worker-0"]
+    assert climb.old_run(go, "j", pods[2:]) == []  # another job's RayCluster, whose name begins alike
+    down = Move(SPOT_W2, DWS, DWS, api.MEMBER_STOCKOUT, stamp(NOW), member="w2")
+    assert climb.old_run(down, "j", pods) == []
+
+
+def test_the_manager_workload_says_how_many_tpu_chips_and_hosts_the_job_needs():
+    pod_sets = [{"name": "head", "count": 1, "template": {"spec": {"containers": [
+                    {"resources": {"requests": {"cpu": "2"}}}]}}},
+                {"name": "workers", "count": 4, "template": {"spec": {"containers": [
+                    {"resources": {"requests": {api.TPU_RESOURCE: "4"}}}]}}}]
+    view = ladder_rules.LadderView.from_object({"metadata": {"name": "wl", "namespace": FLEET_NAMESPACE},
+                                                "spec": {"queueName": DWS, "podSets": pod_sets}})
+    assert (view.tpu_chips, view.tpu_hosts) == (16, 4)

@@ -822,13 +822,15 @@ def test_the_stockout_events_are_those_of_the_jobs_raycluster_since_this_admissi
     assert ladder_rules.is_stockout_event(events[0]) and not ladder_rules.is_stockout_event(events[3])
 
 
-def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_its_events_only():
+def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_its_events_and_patch_its_pods_only():
     plan = plan_for(W1, {**ON_DEMAND_RUNGS, "fallback": {"podsReadyTimeout": "10m", "stockoutGracePeriod": "2m"}})
     (step,) = plan.outputs[FLEET_MEMBER_OUTPUT]["steps"]
     assert (step["stockoutGracePeriodSeconds"], step["podsReadyTimeoutSeconds"]) == (120, 600)
     role = manifests(plan, "Role")["tpu-fallback-fleet-stockout-reader"]
     assert role["metadata"]["namespace"] == FLEET_NAMESPACE
-    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]}]
+    # The Events (a stockout, a lost slice), and the fleet's pods (a climb's checkpoint request), in its namespace.
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["events"], "verbs": ["get", "list", "watch"]},
+                             {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "patch"]}]
     assert "tpu-fallback-fleet-stockout-reader" in manifests(plan_for(W1), "Role")  # DWS only too: a lost slice
     fleet = cached_ladder_plan()
     bindings = [m for m in fleet.kubernetes_manifests() if m["kind"] == "RoleBinding"

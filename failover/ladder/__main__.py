@@ -76,7 +76,7 @@ def main() -> int:
     manager.add(LadderController(api, config.ladder, config.namespace, config.step_wait, max_wait=config.max_wait,
                                  members=manager.members, cache=manager.cache, metrics=metrics,
                                  workers=config.workers, resync_seconds=config.resync.total_seconds(),
-                                 period_seconds=config.period.total_seconds()))
+                                 period_seconds=config.period.total_seconds(), climb_policy=config.climb_back))
     manager.run()
     return 0
 

@@ -27,6 +27,7 @@ still free; else the climb is called off and the record before it put back.
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
@@ -36,6 +37,8 @@ from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, ClimbPolicy
 from failover.checkpoints import answered_at, pods_to_ask
 from failover.ladder.decisions import LadderView, admitted_at, running_member
 
+# Climbing back off: a controller built without a policy (a test's).
+OFF = ClimbPolicy((), (), *(datetime.timedelta(0),) * 5)
 # A move down from a step for one of these says the step had no capacity for the job; a climb back to it waits
 # `settle` after the newest one (a StepBusy says only that the step was in use then: what a climb waits to end).
 CAPACITY_FAILURES = frozenset({MEMBER_STOCKOUT, MEMBER_NOT_READY, MEMBER_EVICTED, MEMBER_SLICE_LOST})
@@ -192,6 +195,24 @@ def climb_message(move: Move) -> str:
     """The one line logged, and the Event's message, for a climb done."""
     return (f"climbed back from step {move.from_flavor} (member {move.member}) to step {move.to_flavor}: it had a "
             "free slice for the job for fleet.climbBack.settle")
+
+
+def free_chips(flavor: str, free_tpus: Iterable[Mapping[str, int]]) -> int:
+    """A member's free TPU chips of `flavor`: over every ClusterQueue there (`free_tpus`: each one's nominal quota
+    less what its Kueue reserved, failover/maintenance.py), so a fleet step's ClusterQueue, which borrows the flavor
+    with no quota of its own, counts what it holds against the region's queue that lends it."""
+    return max(sum(queue.get(flavor, 0) for queue in free_tpus), 0)
+
+
+def old_run(move: Move, rayjob: str, pods: Iterable[tuple[str, str]]) -> list[str]:
+    """A climb's old run still in the member it leaves (`move.member`): its pods there, of `pods` ((name, the
+    `ray.io/cluster` label)), whose RayCluster KubeRay named after the RayJob (`<rayjob>-<5 characters>`). Route D
+    reactivates a climb's Workload only once there are none: MultiKueue may dispatch it to another member at once,
+    and the old run's pods must be gone first (one run at a time). A move down does not wait: its job did not run."""
+    if move.reason != CLIMB_BACK or not move.member:
+        return []
+    named = re.compile(rf"{re.escape(rayjob)}-[a-z0-9]{{5}}")
+    return sorted(name for name, cluster in pods if named.fullmatch(cluster or ""))
 
 
 def possible_climbs(ladder: Ladder, policy: ClimbPolicy) -> list[tuple[str, str]]:

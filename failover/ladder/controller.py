@@ -13,15 +13,17 @@ from collections.abc import Callable
 from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 
-from failover.api import (FAILOVER_ANNOTATION, GAVE_UP_ANNOTATION, MOVED, MOVES_ANNOTATION, QUEUE_LABEL,
-                          SLICE_LOST_ANNOTATION, WAIT_FOR_BACKOFF_RESET, FinishMove, GiveUp, Ladder, LostSlice, Move,
-                          StartMove, with_move_recorded)
+from failover.api import (CLIMB_BACK, CLIMB_EVENT_REASON, FAILOVER_ANNOTATION, GAVE_UP_ANNOTATION, MOVED,
+                          MOVES_ANNOTATION, QUEUE_LABEL, SLICE_LOST_ANNOTATION, WAIT_FOR_BACKOFF_RESET, ClimbPolicy,
+                          FinishMove, GiveUp, Ladder, LostSlice, Move, StartMove, with_move_recorded)
+from failover.ladder import climb
+from failover.ladder.climbing import ClimbingBack
 from failover.ladder.decisions import (COMPONENT, DEACTIVATE, DONE, EVENT_REASON, GAVE_UP_REASON, MARK_SUSPENDED,
                                        RECORD, RELABEL, REPOINT, UNMARK, WAIT_FOR_CHECKS, WAIT_FOR_QUOTA,
                                        WORKLOAD_GIVE_UP_ANNOTATION, WORKLOAD_MOVE_ANNOTATION, FinishGiveUp, JobMeta,
                                        Key, LadderView, StartGiveUp, admitted_at, deactivation, decide,
-                                       give_up_deactivation, move_message, next_in_give_up, next_in_move, next_look,
-                                       running_member, stockout_in_member)
+                                       give_up_deactivation, lost_slice_over, lost_slice_waiting, move_message,
+                                       next_in_give_up, next_in_move, next_look, running_member, stockout_in_member)
 from failover.ladder.watches import LadderSeen
 from failover.runtime.cache import Cache
 from failover.runtime.controller import Reconciler, Watch
@@ -36,7 +38,7 @@ WATCH_SECONDS = 10.0  # the period: the members' kubeconfigs read again (a renew
 RESYNC_SECONDS = 60.0
 
 
-class LadderController(GuardedWrites, Reconciler):
+class LadderController(ClimbingBack, GuardedWrites, Reconciler):
     name = "fleet-ladder"
     log = log
     workers = 2
@@ -48,7 +50,8 @@ class LadderController(GuardedWrites, Reconciler):
                  step_wait: datetime.timedelta | None = None, clock: Callable[[], datetime.datetime] = utcnow,
                  max_wait: datetime.timedelta | None = None, members: MemberCaches | None = None,
                  cache: Cache | None = None, metrics: LadderMetrics | None = None, workers: int = 2,
-                 resync_seconds: float = RESYNC_SECONDS, period_seconds: float = WATCH_SECONDS):
+                 resync_seconds: float = RESYNC_SECONDS, period_seconds: float = WATCH_SECONDS,
+                 climb_policy: ClimbPolicy | None = None):
         Reconciler.__init__(self)
         self.workers, self.resync_seconds, self.period_seconds = workers, resync_seconds, period_seconds
         self.api = dynamic.DynamicClient(api_client)
@@ -61,6 +64,7 @@ class LadderController(GuardedWrites, Reconciler):
         self.metrics = metrics or LadderMetrics()
         self.seen = LadderSeen(cache or Cache(api_client), ladder, namespace, clock, members, self.enqueue)
         self.moves_started = 0  # for tests and logs
+        self._init_climb(climb_policy or climb.OFF)  # climbing back (failover/ladder/climbing.py)
 
     # ---- what the manager runs ---------------------------------------------------------------------------------
     def watches(self) -> list[Watch]:
@@ -131,7 +135,10 @@ class LadderController(GuardedWrites, Reconciler):
                              lost=lost)
             if wait is not None:  # a wait ends at a known time: look again then
                 self.queue.add(key, delay=wait)
-            return 0
+            step = self.ladder.step_of(view.queue_name)  # nothing moves it down: does it climb back?
+            losing = step is not None and (lost_slice_waiting(step, view, lost, now)
+                                           or lost_slice_over(step, view, lost, now))
+            return self._reconcile_climb(key, view, meta, losing, now)
         workload, job = self._get(self.workloads, key[1], key[0]), self._get(self.rayjobs, view.rayjob, key[0])
         if workload is None or job is None:
             return 0
@@ -223,6 +230,9 @@ class LadderController(GuardedWrites, Reconciler):
             elif step in (WAIT_FOR_CHECKS, WAIT_FOR_BACKOFF_RESET):  # the new step's check, and only it; no backoff
                 if not self._wait(deadline, POLL_SECONDS):
                     return False
+            elif self._old_run_left(move, namespace, job["metadata"]["name"]):  # a climb's: one run at a time
+                if not self._wait(deadline, POLL_SECONDS * 4):
+                    return False
             else:  # REACTIVATE, the move taken off the Workload
                 self._patch(self.workloads, workload, {
                     "spec": {"active": True}, "metadata": {"annotations": {WORKLOAD_MOVE_ANNOTATION: None}}})
@@ -242,12 +252,17 @@ class LadderController(GuardedWrites, Reconciler):
         current = Move.from_json((meta.get("annotations") or {}).get(FAILOVER_ANNOTATION))
         if current is not None and current.state == MOVED:
             return
-        message = move_message(move, member)
+        climbed = move.reason == CLIMB_BACK
+        message = climb.climb_message(move) if climbed else move_message(move, member)
         # The Event first, named after the move: killed before the record, the next pass writes the same Event
         # (refused as there already) and then the record; the other order loses the Event.
-        rayjob_event(self.core, meta, COMPONENT, EVENT_REASON, message, "Normal", self.clock(), once=move.to_json())
+        rayjob_event(self.core, meta, COMPONENT, CLIMB_EVENT_REASON if climbed else EVENT_REASON, message, "Normal",
+                     self.clock(), once=move.to_json())
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {
             FAILOVER_ANNOTATION: move.done().to_json(),
             MOVES_ANNOTATION: with_move_recorded(meta.get("annotations"), move)}}})
-        self.metrics.moves.labels(move.from_flavor, move.to_flavor, move.reason).inc()
+        if climbed:  # not a move down: the moves' counter (and what reads it) counts those only
+            self.metrics.climbs.labels(move.from_flavor, move.to_flavor).inc()
+        else:
+            self.metrics.moves.labels(move.from_flavor, move.to_flavor, move.reason).inc()
         log.info("%s/%s: %s", meta["namespace"], meta["name"], message)

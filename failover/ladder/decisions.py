@@ -13,9 +13,10 @@ from dataclasses import dataclass
 
 from failover.api import (CHECKPOINTING, FAILOVER_ANNOTATION, GAVE_UP, GAVE_UP_ANNOTATION, GIVING_UP,
                           LOSS_EVENT_REASON, MAX_RUN_ANNOTATION, MAX_WAIT_ANNOTATION, MEMBER_EVICTED, MEMBER_NOT_READY,
-                          MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVING, QUEUE_LABEL, SCALE_UP_FAILURE_REASONS, STEP_BUSY,
-                          STOCKOUT_MESSAGE, FinishMove, GiveUp, Ladder, LostSlice, Move, StartMove, Step, format_time,
-                          parse_time, reactivation_step, stockout_since)
+                          MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVES_ANNOTATION, MOVING, QUEUE_LABEL,
+                          SCALE_UP_FAILURE_REASONS, STEP_BUSY, STOCKOUT_MESSAGE, TPU_RESOURCE, FinishMove, GiveUp,
+                          Ladder, LostSlice, Move, StartMove, Step, format_time, parse_time, reactivation_step,
+                          stockout_since)
 from failover.slices import waiting_until
 
 COMPONENT = "tpu-fallback-ladder"
@@ -114,6 +115,8 @@ class LadderView:
     cluster_name: str | None = None  # status.clusterName: the member MultiKueue runs it in (set once one admitted it)
     # A DWS run's limit, counted from its admission (MAX_RUN_ANNOTATION, which Kueue copies from the RayJob)
     max_run_seconds: int | None = None
+    tpu_chips: int = 0  # the TPU chips the job needs (its pod sets' counts times their requests): a climb's room
+    tpu_hosts: int = 0  # its TPU pods, one per host
 
     @classmethod
     def from_object(cls, obj: Mapping) -> LadderView:
@@ -142,7 +145,8 @@ class LadderView:
             give_up=(meta.get("annotations") or {}).get(WORKLOAD_GIVE_UP_ANNOTATION),
             requeue_state=status.get("requeueState") is not None,
             cluster_name=status.get("clusterName") or None,
-            max_run_seconds=_whole_seconds((meta.get("annotations") or {}).get(MAX_RUN_ANNOTATION)))
+            max_run_seconds=_whole_seconds((meta.get("annotations") or {}).get(MAX_RUN_ANNOTATION)),
+            **_tpus(spec))
 
     def check(self, name: str) -> CheckState | None:
         return next((c for c in self.checks if c.name == name), None)
@@ -150,6 +154,18 @@ class LadderView:
 
 def _whole_seconds(text: str | None) -> int | None:
     return int(text) if text is not None and str(text).isdigit() else None
+
+
+def _tpus(spec: Mapping) -> dict[str, int]:
+    """{tpu_chips, tpu_hosts} of a Workload's pod sets: the TPU pods (count) and their chips (count x request)."""
+    chips = hosts = 0
+    for pod_set in spec.get("podSets") or []:
+        containers = ((pod_set.get("template") or {}).get("spec") or {}).get("containers") or []
+        per_pod = sum(int(((c.get("resources") or {}).get("requests") or {}).get(TPU_RESOURCE, 0)) for c in containers)
+        if per_pod:
+            chips += int(pod_set.get("count", 1)) * per_pod
+            hosts += int(pod_set.get("count", 1))
+    return {"tpu_chips": chips, "tpu_hosts": hosts}
 
 
 @dataclass(frozen=True)
@@ -516,9 +532,10 @@ class JobMeta:
     move: str | None = None
     max_wait: str | None = None
     gave_up: str | None = None
+    moves: str | None = None  # MOVES_ANNOTATION: its moves done (a climb reads their times and causes)
 
     @classmethod
     def of(cls, obj: Mapping) -> JobMeta:
         annotations = obj["metadata"].get("annotations") or {}
         return cls(annotations.get(FAILOVER_ANNOTATION), annotations.get(MAX_WAIT_ANNOTATION),
-                   annotations.get(GAVE_UP_ANNOTATION))
+                   annotations.get(GAVE_UP_ANNOTATION), annotations.get(MOVES_ANNOTATION))

@@ -134,6 +134,9 @@ class LadderMetrics(_Served):
         self.moves = Counter("tpu_fallback_ladder_moves",
                              "Fleet jobs moved to another step of the ladder (or requeued at the last), once done.",
                              ["from_step", "to_step", "reason"], registry=r)
+        self.climbs = Counter("tpu_fallback_ladder_climbs",
+                              "Fleet jobs moved back up to an earlier step of the ladder (climbing back), once done.",
+                              ["from_step", "to_step"], registry=r)
         self.give_ups = Counter("tpu_fallback_ladder_give_ups",
                                 "Fleet jobs given up (no member admitted them within their maximum wait).", ["step"],
                                 registry=r)
