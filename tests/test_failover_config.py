@@ -124,13 +124,13 @@ def deployment_env(plan, name: str) -> dict[str, str]:
 
 
 def test_the_controller_reads_the_stack_s_settings_from_its_deployment():
-    """dev: on-demand then DWS; the stack's defaults (fallback.stockoutGracePeriod 3m, sliceRecoveryWait 10m and, for
+    """dev: on-demand then DWS; the stack's defaults (fallback.stockoutGracePeriod 30s, sliceRecoveryWait 10m and, for
     flexStart, 2m) reach the program, and the constants of infra/failover.py."""
     config = RegionalConfig.from_env(deployment_env(plan_for(), stack_failover.NAME))
     assert [(r.flavor, r.admission_check, r.recovery_seconds) for r in config.chain.rungs] == [
         ("on-demand", False, 600), ("dws", True, 120)]
     assert (config.stockout_grace, config.resync, config.workers, config.health_port, config.metrics_port) == (
-        180 * SECONDS, stack_failover.RESYNC_SECONDS * SECONDS, stack_failover.WORKERS, stack_failover.HEALTH_PORT,
+        30 * SECONDS, stack_failover.RESYNC_SECONDS * SECONDS, stack_failover.WORKERS, stack_failover.HEALTH_PORT,
         stack_failover.METRICS_PORT)
     assert config.maintenance == Policy("checkpoint", 900 * SECONDS, 120 * SECONDS)  # fallback.maintenance's defaults
 

@@ -839,7 +839,7 @@ def test_a_member_offering_steps_publishes_its_grace_and_lets_the_manager_read_i
     (container,) = manifests(fleet, "Deployment")[fleet_objects.LADDER_NAME]["spec"]["template"]["spec"]["containers"]
     env = {e["name"]: e["value"] for e in container["env"]}
     assert json.loads(env["FLEET_MEMBERS"]) == {m: fleet_objects.kubeconfig_secret_name(m) for m in MEMBERS}
-    assert [s.get("stockoutGracePeriodSeconds") for s in json.loads(env["FLEET_LADDER"])] == [180, 180, None]
+    assert [s.get("stockoutGracePeriodSeconds") for s in json.loads(env["FLEET_LADDER"])] == [30, 30, None]
     assert [s.get("podsReadyTimeoutSeconds") for s in json.loads(env["FLEET_LADDER"])] == [900, 900, None]
     secrets = manifests(fleet, "Role")[f"tpu-fallback-{fleet_objects.LADDER_NAME}-secrets"]
     assert secrets["rules"] == [fleet_objects.watch_secret_rule(MEMBERS)]  # those Secrets, to read, and no other

@@ -117,7 +117,7 @@ def test_stockout_grace_message_says_why_it_must_be_shorter():
 
 
 @pytest.mark.parametrize("fallback, seconds", [
-    ({}, (900, 180)),  # the defaults: 15m and 3m
+    ({}, (900, 30)),  # the defaults: 15m and 30s
     ({"podsReadyTimeout": "5m", "stockoutGracePeriod": "0s"}, (300, 0)),  # the lowest allowed
     ({"podsReadyTimeout": "24h", "stockoutGracePeriod": "90m"}, (86400, 5400)),  # the highest timeout
 ])

@@ -131,8 +131,11 @@ _CONTROLLERS = (
                                         "long after admission is evicted and requeued (a RayJob's start on GKE takes "
                                         "minutes)", "15m",
           bounds=Bounds(MIN_PODS_READY_TIMEOUT_SECONDS, MAX_PODS_READY_TIMEOUT_SECONDS, duration=True)),
+        # Short: once GKE's autoscaler reports a failed scale-up, it backs the node pool off (upstream: 5m, doubling
+        # to 30m) and does not retry it meanwhile, so a longer grace only delays the next rung's ask (the goodput
+        # bench: docs/goodput.md). Ref: https://github.com/kubernetes/autoscaler/blob/master/cluster-autoscaler/FAQ.md
         S("stockoutGracePeriod", DURATION, "how long a failover controller waits before acting on clear stockout "
-                                           "signs", "3m", rule="0s up to, not including, podsReadyTimeout"),
+                                           "signs", "30s", rule="0s up to, not including, podsReadyTimeout"),
         S("sliceRecoveryWait", PER_RUNG, f"per rung config key ({_RUNGS}) or {DEFAULT_RUNG}, how long a running job "
                                          "that lost its slice (a Spot preemption, a failed host, a maintenance, the "
                                          "end of a DWS run) waits for it to be whole again before the failover "
