@@ -50,7 +50,8 @@ def running(queue: str = SPOT_W2, admitted: datetime.datetime = ADMITTED, cluste
     return ladder_rules.LadderView.from_object({
         "metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "ownerReferences": [{"kind": "RayJob", "name": "j"}],
                      "creationTimestamp": stamp(ADMITTED - MINUTE), "annotations": annotations},
-        "spec": {"queueName": queue, "active": active},
+        "spec": {"queueName": queue, "active": active, "podSets": [{"name": "workers", "count": 4, "template": {
+            "spec": {"containers": [{"resources": {"requests": {api.TPU_RESOURCE: "4"}}}]}}}]},
         "status": {"conditions": [{"type": "QuotaReserved", "status": "True"}, {"type": "Admitted", "status": "True"},
                                   {"type": "PodsReady", "status": "True" if pods_ready else "False"}],
                    "admissionChecks": [{"name": check, "state": "Ready", "lastTransitionTime": stamp(admitted)}],
@@ -127,6 +128,8 @@ def test_a_job_that_does_not_run_on_a_whole_slice_does_not_climb():
     assert decide(view=running(move=Move(SPOT_W2, DWS, DWS, api.STEP_BUSY, stamp(NOW)).to_json())) == NotYet(None)
     assert decide(fleet_job=job(losing=True)) == NotYet(None)  # its member says its slice is lost
     assert decide(view=running(DWS)) == NotYet(None)  # at the last step, no member named as running it yet
+    no_chips = dataclasses.replace(running(), tpu_chips=0)  # its room unknown: every step would look free
+    assert decide(view=no_chips) == NotYet(None)
     assert isinstance(decide(view=running(DWS, cluster="w1")), climb.Climb)
 
 
@@ -310,3 +313,26 @@ def test_the_manager_workload_says_how_many_tpu_chips_and_hosts_the_job_needs():
     view = ladder_rules.LadderView.from_object({"metadata": {"name": "wl", "namespace": FLEET_NAMESPACE},
                                                 "spec": {"queueName": DWS, "podSets": pod_sets}})
     assert (view.tpu_chips, view.tpu_hosts) == (16, 4)
+
+
+def test_a_climb_done_is_a_climbed_back_event_and_the_climbs_counter_not_a_move_down():
+    """The controller's record of a climb (route D's DONE): the history entry, one ClimbedBack Event with the climb's
+    message, tpu_fallback_ladder_climbs_total counted and the moves' counter (which the stockout alert reads) not."""
+    from tests.test_fleet_ladder import _controller, _World
+
+    world = _World()
+    controller = _controller(world, None)
+    up = Move("fleet-on-demand-w2", "fleet-on-demand-w1", "fleet-on-demand-w1", CLIMB_BACK, stamp(NOW),
+              api.MOVING, member="w2")
+    controller._record_done(world.rayjob, up, "w2")
+    annotations = world.rayjob["metadata"]["annotations"]
+    assert api.move_history(annotations) == [up.done()]
+    assert Move.from_json(annotations[api.FAILOVER_ANNOTATION]) == up.done()
+    assert list(world.events) == [api.CLIMB_EVENT_REASON]
+    registry = controller.metrics.registry
+    assert registry.get_sample_value("tpu_fallback_ladder_climbs_total", {
+        "from_step": "fleet-on-demand-w2", "to_step": "fleet-on-demand-w1"}) == 1
+    assert registry.get_sample_value("tpu_fallback_ladder_moves_total", {
+        "from_step": "fleet-on-demand-w2", "to_step": "fleet-on-demand-w1", "reason": CLIMB_BACK}) is None
+    controller._record_done(world.rayjob, up, "w2")  # read back done: nothing twice
+    assert list(world.events) == [api.CLIMB_EVENT_REASON] and len(api.move_history(annotations)) == 1

@@ -105,8 +105,8 @@ def decide_climb(ladder: Ladder, policy: ClimbPolicy, view: LadderView, job: Fle
     the job (`free(step)`: since when, or None) for `settle`, with no capacity failure (`last_failure(step)`) within
     it. Else when to look again."""
     never = NotYet(None)
-    if not policy.enabled or view.rayjob is None or not running(view) or job.losing:
-        return never  # only a job running on a whole slice climbs
+    if not policy.enabled or view.rayjob is None or not running(view) or job.losing or view.tpu_chips <= 0:
+        return never  # only a job running on a whole slice climbs (and one whose chips are known: its room)
     if job.pending is not None and job.pending.state != MOVED:
         return never  # a move (or a climb) under way finishes first
     index = ladder.index(view.queue_name)
@@ -206,12 +206,13 @@ def free_chips(flavor: str, free_tpus: Iterable[Mapping[str, int]]) -> int:
 
 def old_run(move: Move, rayjob: str, pods: Iterable[tuple[str, str]]) -> list[str]:
     """A climb's old run still in the member it leaves (`move.member`): its pods there, of `pods` ((name, the
-    `ray.io/cluster` label)), whose RayCluster KubeRay named after the RayJob (`<rayjob>-<5 characters>`). Route D
+    `ray.io/cluster` label)), whose RayCluster KubeRay named after the RayJob (`<rayjob>-[raycluster-]<5 random
+    characters>`, utils.GenerateRayClusterName; a name KubeRay shortened is not seen: no wait). Route D
     reactivates a climb's Workload only once there are none: MultiKueue may dispatch it to another member at once,
     and the old run's pods must be gone first (one run at a time). A move down does not wait: its job did not run."""
     if move.reason != CLIMB_BACK or not move.member:
         return []
-    named = re.compile(rf"{re.escape(rayjob)}-[a-z0-9]{{5}}")
+    named = re.compile(rf"{re.escape(rayjob)}-(raycluster-)?[a-z0-9]{{5}}")
     return sorted(name for name, cluster in pods if named.fullmatch(cluster or ""))
 
 

@@ -238,7 +238,10 @@ class LadderController(ClimbingBack, GuardedWrites, Reconciler):
                     "spec": {"active": True}, "metadata": {"annotations": {WORKLOAD_MOVE_ANNOTATION: None}}})
             return None
 
-        return self._walk(workload_name, namespace, LadderView.from_object, MOVE_WAIT_SECONDS, carry)
+        done = self._walk(workload_name, namespace, LadderView.from_object, MOVE_WAIT_SECONDS, carry)
+        if not done and move.reason == CLIMB_BACK:  # its old run's pods are in a member: no manager event says gone
+            self.queue.add((namespace, workload_name), delay=1.0)
+        return done
 
     def _release_quota(self, step: str, job: dict, deadline: float) -> bool:
         """`quota_step`'s step, carried out: the RayJob marked Suspended, or a wait; False past the deadline."""
