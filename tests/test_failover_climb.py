@@ -382,3 +382,60 @@ def test_the_signal_follows_the_queues_nodes_and_pods_and_a_rung_that_frees_queu
     informers[WATCHED_CLUSTERQUEUES].on_event("MODIFIED", queue(reserved_chips=0, on_demand_chips=0))
     assert free.free_since("on-demand", NEED) == NOW + 2 * MINUTE
     assert free.free_since("reservation", NEED) == NOW + MINUTE  # unbroken
+
+
+# ---- a job that waits below its first rung (decide_climb_waiting) ---------------------------------------------------
+DOWN = Move("on-demand", "spot", "user-queue-spot", api.STOCKOUT, api.format_time(NOW - 20 * MINUTE), api.MOVED)
+
+
+def waiting(queue="user-queue-spot", **changes) -> WorkloadView:
+    """A job the controller moved down to Spot's queue, pending there: no quota, nothing running."""
+    pending = {"quota_reserved": False, "admitted": False, "admitted_at": None, "flavor": None,
+               "pods_ready_since": None}
+    return running(queue=queue, **{**pending, **changes})
+
+
+def decide_waiting(view=None, job=None, free=None, failure=no_failure, policy=POLICY):
+    return climb.decide_climb_waiting(CHAIN, policy, view or waiting(), job or facts(history=(DOWN,)),
+                                      free or free_for(reservation=0), failure, NOW)
+
+
+def test_a_waiting_job_goes_back_up_to_the_highest_free_rung_at_once_with_nothing_to_save():
+    decided = decide_waiting(free=free_for(reservation=0, on_demand=0))
+    assert decided == Climb(Move("spot", "reservation", "user-queue", climb.CLIMB_BACK_WAITING, api.format_time(NOW),
+                                 api.MOVING, from_local_queue="user-queue-spot"))
+    # On-demand alone free: there (it is named in `to`); no settle of the free slice, no minRuntime, no minInterval.
+    assert decide_waiting(free=free_for(on_demand=0)).move.to_flavor == "on-demand"
+
+
+def test_a_waiting_job_stays_while_a_capacity_failure_above_is_recent():
+    failed_at = NOW - 2 * MINUTE
+    assert decide_waiting(failure=lambda flavor: failed_at) == NotYet(failed_at + POLICY.settle)
+    assert isinstance(decide_waiting(failure=lambda flavor: NOW - 6 * MINUTE), Climb)
+
+
+@pytest.mark.parametrize("why, view, job", [
+    ("it holds quota: a ProvisioningRequest waiting, say", waiting(quota_reserved=True), None),
+    ("it runs: the running job's rules decide", running(), None),
+    ("never moved down: a user put it in that queue", waiting(), facts()),
+    ("a move under way", waiting(), facts(history=(DOWN,), pending=dataclasses.replace(DOWN, state=api.MOVING))),
+    ("deactivated (being moved)", waiting(active=False), None),
+    ("at its queue's first rung", waiting(queue="user-queue"), None),
+    ("a fleet's copy", waiting(multikueue_origin="manager"), None),
+])
+def test_a_job_that_is_not_waiting_below_its_first_rung_holding_nothing_stays(why, view, job):
+    assert decide_waiting(view=view, job=job, free=free_for(reservation=0, on_demand=0)) == NotYet(None), why
+
+
+def test_a_waiting_job_does_not_climb_with_climbing_off_or_nothing_free():
+    off = dataclasses.replace(POLICY, to=())
+    assert decide_waiting(policy=off) == NotYet(None)
+    assert decide_waiting(free=free_for()) == NotYet(None)
+
+
+def test_a_waiting_jobs_climb_counts_as_a_quota_wait_and_says_so():
+    move = Move("spot", "reservation", "user-queue", climb.CLIMB_BACK_WAITING, api.format_time(NOW), api.MOVED)
+    assert api.goodput.state_of("pending", climb.CLIMB_BACK_WAITING) == api.goodput.QUOTA_WAIT
+    assert decisions.move_message(move, "user-queue-spot") == (
+        "climbed back from spot to reservation (LocalQueue user-queue-spot -> user-queue): reservation had a free "
+        "slice while the job waited below, holding no quota")

@@ -9,8 +9,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-# A Move's reason when the controller moves a job up the chain, not down (from_flavor below to_flavor).
+# A Move's reason when the controller moves a job up the chain, not down (from_flavor below to_flavor): a running
+# job (it checkpoints first), or a job that waits below its first rung holding no quota (nothing to save or lose).
 CLIMB_BACK = "ClimbBack"
+CLIMB_BACK_WAITING = "ClimbBackWaiting"
+CLIMBS = frozenset({CLIMB_BACK, CLIMB_BACK_WAITING})
 # A climb's Move on the RayJob (FAILOVER_ANNOTATION) before it becomes MOVING: the job was asked to checkpoint
 # (failover/checkpoints.py) and still runs where it is; the move starts once the save is taken as done, or is called
 # off (the record before it is put back) when the job or the rung above changed meanwhile.

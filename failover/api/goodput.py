@@ -40,7 +40,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from failover.api.annotations import FAILOVER_ANNOTATION, SLICE_LOST_ANNOTATION
-from failover.api.climbs import CLIMB_BACK
+from failover.api.climbs import CLIMB_BACK, CLIMB_BACK_WAITING
 from failover.api.moves import (DISRUPTION_AHEAD, MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST,
                                 MEMBER_STOCKOUT, MOVING, PODS_READY_TIMEOUT, SLICE_LOST, STEP_BUSY, STOCKOUT, Move,
                                 move_history)
@@ -64,7 +64,8 @@ CAPACITY_ENDINGS = frozenset({STOCKOUT, PODS_READY_TIMEOUT, MEMBER_EVICTED, MEMB
 LOSS_ENDINGS = frozenset({SLICE_LOST, MEMBER_SLICE_LOST})
 # Moves of a running job: ahead of a disruption it saw coming, or up to a rung it prefers (failover/api/climbs.py).
 RUNNING_ENDINGS = frozenset({DISRUPTION_AHEAD, CLIMB_BACK})
-QUOTA_ENDINGS = frozenset({STEP_BUSY})  # the fleet ladder's: the step did not admit it (its capacity in use)
+# The fleet ladder's step that did not admit the job (its capacity in use); a waiting job's climb (it held no quota).
+QUOTA_ENDINGS = frozenset({STEP_BUSY, CLIMB_BACK_WAITING})
 DEACTIVATED = "Deactivated"  # Kueue's eviction reason (prefix) once spec.active is false: a move's first step
 REACTIVATED = "Reactivated"  # Kueue's Requeued reason once it is true again: a move's last step
 RECOVERED_READY, WAIT_FOR_RECOVERY = "Recovered", "WaitForRecovery"  # PodsReady's reasons after a pod failed

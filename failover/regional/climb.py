@@ -32,9 +32,9 @@ import datetime
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from failover.api import (MOVED, PODS_READY_TIMEOUT, SLICE_LOST, STOCKOUT, CheckpointRequest, Chain, Move,
+from failover.api import (MOVED, MOVING, PODS_READY_TIMEOUT, SLICE_LOST, STOCKOUT, CheckpointRequest, Chain, Move,
                           WorkloadView, format_time, parse_time)
-from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, ClimbPolicy
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, ClimbPolicy
 from failover.checkpoints import answered_at, pods_to_ask
 
 
@@ -178,6 +178,41 @@ def decide_climb(chain: Chain, policy: ClimbPolicy, view: WorkloadView, job: Job
                       from_local_queue=view.queue_name))
 
 
+def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, job: JobFacts,
+                         free: Callable[[str], datetime.datetime | None],
+                         last_failure: Callable[[str], datetime.datetime | None],
+                         now: datetime.datetime) -> Climb | NotYet:
+    """Whether a job that waits below its chain's first rung goes back up now: one the controller moved down (it has a
+    move history) that holds no quota in its queue (no slice, no ProvisioningRequest to lose), to the highest rung it
+    may climb to (`fallback.climbBack.to`) that has a free slice for it now, with no capacity failure there within
+    `settle`. No checkpoint (nothing runs), no minRuntime or minInterval, and no settle of the free slice: it loses
+    nothing by going, and a running job waits `settle` before it takes the same slice, so the waiting one goes first.
+    The Move is written `moving` at once (the route of every move). Found on the goodput bench: a job moved down to
+    Spot's queue waited there, Spot full, while the reservation above it had been free for minutes."""
+    never = NotYet(None)
+    if not policy.enabled or view.multikueue_origin is not None or view.rayjob is None or not job.history:
+        return never
+    if job.pending is not None and job.pending.state != MOVED:
+        return never  # a move (or a climb) under way finishes first
+    if view.quota_reserved or view.admitted or view.finished or not view.active or view.tpu_chips <= 0:
+        return never  # it holds quota (a DWS request waiting, say), or is being moved: not a waiting job
+    start = chain.start_of_queue(view.queue_name)
+    targets = [i for i in range(start or 0) if chain.rungs[i].flavor in policy.to and not chain.rungs[i].admission_check]
+    later = []
+    for index in targets:
+        flavor = chain.rungs[index].flavor
+        if free(flavor) is None:
+            continue
+        failed = last_failure(flavor)
+        if failed is not None and now < failed + policy.settle:
+            later.append(failed + policy.settle)
+            continue
+        target = chain.rungs[index]
+        return Climb(Move(chain.rungs[start].flavor, target.flavor, target.local_queue, CLIMB_BACK_WAITING,
+                          format_time(now), MOVING, from_local_queue=view.queue_name))
+    return NotYet(min(later)) if later else never
+
+
 def _requests(checkpoints: Mapping[str, str | None]) -> list[CheckpointRequest]:
     found = {CheckpointRequest.parse(value) for value in checkpoints.values()}
     return [request for request in found if request is not None]
@@ -222,8 +257,10 @@ def restored(history: Sequence[Move]) -> Move | None:
 
 def climb_message(move: Move, from_queue: str) -> str:
     """The one line logged, and the Event's message, for a climb done."""
+    why = ("had a free slice while the job waited below, holding no quota" if move.reason == CLIMB_BACK_WAITING
+           else "had a free slice for the settle time")
     return (f"climbed back from {move.from_flavor} to {move.to_flavor} (LocalQueue {from_queue} -> "
-            f"{move.to_local_queue}): {move.to_flavor} had a free slice for the settle time")
+            f"{move.to_local_queue}): {move.to_flavor} {why}")
 
 
 def possible_climbs(chain: Chain, policy: ClimbPolicy) -> list[tuple[str, str]]:

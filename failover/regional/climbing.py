@@ -1,7 +1,7 @@
 """The failover controller's part for climbing back (failover/regional/climb.py decides, free_slices.py keeps the
 signal): a running job below its chain's first rung gets a climb's Move written `checkpointing`, its TPU pods are
 asked to save (failover/checkpoints.py), and once the save is taken as done the Move turns `moving` and the
-controller's own move carries it out (controller.py `_finish`: deactivate, relabel, repoint, reactivate; one run at a
+controller's own move carries it out (a job waiting there, holding no quota, gets its Move written `moving` at once) (controller.py `_finish`: deactivate, relabel, repoint, reactivate; one run at a
 time). Called off, the record before it is put back and the job keeps running where it is."""
 
 from __future__ import annotations
@@ -43,11 +43,15 @@ class ClimbingBack:
         if pending is not None and pending.state == CHECKPOINTING:
             # Carried on (or called off) even with climbing back turned off since: no rung is free then.
             return self._climbing(cached, self._climb_facts(view, seen), need, now)
-        if not self.climb_policy.enabled or seen is None or not (view.admitted and view.pods_ready_since):
+        if not self.climb_policy.enabled or seen is None:
+            return 0
+        running = view.admitted and view.pods_ready_since
+        if not running and (view.quota_reserved or not seen.history):
             return 0  # most Workloads: nothing more to read
         facts = self._climb_facts(view, seen)
-        decided = climb.decide_climb(self.chain, self.climb_policy, view, facts,
-                                     lambda flavor: self.free.free_since(flavor, need), self.free.last_failure, now)
+        decide = climb.decide_climb if running else climb.decide_climb_waiting
+        decided = decide(self.chain, self.climb_policy, view, facts,
+                         lambda flavor: self.free.free_since(flavor, need), self.free.last_failure, now)
         if isinstance(decided, climb.NotYet):
             if decided.at is not None:
                 self.queue.add(key, delay=max((decided.at - now).total_seconds(), 0.0) + 0.05)
@@ -56,9 +60,14 @@ class ClimbingBack:
         if job is None:
             return 0
         move = decided.move
+        self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: move.to_json()}}})
+        if move.state == MOVING:  # a waiting job's: nothing to save, the move's own steps follow
+            log.info("%s/%s: climbing back from %s to %s: it waits there holding no quota", view.namespace,
+                     view.rayjob, move.from_flavor, move.to_flavor)
+            self._finish(move, cached.meta["name"], view.namespace, view.queue_name)
+            return 1
         log.info("%s/%s: climbing back from %s to %s: asking for a checkpoint first", view.namespace, view.rayjob,
                  move.from_flavor, move.to_flavor)
-        self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: move.to_json()}}})
         self.queue.add(key)  # the next step (ask for the save) on the record as written
         return 1
 

@@ -24,7 +24,7 @@ from failover.api import (ADMITTED_FLAVOR_ANNOTATION, FAILOVER_ANNOTATION, LOSS_
                           SLICE_LOST, SLICE_LOST_ANNOTATION, WAIT_FOR_BACKOFF_RESET, Chain, FinishMove, LostSlice,
                           Move, StartMove, WorkloadView, parse_time, stockout_since, with_move_recorded)
 from failover import maintenance
-from failover.api.climbs import CLIMB_BACK, CLIMB_EVENT_REASON, ClimbPolicy
+from failover.api.climbs import CLIMB_EVENT_REASON, CLIMBS, ClimbPolicy
 from failover.regional import decisions
 from failover.regional.ahead import AheadOfDisruptions
 from failover.regional.climbing import ClimbingBack
@@ -239,7 +239,7 @@ class Controller(ClimbingBack, AheadOfDisruptions, GuardedWrites, Reconciler):
         if current is not None and current.state == MOVED:
             return
         message = decisions.move_message(move, from_queue or "?")
-        climbed = move.reason == CLIMB_BACK  # a climb back up: its own Event and counter, not a move down's
+        climbed = move.reason in CLIMBS  # a climb back up: its own Event and counter, not a move down's
         rayjob_event(self.core, meta, COMPONENT, CLIMB_EVENT_REASON if climbed else MOVE_EVENT_REASON, message,
                      "Normal", self.clock(), once=move.to_json())
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {

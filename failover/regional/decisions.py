@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from failover.api import (DISRUPTION_AHEAD, MOVING, PODS_READY_TIMEOUT, QUEUE_LABEL, SLICE_LOST, STOCKOUT, Chain,
                           FinishMove, Move, StartMove, WorkloadView, format_time, parse_time, reactivation_step)
-from failover.api.climbs import CLIMB_BACK
+from failover.api.climbs import CLIMBS
 from failover.regional.climb import climb_message
 
 # Kueue's eviction for another queue's claim (a team reclaiming its share, InCohortReclamation): capacity exists,
@@ -175,7 +175,7 @@ def observations(before: WorkloadView | None, after: WorkloadView) -> list[Admis
 
 def move_message(move: Move, from_queue: str) -> str:
     """The one line logged, and the Event's message, for a move (a climb back's: failover/regional/climb.py)."""
-    if move.reason == CLIMB_BACK:
+    if move.reason in CLIMBS:
         return climb_message(move, from_queue)
     cause = {PODS_READY_TIMEOUT: "its pods were not ready within Kueue's waitForPodsReady timeout",
              STOCKOUT: "GKE's autoscaler reported no TPU capacity for its pods",

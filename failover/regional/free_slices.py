@@ -107,14 +107,19 @@ class FreeSlices:
         return climb.free_since(samples, need, flavor in self.policy.reserved)
 
     def workloads_below(self, flavors: list[str]) -> list[Key]:
-        """The Workloads running on a rung below any of `flavors`."""
+        """The Workloads running on a rung below any of `flavors`, or waiting in a queue that starts below it holding
+        no quota (climb.decide_climb_waiting)."""
         if not flavors:
             return []
         top = min(self.chain.index_of_flavor(flavor) for flavor in flavors)
         found = []
         for key, cached in self.seen.workloads.items():
-            rung = self.chain.index_of_flavor(cached.view.flavor)
-            if rung is not None and rung > top and cached.view.admitted and cached.view.pods_ready_since:
+            view = cached.view
+            if view.admitted and view.pods_ready_since:
+                rung = self.chain.index_of_flavor(view.flavor)
+            else:
+                rung = None if view.quota_reserved else self.chain.start_of_queue(view.queue_name)
+            if rung is not None and rung > top:
                 found.append(key)
         return found
 

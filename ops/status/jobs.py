@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import yaml
 
 from failover import api, maintenance, slices
-from failover.api import (CHECKPOINTING, CLIMB_BACK, FAILOVER_ANNOTATION, FLEET_ANNOTATION, PODS_READY_TIMEOUT,
+from failover.api import (CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, CLIMBS, FAILOVER_ANNOTATION, FLEET_ANNOTATION, PODS_READY_TIMEOUT,
                           QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Account, JobTimes, Move, WorkloadView, account,
                           move_history, parse_time)
 from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
@@ -66,7 +66,8 @@ MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscale
               api.DISRUPTION_AHEAD: "a disruption of its slice was coming (a host's maintenance, its DWS run's end): "
                                     "moved first (fallback.maintenance.action: move)",
               # The regional controller's move back up (failover/regional/climb.py).
-              CLIMB_BACK: "the rung had a free slice for fallback.climbBack.settle"}
+              CLIMB_BACK: "the rung had a free slice for fallback.climbBack.settle",
+              CLIMB_BACK_WAITING: "it waited below its first rung, holding no quota, and the rung had a free slice"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
 REQUEST_CONDITIONS = (
@@ -332,7 +333,8 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     if move_in_progress is not None:
         move = move_in_progress
         words = (f"climbing back from {move.from_flavor} to {move.to_flavor} (a checkpoint first)"
-                 if move.reason == CLIMB_BACK else
+                 if move.reason == CLIMB_BACK else f"climbing back from {move.from_flavor} to {move.to_flavor}"
+                 if move.reason == CLIMB_BACK_WAITING else
                  f"being requeued on {move.to_flavor} (the last rung or step: no next one)"
                  if move.from_flavor == move.to_flavor else f"moving from {move.from_flavor} to {move.to_flavor}")
         return State(MOVING, words, parse_time(move.at),
@@ -371,7 +373,7 @@ def job_state(rayjob: Mapping, workload: Mapping | None, request: RequestView | 
     # gets one (seen on the tier, where the status test once found no Evicted condition after a move).
     moved_here = last_move is not None and last_move.local_queue == view.queue_name
     requeued_here = moved_here and last_move.from_flavor == last_move.to_flavor
-    climbed_here = moved_here and last_move.reason == CLIMB_BACK
+    climbed_here = moved_here and last_move.reason in CLIMBS
     earlier = (f"requeued here by the failover controller ({MOVE_WORDS.get(last_move.reason, last_move.reason)})"
                if requeued_here else f"climbed back here from {last_move.from_flavor} by the failover controller"
                if climbed_here else f"moved here from {last_move.from_flavor} by the failover controller"

@@ -6,7 +6,7 @@ import datetime
 import json
 from collections.abc import Sequence
 
-from failover.api import CLIMB_BACK, TPU_RESOURCE, Account, format_time
+from failover.api import CLIMBS, TPU_RESOURCE, Account, format_time
 from ops.status.health import ControllerView
 from ops.status.fleet import FleetView
 from ops.status.jobs import MOVE_WORDS, POSITION_COMPUTED, POSITION_FROM_KUEUE, JobView, MoveView
@@ -46,8 +46,8 @@ def seconds_since(moment: datetime.datetime | None, now: datetime.datetime) -> i
 
 
 def move_words(move: MoveView) -> str:
-    if move.reason == CLIMB_BACK:  # a move up the ladder (failover/regional/climb.py)
-        return f"climbed back from {move.from_flavor} to {move.to_flavor} at {move.at} ({MOVE_WORDS[CLIMB_BACK]})"
+    if move.reason in CLIMBS:  # a move up the ladder (failover/regional/climb.py)
+        return f"climbed back from {move.from_flavor} to {move.to_flavor} at {move.at} ({MOVE_WORDS[move.reason]})"
     return f"{move.from_flavor} -> {move.to_flavor} ({move.reason}, {move.at})"
 
 
