@@ -66,9 +66,10 @@ class FailoverTier:
         kubeconfig = self.plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
         return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(resync), "KUBECONFIG": str(kubeconfig)}
 
-    def start_controller(self, resync: float = RESYNC_SECONDS) -> Process:
+    def start_controller(self, resync: float = RESYNC_SECONDS, environ: dict[str, str] | None = None) -> Process:
+        """The controller with the Deployment's environment (`environ`: another, such as a bench's clock)."""
         self.controller, env = start_serving(self.plane.supervisor, "failover", [sys.executable, "-m", "failover.regional"],
-                                             self.controller_env(resync), REPO, 30, "FAILOVER_HEALTH_PORT",
+                                             environ or self.controller_env(resync), REPO, 30, "FAILOVER_HEALTH_PORT",
                                              ("FAILOVER_METRICS_PORT",))
         self.metrics_url = f"http://127.0.0.1:{env['FAILOVER_METRICS_PORT']}/metrics"
         return self.controller
