@@ -4,6 +4,7 @@ tests/test_fleet_climb_controlplane.py."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import datetime
 import json
@@ -336,3 +337,142 @@ def test_a_climb_done_is_a_climbed_back_event_and_the_climbs_counter_not_a_move_
         "from_step": "fleet-on-demand-w2", "to_step": "fleet-on-demand-w1", "reason": CLIMB_BACK}) is None
     controller._record_done(world.rayjob, up, "w2")  # read back done: nothing twice
     assert list(world.events) == [api.CLIMB_EVENT_REASON] and len(api.move_history(annotations)) == 1
+
+
+class _Clock:
+    def __init__(self):
+        self.now = NOW
+
+    def __call__(self) -> datetime.datetime:
+        return self.now
+
+
+def test_the_controller_climbs_asks_the_pods_waits_the_save_and_moves_once_the_old_run_is_gone():
+    """The reconciler over a fake manager (its Workload and RayJob as Kueue keeps them) and a fake member: the
+    member's quota frees, the settle time passes, the climb is written, the pods in the member are asked, the save's
+    time passes, route D moves the job up and waits to reactivate until the old run's pods are gone; then done,
+    once."""
+    from prometheus_client import CollectorRegistry
+
+    from failover.ladder import controller as ladder_controller
+    from failover.ladder.watches import LadderSeen
+    from failover.runtime.cache import Cache
+    from failover.runtime.controller import Reconciler
+    from failover.runtime.metrics import LadderMetrics
+    from tests.killed_controller import Events, KilledAfter, merge_patch
+
+    ladder = api.Ladder((LADDER.steps[0], LADDER.steps[1], LADDER.steps[3]))  # reservation w2, on-demand w1, DWS
+    clock = _Clock()
+    admitted = stamp(NOW - 30 * MINUTE)
+    workload = running(ON_DEMAND_W1, NOW - 30 * MINUTE)  # (its view, to build the object from)
+    world = {
+        "workloads": {"metadata": {"name": "wl", "namespace": FLEET_NAMESPACE, "resourceVersion": "1",
+                                   "ownerReferences": [{"kind": "RayJob", "name": "j"}],
+                                   "creationTimestamp": stamp(NOW - 31 * MINUTE)},
+                      "spec": {"queueName": ON_DEMAND_W1, "active": True, "podSets": [
+                          {"name": "workers", "count": 4, "template": {"spec": {"containers": [
+                              {"resources": {"requests": {api.TPU_RESOURCE: "4"}}}]}}}]},
+                      "status": {"conditions": [{"type": "QuotaReserved", "status": "True"},
+                                                {"type": "Admitted", "status": "True"},
+                                                {"type": "PodsReady", "status": "True"}],
+                                 "admissionChecks": [{"name": ON_DEMAND_W1, "state": "Ready",
+                                                      "lastTransitionTime": admitted}]}},
+        "rayjobs": {"metadata": {"name": "j", "namespace": FLEET_NAMESPACE, "resourceVersion": "1", "uid": "u",
+                                 "labels": {api.QUEUE_LABEL: ON_DEMAND_W1}},
+                    "spec": {"suspend": False}, "status": {"jobDeploymentStatus": "Running"}}}
+    assert workload.tpu_chips == 16
+
+    def apply(obj: dict, patch: dict) -> dict:
+        assert patch["metadata"]["resourceVersion"] == obj["metadata"]["resourceVersion"], "a stale write"
+        merge_patch(obj, patch)
+        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        if obj is world["workloads"] and obj["spec"]["active"] is False:  # Kueue releases the quota at once
+            obj["status"]["conditions"] = [{"type": "QuotaReserved", "status": "False"}]
+            if obj["spec"]["queueName"] != obj["status"]["admissionChecks"][0]["name"]:
+                obj["status"]["admissionChecks"] = [{"name": obj["spec"]["queueName"], "state": "Pending"}]
+        return copy.deepcopy(obj)
+
+    class Member:
+        name, api = "w2", None
+
+        def __init__(self, free: int):
+            self.free = free
+
+        def store(self, _watched):
+            outer = self
+
+            class Store:
+                def values(self):
+                    return [{"reservation": 16}, {"reservation": outer.free - 16}]
+            return Store()
+
+    class Members:
+        watches: list = []
+
+        def get(self, name):
+            return None
+
+    controller = object.__new__(ladder_controller.LadderController)
+    Reconciler.__init__(controller)
+    controller.ladder, controller.namespace, controller.step_wait, controller.max_wait = ladder, FLEET_NAMESPACE, \
+        None, None
+    controller.clock, controller.members, controller.moves_started = clock, Members(), 0
+    controller.metrics = LadderMetrics(CollectorRegistry())
+    cache = Cache(None)
+    controller.seen = LadderSeen(cache, ladder, FLEET_NAMESPACE, clock, None, controller.enqueue)
+    controller.workloads, controller.rayjobs = "workloads", "rayjobs"
+    events = Events()
+    controller.api = controller.core = KilledAfter(lambda resource: world[resource], apply, events, None)
+    controller._init_climb(POLICY)
+    asked: list[list[str]] = []
+    pods = {"j-abcde-worker-0": None, "j-abcde-worker-1": None}
+    old_pods = [2]  # polls of the member until the old run's pods are gone
+    controller._pods = lambda member, view: ("j-abcde", dict(pods))
+
+    def ask(member, namespace, names, request):
+        asked.append(names)
+        pods.update({name: request.value() for name in names})
+        return len(names)
+    controller._ask = ask
+
+    def old_run_left(move, namespace, rayjob):
+        if move.reason == CLIMB_BACK and old_pods[0]:
+            old_pods[0] -= 1
+            return True
+        return False
+    controller._old_run_left = old_run_left
+    controller._wait = lambda deadline, poll: True
+    key = (FLEET_NAMESPACE, "wl")
+
+    def reconcile() -> int:
+        for resource, watched in (("workloads", controller.seen.watched_workloads),
+                                  ("rayjobs", controller.seen.watched_rayjobs)):
+            cache.informers[watched].on_event("MODIFIED", copy.deepcopy(world[resource]))
+        return controller.reconcile(key)
+
+    controller._member_quota_changed(Member(0), [], True)  # held
+    assert reconcile() == 0 and pending_of(world) is None
+    clock.now = NOW + MINUTE
+    controller._member_quota_changed(Member(16), [], False)  # freed
+    assert reconcile() == 0 and pending_of(world) is None  # not for the settle time yet
+    clock.now = NOW + 6 * MINUTE
+    assert reconcile() == 1
+    started = pending_of(world)
+    assert (started.state, started.reason, started.member, started.to_local_queue) == (
+        CHECKPOINTING, CLIMB_BACK, "w1", RESERVED_W2)
+    assert reconcile() == 1 and asked == [["j-abcde-worker-0", "j-abcde-worker-1"]]
+    assert reconcile() == 0 and world["workloads"]["spec"]["active"] is True  # saving
+    clock.now += POLICY.save_timeout
+    assert reconcile() == 1
+    assert old_pods == [0]  # it waited for the old run's pods before reactivating
+    assert world["workloads"]["spec"] == {**world["workloads"]["spec"], "queueName": RESERVED_W2, "active": True}
+    assert world["rayjobs"]["metadata"]["labels"][api.QUEUE_LABEL] == RESERVED_W2
+    assert ladder_rules.WORKLOAD_MOVE_ANNOTATION not in world["workloads"]["metadata"].get("annotations", {})
+    done = pending_of(world)
+    assert (done.state, done.reason) == (api.MOVED, CLIMB_BACK)
+    assert list(events) == [api.CLIMB_EVENT_REASON]
+    assert api.move_history(world["rayjobs"]["metadata"]["annotations"]) == [done]
+
+
+def pending_of(world: dict) -> Move | None:
+    return Move.from_json((world["rayjobs"]["metadata"].get("annotations") or {}).get(api.FAILOVER_ANNOTATION))
