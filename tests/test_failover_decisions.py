@@ -267,7 +267,8 @@ def test_every_move_decide_can_start_is_declared_at_zero_when_the_controller_sta
     assert decisions.possible_moves(CHAIN) == [
         *((upper, lower, reason) for upper, lower in zip(flavors, flavors[1:])
           for reason in (api.PODS_READY_TIMEOUT, api.STOCKOUT, api.SLICE_LOST)),
-        (flavors[-1], flavors[-1], api.SLICE_LOST)]  # the last rung's requeue after a lost slice
+        *((flavors[-1], upper, api.SLICE_LOST) for upper in flavors[:-1]),  # a loss on the last rung: back up
+        (flavors[-1], flavors[-1], api.SLICE_LOST)]  # or the last rung's requeue
     metrics = Metrics(CollectorRegistry())
     metrics.declare_moves(decisions.possible_moves(CHAIN))
     for upper, lower, reason in decisions.possible_moves(CHAIN):

@@ -178,6 +178,14 @@ def test_after_a_loss_a_job_moves_to_the_next_rung_or_is_requeued_on_the_last():
     assert (requeued.to_flavor, requeued.to_local_queue, requeued.requeue) == ("dws", "user-queue", True)
     assert decisions.move_message(requeued, "user-queue").startswith("requeued on dws (LocalQueue user-queue): it lost")
     assert decisions.move_after_loss(CHAIN, view("user-queue", "spot", origin="fleet"), "spot", NOW) is None
+    # Moved down to the last rung's queue by the controller, it goes back to the queue it was submitted to: it starts
+    # again anyway, and Kueue tries every rung from the top. Submitted there, it is requeued there.
+    down = api.Move("spot", "dws", "user-queue-dws", api.STOCKOUT, api.format_time(ago(900)), api.MOVED,
+                    from_local_queue="user-queue")
+    back = decisions.move_after_loss(CHAIN, view("user-queue-dws", "dws"), "dws", NOW, (down,)).move
+    assert (back.from_flavor, back.to_flavor, back.to_local_queue, back.from_local_queue, back.requeue) == (
+        "dws", "spot", "user-queue", "user-queue-dws", False)
+    assert decisions.move_after_loss(CHAIN, view("user-queue-dws", "dws"), "dws", NOW).move.requeue
     assert ("dws", "dws", api.SLICE_LOST) in decisions.possible_moves(CHAIN)
     assert ("spot", "dws", api.SLICE_LOST) in decisions.possible_moves(CHAIN)
 

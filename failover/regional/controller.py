@@ -177,7 +177,7 @@ class Controller(ClimbingBack, AheadOfDisruptions, GuardedWrites, Reconciler):
         if isinstance(action, GiveUpSlice):
             if view.multikueue_origin is not None:
                 return None  # the fleet's to move (a change to the copy would have the manager delete and recreate it)
-            start = decisions.move_after_loss(self.chain, view, action.lost.flavor, now)
+            start = decisions.move_after_loss(self.chain, view, action.lost.flavor, now, seen.history if seen else ())
             if start is None:
                 return None
             log.info("%s/%s: starting a move to %s (%s on %s since %s)", view.namespace, view.rayjob,

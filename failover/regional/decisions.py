@@ -8,7 +8,7 @@ The controller moves such a job to the queue that starts at the next rung. Ref: 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from failover.api import (DISRUPTION_AHEAD, MOVING, PODS_READY_TIMEOUT, QUEUE_LABEL, SLICE_LOST, STOCKOUT, Chain,
@@ -69,19 +69,35 @@ MOVE_REASONS = (PODS_READY_TIMEOUT, STOCKOUT, SLICE_LOST)  # why the controller 
 
 def possible_moves(chain: Chain) -> list[tuple[str, str, str]]:
     """Every (from flavor, to flavor, reason) the controller can start: a move goes from a rung to the next one only;
-    a job that lost its slice on the last rung is requeued there."""
+    a job that lost its slice on the last rung is requeued there, or back where it was submitted."""
     moves = [(upper.flavor, lower.flavor, reason) for upper, lower in zip(chain.rungs, chain.rungs[1:])
              for reason in MOVE_REASONS]
-    return moves + [(chain.rungs[-1].flavor, chain.rungs[-1].flavor, SLICE_LOST)] if chain.rungs else moves
+    if not chain.rungs:
+        return moves
+    last = chain.rungs[-1].flavor
+    return moves + [(last, rung.flavor, SLICE_LOST) for rung in chain.rungs[:-1]] + [(last, last, SLICE_LOST)]
 
 
-def move_after_loss(chain: Chain, workload: WorkloadView, lost_on: str, now: datetime.datetime) -> StartMove | None:
-    """A job whose slice on `lost_on` was not back in time: to the next rung, or requeued on the last one."""
+def move_after_loss(chain: Chain, workload: WorkloadView, lost_on: str, now: datetime.datetime,
+                    history: Sequence[Move] = ()) -> StartMove | None:
+    """A job whose slice on `lost_on` was not back in time: to the next rung; on the last one, back to the queue it
+    was submitted to when the controller had moved it down (`history`: its moves, oldest first), since it must start
+    again anyway and Kueue then tries every rung from the top (the goodput bench: a job that lost its DWS slice was
+    requeued on DWS and waited 6 minutes for a new one while on-demand and the reservation above were free); else
+    requeued where it is (a job submitted to the last rung's queue stays there)."""
     start, rung = chain.start_of_queue(workload.queue_name), chain.index_of_flavor(lost_on)
     if start is None or rung is None or workload.multikueue_origin is not None:
         return None
     if rung + 1 < len(chain.rungs):
         return _move_to_next(chain, workload, start, rung, SLICE_LOST, now)
+    first = history[0] if history else None
+    top = chain.start_of_queue(first.from_local_queue) if first is not None and first.from_local_queue else None
+    if top is None and first is not None:
+        top = chain.index_of_flavor(first.from_flavor)
+    if top is not None and top < start:
+        back = chain.rungs[top]
+        return StartMove(Move(lost_on, back.flavor, first.from_local_queue or back.local_queue, SLICE_LOST,
+                              format_time(now), from_local_queue=workload.queue_name))
     return StartMove(Move(lost_on, lost_on, workload.queue_name, SLICE_LOST, format_time(now)))
 
 
