@@ -16,7 +16,7 @@ import time
 import pytest
 
 from failover import api
-from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, CLIMB_EVENT_REASON
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, CLIMB_EVENT_REASON
 from failover.regional import decisions
 from infra import kueue as stack_kueue
 from ops.status.render import move_words
@@ -24,7 +24,7 @@ from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
 from testbed import jobs
 from testbed.failover_tier import NAMESPACE, controller_running, start_failover_tier
-from testbed.kube import wait_for
+from testbed.kube import condition, wait_for
 
 pytestmark = pytest.mark.controlplane
 
@@ -210,3 +210,43 @@ def test_a_job_climbs_to_an_idle_on_demand_slice_and_not_again_within_min_interv
               "s); no second climb within minInterval")
     finally:
         tier.gke.scale_down_seconds = kept
+
+
+
+def test_a_job_waiting_below_with_no_quota_climbs_to_the_freed_reservation_at_once(clean):
+    """A job moved down that waits in Spot's queue holding nothing (Spot and DWS full) goes back up to the reservation
+    as soon as it frees: no settle, no checkpoint. The job running on Spot, which would wait the settle time, stays."""
+    tier = clean
+    tier.stockout("on-demand")
+    tier.submit("holder-w")
+    wait_for(lambda: tier.running_on("holder-w", "reservation"), REACTION, "the holder on the reservation")
+    tier.submit("on-spot")
+    wait_for(lambda: tier.running_on("on-spot", "spot"), REACTION, "a job running on Spot")
+    tier.submit("on-dws")  # moved down past the full Spot rung: it holds DWS quota, its request waiting
+    jobs.wait_provisioning_request(tier.kube, NAMESPACE, "on-dws", timeout=REACTION)
+    tier.submit("waiter")
+    # Moved off on-demand by the stockout into Spot's queue, where Spot and DWS are full: pending, no quota.
+    wait_for(lambda: (m := tier.move_of("waiter")) and m.state == api.MOVED and m.to_flavor == "spot"
+             and condition(jobs.workload_of(tier.kube, NAMESPACE, "waiter"), "QuotaReserved") == "False",
+             REACTION, "the waiter pending in Spot's queue", interval=0.1)
+    time.sleep(1)  # a pass or two: nothing moves it while the reservation is held
+    assert tier.move_of("waiter").reason == api.STOCKOUT
+
+    tier.kube.delete(*jobs.RAYJOB, "holder-w", NAMESPACE, propagation="Background")
+    wait_for(lambda: reserved_chips(tier, "reservation") == 0, REACTION, "the reservation's quota released",
+             interval=0.1)
+    freed = time.monotonic()
+    climb = wait_for(lambda: (m := tier.move_of("waiter")) and m.reason == CLIMB_BACK_WAITING and m, REACTION,
+                     "the waiter's climb", interval=0.1)
+    started = time.monotonic() - freed
+    assert (climb.from_flavor, climb.to_flavor, climb.to_local_queue) == ("spot", "reservation", "user-queue")
+    assert started < SETTLE_SECONDS, started  # at once, not after the settle time a running job waits
+    wait_for(lambda: tier.running_on("waiter", "reservation"), REACTION, "the waiter running on the reservation")
+    assert wait_for(lambda: (m := tier.move_of("waiter")) and m.state == api.MOVED and m, REACTION, "its climb done"
+                    ) == climb.done()
+    # The job running on Spot does not climb: the reservation is taken.
+    time.sleep(SETTLE_SECONDS + CLIMB_SLACK_SECONDS)
+    assert tier.running_on("on-spot", "spot") and tier.move_of("on-spot").reason == api.STOCKOUT
+    (event,) = wait_for(lambda: climb_events(tier, "waiter"), REACTION, "the ClimbedBack Event")
+    assert event["message"] == decisions.move_message(climb, "user-queue-spot")
+    print(f"\na waiting job's climb: started {started:.1f} s after the reservation's release")
