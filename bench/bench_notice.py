@@ -12,6 +12,9 @@ A second fit per run plays a host maintenance asked ahead: the failover controll
 pods' annotations file (the downwardAPI volume), after step 13, the lead time before the window; training goes on;
 at the window, after step 17, GKE terminates the pods (the preStop hook's notice, then the kill). Steps lost: the
 last step finished before the kill minus the step the next group starts at.
+Each fit's runtime goodput, as train.py reports it (ml-goodput-measurement over the fit's records, `--goodput-logger
+file`): productive step time over the job's time, and the badput by cause in seconds (runtime goodput's part of
+bench_goodput.py's story: what the faults cost the training once it runs).
 On a TPU slice the restart is that of the whole RayCluster's worker group, on new hosts: add the slice's return.
 """
 
@@ -35,7 +38,8 @@ def one_run(root: Path, steps: int, every: int) -> dict[str, float]:
     result = train.main(["--storage-path", str(root / "ray"), "--run-name", "bench", "--checkpoint-dir",
                          str(root / "orbax"), "--steps", str(steps), "--checkpoint-every", str(every),
                          "--report-every", "10", "--num-workers", "2", "--fail-at-step", str(FAIL_AT),
-                         "--preempt-at-step", str(NOTICE_AT), "--notice-file", str(root / "notice")])
+                         "--preempt-at-step", str(NOTICE_AT), "--notice-file", str(root / "notice"),
+                         "--goodput-logger", "file"])
     # The Ray markers, not the metrics: a report is dropped when a worker dies before Ray Train collects it.
     markers = [json.loads(p.read_text()) for p in (root / "ray").rglob("meta.json")]
     assert result.metrics["step"] == steps
@@ -46,7 +50,20 @@ def one_run(root: Path, steps: int, every: int) -> dict[str, float]:
         after = min((m for m in markers if m["step"] > at), key=lambda m: m["step"])  # the next group's first
         found[f"{label}: steps lost"] = at - after["start_step"]
         found[f"{label}: fault -> first new step, s"] = after["first_step_at"] - fault_time
+    found.update(runtime_goodput(root / "orbax", "two faults"))
     found.update(maintenance_run(root / "maintenance", steps, every))
+    return found
+
+
+def runtime_goodput(checkpoints: Path, label: str) -> dict[str, float]:
+    """The fit's runtime goodput as train.py wrote it (ml-goodput-measurement's calculation over the run's records):
+    the share of the job's time on productive steps, then each badput cause in seconds."""
+    result = json.loads((checkpoints / train.GOODPUT_RESULT).read_text())
+    found = {f"{label}: runtime goodput, %": 100 * result["goodput"],
+             f"{label}: job time, s": result["seconds"]["job"]}
+    for cause, seconds in sorted(result["seconds"]["badput"].items()):
+        if isinstance(seconds, (int, float)):
+            found[f"{label}: badput {cause}, s"] = seconds
     return found
 
 
@@ -56,7 +73,8 @@ def maintenance_run(root: Path, steps: int, every: int) -> dict[str, float]:
                          str(root / "orbax"), "--steps", str(steps), "--checkpoint-every", str(every),
                          "--report-every", "10", "--num-workers", "2", "--request-at-step", str(REQUEST_AT),
                          "--pod-annotations-file", str(root / "podinfo" / "annotations"),
-                         "--preempt-at-step", str(WINDOW_AT), "--notice-file", str(root / "notice")])
+                         "--preempt-at-step", str(WINDOW_AT), "--notice-file", str(root / "notice"),
+                         "--goodput-logger", "file"])
     markers = [json.loads(p.read_text()) for p in (root / "ray").rglob("meta.json")]
     assert result.metrics["step"] == steps
     # The first group saved for the request and trained on: the last step it finished is the window's.
@@ -65,7 +83,8 @@ def maintenance_run(root: Path, steps: int, every: int) -> dict[str, float]:
     window = float((root / "orbax" / f"injected-notice-at-step-{WINDOW_AT}").read_text())
     after = min((m for m in markers if m["step"] > WINDOW_AT), key=lambda m: m["step"])
     return {"maintenance: steps lost": WINDOW_AT - after["start_step"],
-            "maintenance: window -> first new step, s": after["first_step_at"] - window}
+            "maintenance: window -> first new step, s": after["first_step_at"] - window,
+            **runtime_goodput(root / "orbax", "maintenance")}
 
 
 def main() -> None:
