@@ -76,14 +76,16 @@ def ladder_member_plan(member: str, offered: tuple[str, ...] | None = None) -> P
     return plan_for(member, config)
 
 
-def ladder_fleet_plan(members: dict):
-    """The shipped fleet over these members, as testbed/fleet_tier.py's, with the shortest step wait."""
+def ladder_fleet_plan(members: dict, climb_back: dict | None = None):
+    """The shipped fleet over these members, as testbed/fleet_tier.py's, with the shortest step wait (and
+    `fleet.climbBack` where given: the climb's tier, tests/test_fleet_climb_controlplane.py)."""
     stacks = {m: MEMBER_STACKS.get(m, f"my-org/tpu-fallback/{m}") for m in members}
     references = {stacks[m]: StackOutputs(plan.outputs, tuple(sorted(plan.secret_outputs)))
                   for m, plan in members.items()}
     config = config_with({"fleet": {"members": list(stacks.values()), "dispatcher": "AllAtOnce",
                                     "workerLostTimeout": f"{WORKER_LOST_SECONDS}s", "checkpointLocation": "US",
-                                    "stepWait": f"{STEP_WAIT_SECONDS}s", "maxWait": MAX_WAIT}}, "fleet")
+                                    "stepWait": f"{STEP_WAIT_SECONDS}s", "maxWait": MAX_WAIT,
+                                    **({"climbBack": climb_back} if climb_back else {})}}, "fleet")
     return OfflineEngine("fleet", False, references).run(config)
 
 

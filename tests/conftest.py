@@ -72,7 +72,8 @@ LONG_FILES = ("test_fleet_controlplane.py", "test_fleet_ladder_controlplane.py",
               "test_controlplane.py", "test_failover_controlplane.py", "test_teams_controlplane.py",
               "test_controlplane_destroy.py", "test_lost_slice_controlplane.py", "test_train.py",
               "test_monitoring.py", "test_status_controlplane.py", "test_failover_ladder_controlplane.py",
-              "test_after_admission_controlplane.py", "test_climb_back_controlplane.py")
+              "test_after_admission_controlplane.py", "test_climb_back_controlplane.py",
+              "test_fleet_climb_controlplane.py")
 
 
 def pytest_collection_modifyitems(config, items):
