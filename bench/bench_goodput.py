@@ -315,7 +315,8 @@ def play(story: stories.Story, setup: stories.Setup, dev_recovery: dict[str, flo
 
 def report(story: stories.Story, plays: list[Play]) -> None:
     k = story.compression
-    print(f"\nstory {story.name}: {story.jobs} jobs of {story.work / 60:.0f} min, horizon {story.horizon / 60:.0f} min, "
+    print(f"\nstory {story.name}: {story.jobs} jobs of {story.work / 60:.0f} min, "
+          f"horizon {story.horizon / 60:.0f} min, "
           f"played {k:g}x faster (1 story minute = {60 / k:g} s on the tier); "
           f"{datetime.date.today()}, {platform.node()} ({platform.machine()}, Python {platform.python_version()})")
     header = (f"{'setup':<10} {'first step p50':>14} {'max':>7} {'goodput':>8} {'optimum':>8} {'gap':>5} "

@@ -119,7 +119,8 @@ def parse(document: Mapping) -> Story:
         slices={rung: int(n) for rung, n in (document.get("slices") or {}).items()},
         stockouts={rung: tuple(ws) for rung, ws in stockouts.items()},
         held=tuple(_window(w, f"held[{i}]") for i, w in enumerate(document.get("held") or ())),
-        faults=tuple(sorted(faults, key=lambda f: f.at)), dws_delay=_seconds(document.get("dwsDelay", "0s"), "dwsDelay"),
+        faults=tuple(sorted(faults, key=lambda f: f.at)),
+        dws_delay=_seconds(document.get("dwsDelay", "0s"), "dwsDelay"),
         setups=setups)
     if story.compression < 1:
         raise ValueError("compression: at least 1 (story seconds per tier second)")

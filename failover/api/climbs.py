@@ -5,9 +5,12 @@ while the job saves, its Event, and the policy the stack writes (FAILOVER_CLIMB_
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from failover.api.moves import Move
+from failover.api.times import parse_time
 
 # A Move's reason when the controller moves a job up the chain, not down (from_flavor below to_flavor): a running
 # job (it checkpoints first), or a job that waits below its first rung holding no quota (nothing to save or lose).
@@ -73,3 +76,30 @@ def _flavors(data: Mapping[str, Any], key: str) -> tuple[str, ...]:
 
 def _number(seconds: float) -> int | float:
     return int(seconds) if seconds == int(seconds) else seconds
+
+
+@dataclass(frozen=True)
+class Climb:
+    """A climb's decision (failover/regional/climb.py, failover/ladder/climb.py): write `move` on the RayJob, in state
+    `checkpointing` (the job is asked to save first) or, for a job with nothing running, `moving`."""
+
+    move: Move
+
+
+@dataclass(frozen=True)
+class NotYet:
+    """A climb's decision: nothing now; look again at `at` (None: only a change of the job or of the capacity above
+    it can make it climb)."""
+
+    at: datetime.datetime | None
+
+
+def newest_failures(moves: Iterable[Move | None], reasons: frozenset[str]) -> dict[str, datetime.datetime]:
+    """{where a move left (its from_flavor: a rung, or a fleet step's queue): when} of the newest move for one of
+    `reasons` (the capacity failures a climb waits `settle` after), per place, among a RayJob's moves."""
+    newest: dict[str, datetime.datetime] = {}
+    for move in moves:
+        at = parse_time(move.at) if move is not None and move.reason in reasons else None
+        if at is not None and (move.from_flavor not in newest or at > newest[move.from_flavor]):
+            newest[move.from_flavor] = at
+    return newest

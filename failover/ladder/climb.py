@@ -33,7 +33,7 @@ from dataclasses import dataclass, replace
 
 from failover.api import (MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVED, MOVING,
                           CheckpointRequest, Ladder, Move, Step, format_time, parse_time)
-from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, ClimbPolicy
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, Climb, ClimbPolicy, NotYet, newest_failures
 from failover.checkpoints import answered_at, pods_to_ask
 from failover.ladder.decisions import LadderView, admitted_at, running_member
 
@@ -55,20 +55,6 @@ class FleetJob:
     losing: bool = False  # the member running it recorded that it lost its slice, this admission
 
 
-@dataclass(frozen=True)
-class Climb:
-    """Start climbing: write `move` (state `checkpointing`) on the manager's RayJob, then ask the job to save."""
-
-    move: Move
-
-
-@dataclass(frozen=True)
-class NotYet:
-    """Nothing now; look again at `at` (None: only a change of the job or of a member's quota can make it climb)."""
-
-    at: datetime.datetime | None
-
-
 def targets(ladder: Ladder, policy: ClimbPolicy, index: int) -> list[int]:
     """The steps before `index` a job may climb to: one member's rung whose flavor the policy names."""
     return [i for i in range(index) if ladder.steps[i].member is not None and ladder.steps[i].flavor in policy.to]
@@ -76,12 +62,7 @@ def targets(ladder: Ladder, policy: ClimbPolicy, index: int) -> list[int]:
 
 def capacity_failures(moves: Iterable[Move | None]) -> dict[str, datetime.datetime]:
     """{step left (its LocalQueue): when} of the newest move down for a capacity failure, per step, among moves."""
-    newest: dict[str, datetime.datetime] = {}
-    for move in moves:
-        at = parse_time(move.at) if move is not None and move.reason in CAPACITY_FAILURES else None
-        if at is not None and (move.from_flavor not in newest or at > newest[move.from_flavor]):
-            newest[move.from_flavor] = at
-    return newest
+    return newest_failures(moves, CAPACITY_FAILURES)
 
 
 def run_end(step: Step, view: LadderView) -> datetime.datetime | None:

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 
 from failover.api import (MOVED, MOVING, PODS_READY_TIMEOUT, SLICE_LOST, STOCKOUT, CheckpointRequest, Chain, Move,
                           WorkloadView, format_time, parse_time)
-from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, ClimbPolicy
+from failover.api.climbs import (CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, Climb, ClimbPolicy, NotYet,
+                                 newest_failures)
 from failover.checkpoints import answered_at, pods_to_ask
 
 
@@ -91,12 +92,7 @@ CAPACITY_FAILURES = frozenset({STOCKOUT, PODS_READY_TIMEOUT, SLICE_LOST})
 def capacity_failures(moves: Iterable[Move | None]) -> dict[str, datetime.datetime]:
     """{rung left: when} of the newest move down for a capacity failure, per rung, among a RayJob's moves (its
     history and its latest record)."""
-    newest: dict[str, datetime.datetime] = {}
-    for move in moves:
-        at = parse_time(move.at) if move is not None and move.reason in CAPACITY_FAILURES else None
-        if at is not None and (move.from_flavor not in newest or at > newest[move.from_flavor]):
-            newest[move.from_flavor] = at
-    return newest
+    return newest_failures(moves, CAPACITY_FAILURES)
 
 
 def event_time(event: Mapping) -> datetime.datetime | None:
@@ -117,20 +113,6 @@ class JobFacts:
     losing: bool  # its slice is lost this admission (failover/slices.py): the loss rules decide
     checkpoints: Mapping[str, str | None]  # its TPU pods' CHECKPOINT_REQUEST_ANNOTATION, by pod
     run_ends_at: datetime.datetime | None = None  # a DWS run's end (its start + maxRunDuration), when known
-
-
-@dataclass(frozen=True)
-class Climb:
-    """Start climbing: write `move` (state `checkpointing`) on the RayJob, then ask the job to save."""
-
-    move: Move
-
-
-@dataclass(frozen=True)
-class NotYet:
-    """Nothing now; look again at `at` (None: only a change of the job or of a rung can make it climb)."""
-
-    at: datetime.datetime | None
 
 
 def decide_climb(chain: Chain, policy: ClimbPolicy, view: WorkloadView, job: JobFacts,
@@ -197,7 +179,8 @@ def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, 
     if view.quota_reserved or view.admitted or view.finished or not view.active or view.tpu_chips <= 0:
         return never  # it holds quota (a DWS request waiting, say), or is being moved: not a waiting job
     start = chain.start_of_queue(view.queue_name)
-    targets = [i for i in range(start or 0) if chain.rungs[i].flavor in policy.to and not chain.rungs[i].admission_check]
+    targets = [i for i in range(start or 0)
+               if chain.rungs[i].flavor in policy.to and not chain.rungs[i].admission_check]
     later = []
     for index in targets:
         flavor = chain.rungs[index].flavor

@@ -1,8 +1,9 @@
 """The failover controller's part for climbing back (failover/regional/climb.py decides, free_slices.py keeps the
 signal): a running job below its chain's first rung gets a climb's Move written `checkpointing`, its TPU pods are
 asked to save (failover/checkpoints.py), and once the save is taken as done the Move turns `moving` and the
-controller's own move carries it out (a job waiting there, holding no quota, gets its Move written `moving` at once) (controller.py `_finish`: deactivate, relabel, repoint, reactivate; one run at a
-time). Called off, the record before it is put back and the job keeps running where it is."""
+controller's own move carries it out (controller.py `_finish`: deactivate, relabel, repoint, reactivate; one run at a
+time). Called off, the record before it is put back and the job keeps running where it is. A job that waits below,
+holding no quota, gets its climb's Move written `moving` at once: nothing to save."""
 
 from __future__ import annotations
 
