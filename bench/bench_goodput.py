@@ -54,7 +54,8 @@ def compressed_kueue_values(plan, setup: stories.Setup, k: float) -> dict:
     """The Kueue release's values with waitForPodsReady on the story's clock: the stack's, or Kueue's defaults."""
     values = copy.deepcopy(release_values(plan))
     config = release_configuration(values)
-    if setup.tutorial:  # the chart's default configuration: Kueue applies its own waitForPodsReady defaults
+    if setup.tutorial:  # the chart's default configuration; Kueue's own waitForPodsReady defaults, written out to
+        # be compressed like the rest
         config = copy.deepcopy(stack_kueue.MANAGER_CONFIG_BASE)
         config["waitForPodsReady"] = {"timeout": f"{KUEUE_DEFAULT_WAIT['timeout']}s", "requeuingStrategy": {
             "backoffBaseSeconds": KUEUE_DEFAULT_WAIT["backoffBaseSeconds"],
@@ -172,7 +173,8 @@ class Play:
             victim = next((job for job in self.jobs if job.name in running and running[job.name][0] == fault.rung),
                           None)
             if victim is None:
-                print(f"  {fault.kind} fault at {t / 60:.0f}m: no job running on {fault.rung}; skipped")
+                if fault.rung in self.rungs:
+                    print(f"  {fault.kind} fault at {t / 60:.0f}m: no job running on {fault.rung}; skipped")
                 continue
             slice_id = running[victim.name][1]
             if fault.kind == "spot":
