@@ -460,7 +460,9 @@ def test_a_members_own_jobs_are_untouched_by_the_fleets_steps_and_its_controller
     workload = fleet.submit_to(name, ON_DEMAND_W1)  # past the reservation: member 1's own ladder is the scenario
     beside = wait_for(lambda: fleet.admitted_copy(W2, workload, ON_DEMAND_W2), STEP_WAIT_SECONDS + REACTION,
                       "the fleet job at member 2's step", interval=0.1)
-    (move,) = fleet.moves(name)
+    # The move's record is its last write, after the reactivation that lets the next step admit it (seen: member 2
+    # admitted it 0.11 s before the record): wait for it, as the early path's scenario does.
+    (move,) = wait_for(lambda: fleet.moves(name), REACTION, "the move recorded")
     assert move.reason == api.STEP_BUSY  # member 1's step was busy: its own job holds the slice
     now = jobs.workload_of(kube, "default", own)
     assert now["metadata"]["uid"] == own_admitted["metadata"]["uid"]
