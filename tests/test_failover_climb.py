@@ -313,7 +313,7 @@ def test_ops_status_says_a_job_climbed_back_when_and_why():
 
     done = status_jobs.MoveView.of(CLIMB.done())
     assert move_words(done) == ("climbed back from spot to reservation at 2026-12-01T12:00:00Z (the rung had a free "
-                                "slice for fallback.climbBack.settle)")
+                                "slice for fallback.climbBack.settle (fleet.climbBack.settle in a fleet))")
     rayjob = {"metadata": {"name": "j", "namespace": "default", "annotations": {
         api.FAILOVER_ANNOTATION: CLIMB.to_json()}}}
     assert status_jobs.moves_of(rayjob) == ((), status_jobs.MoveView.of(CLIMB))  # under way while the job saves

@@ -66,7 +66,7 @@ MOVE_WORDS = {PODS_READY_TIMEOUT: "pods not ready in time", STOCKOUT: "autoscale
               api.DISRUPTION_AHEAD: "a disruption of its slice was coming (a host's maintenance, its DWS run's end): "
                                     "moved first (fallback.maintenance.action: move)",
               # The regional controller's move back up (failover/regional/climb.py).
-              CLIMB_BACK: "the rung had a free slice for fallback.climbBack.settle",
+              CLIMB_BACK: "the rung had a free slice for fallback.climbBack.settle (fleet.climbBack.settle in a fleet)",
               CLIMB_BACK_WAITING: "it waited below its first rung, holding no quota, and the rung had a free slice"}
 # A ProvisioningRequest's conditions, most decisive first (a revoked or expired booking was provisioned before).
 # Ref: https://github.com/kubernetes/autoscaler/blob/cluster-autoscaler-1.36.1/cluster-autoscaler/apis/provisioningrequest/autoscaling.x-k8s.io/v1/types.go
