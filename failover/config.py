@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 if TYPE_CHECKING:  # at run time imported where parsed: the scrape token's renewer ships without failover/api/
     from failover.api.climbs import ClimbPolicy
+    from failover.api.probes import Probes
     from failover.api.queues import Chain, Ladder
     from failover.maintenance import Policy
 
@@ -127,6 +128,9 @@ class RegionalConfig:
     # FAILOVER_CLIMB_BACK: fallback.climbBack (failover/regional/climb.py), a JSON object {to, reserved (flavors),
     # settleSeconds, minIntervalSeconds, minRuntimeSeconds, runEndMarginSeconds, saveTimeoutSeconds}; `to` empty: off
     climb_back: ClimbPolicy
+    # FAILOVER_PROBES: fallback.climbBack.probe (failover/api/probes.py), a JSON object {namespace, image, rungs:
+    # [{flavor, nodeSelector, tolerations, tpuChips}]}; no rung: probing is off
+    probes: Probes
 
     def to_env(self) -> list[EnvVar]:
         return [_var("FAILOVER_CHAIN", self.chain.to_json()),
@@ -138,12 +142,14 @@ class RegionalConfig:
                 _var("FAILOVER_MAINTENANCE_ACTION", self.maintenance.action),
                 _var("FAILOVER_MAINTENANCE_LEAD_SECONDS", seconds_text(self.maintenance.lead)),
                 _var("FAILOVER_SAVE_TIMEOUT_SECONDS", seconds_text(self.maintenance.save_timeout)),
-                _var("FAILOVER_CLIMB_BACK", json.dumps(self.climb_back.as_data(), sort_keys=True))]
+                _var("FAILOVER_CLIMB_BACK", json.dumps(self.climb_back.as_data(), sort_keys=True)),
+                _var("FAILOVER_PROBES", json.dumps(self.probes.as_data(), sort_keys=True))]
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> RegionalConfig:
         from failover.api.ahead import ACTIONS
         from failover.api.climbs import ClimbPolicy
+        from failover.api.probes import Probes
         from failover.api.queues import Chain
         from failover.maintenance import Policy
 
@@ -159,7 +165,9 @@ class RegionalConfig:
                           _seconds(environ, "FAILOVER_SAVE_TIMEOUT_SECONDS")),
                    _json(environ, "FAILOVER_CLIMB_BACK", ClimbPolicy.from_data, "a JSON object {to, reserved, "
                          "settleSeconds, minIntervalSeconds, minRuntimeSeconds, runEndMarginSeconds, "
-                         "saveTimeoutSeconds}"))
+                         "saveTimeoutSeconds}"),
+                   _json(environ, "FAILOVER_PROBES", Probes.from_data, "a JSON object {namespace, image, rungs: "
+                         "[{flavor, nodeSelector, tolerations, tpuChips}]}"))
 
 
 # ---- python -m failover.watch --------------------------------------------------------------------------------------

@@ -15,11 +15,13 @@ from pathlib import Path
 import pulumi
 import pulumi_kubernetes as k8s
 
-from failover.api import Chain, Rung
+from failover.api import TPU_RESOURCE, Chain, Rung
 from failover.api.climbs import ClimbPolicy
+from failover.api.probes import Probes, ProbeShape
 from failover.config import RegionalConfig
 from failover.maintenance import Policy
-from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, rungs_with_admission_check
+from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, plan_flavor, rungs_with_admission_check, tolerate_no_schedule
+from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY
 from infra.rungs import RESERVATION
 from infra.settings import PlatformSettings
 
@@ -32,6 +34,9 @@ REGIONAL_MODULE, WATCH_MODULE, LADDER_MODULE, RENEWER_MODULE = (
     "failover.regional", "failover.watch", "failover.ladder", "failover.credentials")
 # The image's Python is the one the tests run the controller with (3.11); a patch release, pinned.
 PYTHON_IMAGE = "python:3.11.14-slim"
+# The capacity probes' image (failover/api/probes.py): they only have to be placed, so they run Kubernetes' pause
+# container, pinned. Ref: https://github.com/kubernetes/kubernetes/blob/master/build/pause/CHANGELOG.md
+PROBE_IMAGE = "registry.k8s.io/pause:3.10"
 NAMESPACE = "tpu-fallback-system"
 NAME = "failover-controller"
 CODE_MOUNT = "/opt/failover"
@@ -54,6 +59,10 @@ RBAC_RULES = (
     # patch: the checkpoint request on a running job's TPU worker pods (failover/checkpoints.py)
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["list", "watch", "create"]},
+)
+# In its own namespace only: the capacity probes (failover/api/probes.py), created and deleted.
+NAMESPACE_RBAC_RULES = (
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "delete"]},
 )
 
 
@@ -104,7 +113,7 @@ def regional_config(kueue: Kueue, settings: PlatformSettings) -> RegionalConfig:
                           datetime.timedelta(seconds=RESYNC_SECONDS), WORKERS, HEALTH_PORT, METRICS_PORT,
                           Policy(maintenance.action, datetime.timedelta(seconds=maintenance.lead_seconds),
                                  datetime.timedelta(seconds=maintenance.save_timeout_seconds)),
-                          climb_back=climb_policy(settings))
+                          climb_back=climb_policy(settings), probes=probes(kueue, settings))
 
 
 def climb_policy(settings: PlatformSettings) -> ClimbPolicy:
@@ -113,10 +122,32 @@ def climb_policy(settings: PlatformSettings) -> ClimbPolicy:
     climb, seconds = settings.fallback.climb_back, lambda value: datetime.timedelta(seconds=value)
     flavors = {plan.config_key: plan.flavor for plan in settings.plans}
     return ClimbPolicy(tuple(flavors[key] for key in climb.to if key in flavors),
-                       tuple(flavors[key] for key in climb.to if key in flavors and key == RESERVATION.key),
+                       tuple(plan.flavor for plan in settings.plans if plan.config_key == RESERVATION.key),
                        seconds(climb.settle_seconds), seconds(climb.min_interval_seconds),
                        seconds(climb.min_runtime_seconds), seconds(climb.run_end_margin_seconds),
                        seconds(settings.fallback.maintenance.save_timeout_seconds))
+
+
+def probes(kueue: Kueue, settings: PlatformSettings) -> Probes:
+    """fallback.climbBack.probe as the controller reads it: a probe shape for each rung a waiting job may climb to
+    whose capacity only a try shows (no admission check, not a reservation, not the last rung), shaped as the job's
+    TPU workers are there: the slice's accelerator and topology (workloads/rayjob.py), the rung's ResourceFlavor
+    labels and tolerations (which Kueue adds to an admitted job's pods), one host's chips. None with probing off."""
+    if not settings.fallback.climb_back.probe:
+        return Probes(NAMESPACE, PROBE_IMAGE)
+    checked = rungs_with_admission_check(settings)
+    by_flavor = {plan.flavor: plan for plan in settings.plans}
+    shapes = []
+    for rung in kueue.queue_chain[:-1]:
+        plan = by_flavor[rung.flavor]
+        if rung.flavor in checked or plan.config_key == RESERVATION.key:
+            continue
+        flavor = plan_flavor(plan)["spec"]
+        shapes.append(ProbeShape(
+            plan.flavor, {ACCELERATOR_LABEL_KEY: settings.tpu.accelerator_label,
+                          TOPOLOGY_LABEL_KEY: settings.tpu.topology, **flavor["nodeLabels"]},
+            (tolerate_no_schedule(TPU_RESOURCE), *flavor.get("tolerations", ())), settings.tpu.chips_per_host))
+    return Probes(NAMESPACE, PROBE_IMAGE, tuple(shapes))
 
 
 def start_command(settings: PlatformSettings, module: str = REGIONAL_MODULE) -> tuple[str, list[dict]]:
@@ -192,7 +223,8 @@ def controller_deployment(settings: PlatformSettings, name: str, module: str, co
 
 
 class FailoverController(pulumi.ComponentResource):
-    """Namespace, ServiceAccount, ClusterRole and binding, the code's ConfigMap and the Deployment."""
+    """Namespace, ServiceAccount, ClusterRole and binding, the probes' Role and binding in its namespace, the code's
+    ConfigMap and the Deployment."""
 
     def __init__(self, name: str, settings: PlatformSettings, kueue: Kueue, provider: k8s.Provider,
                  opts: pulumi.ResourceOptions | None = None):
@@ -211,6 +243,15 @@ class FailoverController(pulumi.ComponentResource):
                       "name": f"tpu-fallback-{NAME}"},
             subjects=[{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
             opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(depends_on=[role, account])))
+        # The capacity probes' pods, in its own namespace only (NAMESPACE_RBAC_RULES).
+        local_role = k8s.rbac.v1.Role(
+            f"{name}-probes-role", metadata={"name": f"{NAME}-probes", "namespace": NAMESPACE},
+            rules=[dict(rule) for rule in NAMESPACE_RBAC_RULES], opts=in_namespace)
+        local_binding = k8s.rbac.v1.RoleBinding(
+            f"{name}-probes-binding", metadata={"name": f"{NAME}-probes", "namespace": NAMESPACE},
+            role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{NAME}-probes"},
+            subjects=[{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}],
+            opts=pulumi.ResourceOptions.merge(in_namespace, pulumi.ResourceOptions(depends_on=[local_role, account])))
         sources = package_sources()
         self.configmap_name = code_configmap_name(sources)
         code = k8s.core.v1.ConfigMap(f"{name}-code", metadata={"name": self.configmap_name, "namespace": NAMESPACE},
@@ -220,5 +261,5 @@ class FailoverController(pulumi.ComponentResource):
         self.deployment = k8s.apps.v1.Deployment(
             f"{name}-deployment", metadata=manifest["metadata"], spec=manifest["spec"],
             opts=pulumi.ResourceOptions.merge(on_cluster, pulumi.ResourceOptions(
-                depends_on=[code, binding, kueue.release])))
+                depends_on=[code, binding, local_binding, kueue.release])))
         self.register_outputs({"namespace": NAMESPACE, "deployment": NAME})

@@ -17,7 +17,9 @@ import pytest
 
 from failover import api
 from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, CLIMB_EVENT_REASON
+from failover.api.probes import PROBE_LABEL
 from failover.regional import decisions
+from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from ops.status.render import move_words
 from ops.status.report import build_report
@@ -222,7 +224,8 @@ def test_a_job_waiting_below_with_no_quota_climbs_to_the_freed_reservation_at_on
     wait_for(lambda: tier.running_on("holder-w", "reservation"), REACTION, "the holder on the reservation")
     tier.submit("on-spot")
     wait_for(lambda: tier.running_on("on-spot", "spot"), REACTION, "a job running on Spot")
-    tier.submit("on-dws")  # moved down past the full Spot rung: it holds DWS quota, its request waiting
+    # Submitted to DWS's queue: it holds DWS quota, its request waiting; never moved, so it stays there.
+    tier.submit("on-dws", queue="user-queue-dws")
     jobs.wait_provisioning_request(tier.kube, NAMESPACE, "on-dws", timeout=REACTION)
     tier.submit("waiter")
     # Moved off on-demand by the stockout into Spot's queue, where Spot and DWS are full: pending, no quota.
@@ -250,3 +253,55 @@ def test_a_job_waiting_below_with_no_quota_climbs_to_the_freed_reservation_at_on
     (event,) = wait_for(lambda: climb_events(tier, "waiter"), REACTION, "the ClimbedBack Event")
     assert event["message"] == decisions.move_message(climb, "user-queue-spot")
     print(f"\na waiting job's climb: started {started:.1f} s after the reservation's release")
+
+
+PROBE_SLACK_SECONDS = 3  # the probe's pass (1 s), the scheduler's bind, the climb's reconcile: a busy machine's share
+
+
+def probes(tier) -> list[dict]:
+    return [pod for pod in tier.kube.list("v1", "Pod", namespace=stack_failover.NAMESPACE)
+            if PROBE_LABEL in (pod["metadata"].get("labels") or {})]
+
+
+def test_a_job_waiting_for_dws_climbs_once_a_probe_finds_on_demand_again(clean):
+    """A job moved down past stocked-out on-demand and Spot waits for DWS to provision (its quota there, its request
+    waiting). Nothing in the cluster would show on-demand's capacity coming back: no pod asks for it. The controller
+    keeps one probe pod on on-demand (its quota free, no slice); the stand-in reports the stockout on it. Once
+    capacity is back, the autoscaler grows a slice for the probe, the probe goes, and the job climbs onto the slice,
+    giving up its DWS request: within the stand-in's scale-up and PROBE_SLACK_SECONDS of the capacity's return."""
+    tier = clean
+    kept = tier.gke.scale_down_seconds
+    tier.gke.scale_down_seconds = 600  # the probed slice stays, as GKE's scale-down delay keeps it
+    try:
+        tier.stockout("on-demand", "spot")
+        tier.submit("holder-p")
+        wait_for(lambda: tier.running_on("holder-p", "reservation"), REACTION, "the holder on the reservation")
+        tier.submit("waiter-p")
+        wait_for(lambda: (m := tier.move_of("waiter-p")) and m.state == api.MOVED and m.to_flavor == "dws",
+                 REACTION, "the job moved down to DWS")
+        jobs.wait_provisioning_request(tier.kube, NAMESPACE, "waiter-p", timeout=REACTION)
+        (probe,) = wait_for(lambda: [p for p in probes(tier) if p["metadata"]["labels"][PROBE_LABEL] == "on-demand"],
+                            REACTION, "a probe on on-demand")
+        assert not probe["spec"].get("nodeName")
+        assert all(p["metadata"]["labels"][PROBE_LABEL] == "on-demand" for p in probes(tier))  # Spot: its quota held
+        wait_for(lambda: tier.gke.reported.get(probe["metadata"]["uid"]), REACTION, "the stockout reported on it")
+        time.sleep(SETTLE_SECONDS)  # past the settle after the job's own stockouts: only capacity holds it now
+        assert tier.move_of("waiter-p").to_flavor == "dws"
+
+        for pool in tier.pools_of("on-demand"):
+            tier.gke.restore(pool)
+        back = time.monotonic()
+        climb = wait_for(lambda: (m := tier.move_of("waiter-p")) and m.reason == CLIMB_BACK_WAITING and m, REACTION,
+                         "the climb to on-demand", interval=0.1)
+        started = time.monotonic() - back
+        assert (climb.from_flavor, climb.to_flavor, climb.to_local_queue) == ("dws", "on-demand",
+                                                                             "user-queue-on-demand")
+        assert started <= tier.gke.scale_up_seconds + PROBE_SLACK_SECONDS, started
+        wait_for(lambda: tier.running_on("waiter-p", "on-demand"), REACTION, "the job on the probed slice")
+        assert not probes(tier)
+        assert not tier.kube.list(*jobs.PROVISIONING_REQUEST, namespace=NAMESPACE)  # its DWS request given up
+        assert tier.metric("tpu_fallback_capacity_probes_total", flavor="on-demand", outcome="found") == 1
+        print(f"\na job waiting for DWS climbed {started:.1f} s after on-demand's capacity came back (scale-up "
+              f"{tier.gke.scale_up_seconds} s)")
+    finally:
+        tier.gke.scale_down_seconds = kept

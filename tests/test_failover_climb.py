@@ -146,9 +146,12 @@ def test_only_to_the_rungs_the_policy_names():
 def test_a_rung_with_a_check_is_never_climbed_to():
     assert decide(view=running("dws", "user-queue-dws"), free=free_for(spot=60),
                   policy=dataclasses.replace(POLICY, to=("spot", "dws"))).move.to_flavor == "spot"
-    assert climb.possible_climbs(CHAIN, dataclasses.replace(POLICY, to=("spot", "dws"))) == [("dws", "spot")]
-    assert climb.possible_climbs(CHAIN, POLICY) == [("on-demand", "reservation"), ("spot", "reservation"),
-                                                    ("dws", "reservation"), ("spot", "on-demand"), ("dws", "on-demand")]
+    # Every climb the metrics declare: a waiting job may go up to any rung without a check, whatever `to` says.
+    every = [("on-demand", "reservation"), ("spot", "reservation"), ("dws", "reservation"), ("spot", "on-demand"),
+             ("dws", "on-demand"), ("dws", "spot")]
+    assert climb.possible_climbs(CHAIN, dataclasses.replace(POLICY, to=("spot", "dws"))) == every
+    assert climb.possible_climbs(CHAIN, POLICY) == every
+    assert climb.possible_climbs(CHAIN, dataclasses.replace(POLICY, to=())) == every
 
 
 def test_never_in_a_job_s_first_minutes_on_a_rung():
@@ -404,8 +407,19 @@ def test_a_waiting_job_goes_back_up_to_the_highest_free_rung_at_once_with_nothin
     decided = decide_waiting(free=free_for(reservation=0, on_demand=0))
     assert decided == Climb(Move("spot", "reservation", "user-queue", climb.CLIMB_BACK_WAITING, api.format_time(NOW),
                                  api.MOVING, from_local_queue="user-queue-spot"))
-    # On-demand alone free: there (it is named in `to`); no settle of the free slice, no minRuntime, no minInterval.
+    # On-demand alone free: there; no settle of the free slice, no minRuntime, no minInterval.
     assert decide_waiting(free=free_for(on_demand=0)).move.to_flavor == "on-demand"
+    # `to` bounds what a running job gives up its slice for; a waiting job gives up nothing.
+    only_reservation = dataclasses.replace(POLICY, to=("reservation",))
+    assert decide_waiting(free=free_for(on_demand=0), policy=only_reservation).move.to_flavor == "on-demand"
+
+
+def test_a_job_waiting_for_dws_to_provision_goes_up_to_a_free_slice_giving_up_its_request():
+    on_dws = waiting(queue="user-queue-dws", quota_reserved=True, flavor="dws", recorded_flavor="dws")
+    down = Move("spot", "dws", "user-queue-dws", api.SLICE_LOST, api.format_time(NOW - 20 * MINUTE), api.MOVED)
+    decided = decide_waiting(view=on_dws, job=facts(history=(down,)), free=free_for(spot=0))
+    assert decided == Climb(Move("dws", "spot", "user-queue-spot", climb.CLIMB_BACK_WAITING, api.format_time(NOW),
+                                 api.MOVING, from_local_queue="user-queue-dws"))
 
 
 def test_a_waiting_job_stays_while_a_capacity_failure_above_is_recent():
@@ -415,7 +429,8 @@ def test_a_waiting_job_stays_while_a_capacity_failure_above_is_recent():
 
 
 @pytest.mark.parametrize("why, view, job", [
-    ("it holds quota: a ProvisioningRequest waiting, say", waiting(quota_reserved=True), None),
+    ("it holds quota on a rung without a check: Kueue is admitting it", waiting(quota_reserved=True, flavor="spot"),
+     None),
     ("it runs: the running job's rules decide", running(), None),
     ("never moved down: a user put it in that queue", waiting(), facts()),
     ("a move under way", waiting(), facts(history=(DOWN,), pending=dataclasses.replace(DOWN, state=api.MOVING))),
@@ -427,9 +442,9 @@ def test_a_job_that_is_not_waiting_below_its_first_rung_holding_nothing_stays(wh
     assert decide_waiting(view=view, job=job, free=free_for(reservation=0, on_demand=0)) == NotYet(None), why
 
 
-def test_a_waiting_job_does_not_climb_with_climbing_off_or_nothing_free():
+def test_a_waiting_job_climbs_with_climbing_back_off_and_stays_with_nothing_free():
     off = dataclasses.replace(POLICY, to=())
-    assert decide_waiting(policy=off) == NotYet(None)
+    assert decide_waiting(policy=off).move.to_flavor == "reservation"
     assert decide_waiting(free=free_for()) == NotYet(None)
 
 

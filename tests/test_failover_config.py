@@ -12,6 +12,7 @@ import pytest
 
 from failover.api import Chain, Ladder, Rung, Step
 from failover.api.climbs import ClimbPolicy
+from failover.api.probes import Probes, ProbeShape
 from failover.maintenance import Policy
 from failover.config import (ConfigError, FleetRenewerConfig, FleetWatchConfig, LadderConfig, MemberAccess,
                              RegionalConfig, ScrapeRenewerConfig, renewer_config)
@@ -26,7 +27,10 @@ REGIONAL = RegionalConfig(
     Chain((Rung("on-demand", "cluster-queue", "user-queue", False, 600),
            Rung("dws", "cluster-queue-dws", "user-queue-dws", True, 120))),
     180 * SECONDS, 300 * SECONDS, 4, 8080, 9090, Policy("move", 900 * SECONDS, 120 * SECONDS),
-    ClimbPolicy(("on-demand",), (), 300 * SECONDS, 3600 * SECONDS, 600 * SECONDS, 1800 * SECONDS, 120 * SECONDS))
+    ClimbPolicy(("on-demand",), (), 300 * SECONDS, 3600 * SECONDS, 600 * SECONDS, 1800 * SECONDS, 120 * SECONDS),
+    Probes("tpu-fallback-system", "registry.k8s.io/pause:3.10", (
+        ProbeShape("on-demand", {"tpu-fallback/capacity": "on-demand"},
+                   ({"key": "google.com/tpu", "operator": "Exists", "effect": "NoSchedule"},), 4),)))
 WATCH = FleetWatchConfig({"w1": "w1-kubeconfig", "w2": "w2-kubeconfig"}, "tpu-fallback-fleet", "kueue-system",
                          10 * SECONDS, 300 * SECONDS, 8080, 9090)
 LADDER = LadderConfig(
@@ -89,6 +93,8 @@ MALFORMED = {
     "FAILOVER_CLIMB_BACK": ['{"to": "on-demand"}', '{"to": [], "reserved": [], "settleSeconds": -1, '
                             '"minIntervalSeconds": 0, "minRuntimeSeconds": 0, "runEndMarginSeconds": 0, '
                             '"saveTimeoutSeconds": 0}'],
+    "FAILOVER_PROBES": ['{"namespace": "", "image": "pause", "rungs": []}', '{"namespace": "n", "image": "pause", '
+                        '"rungs": [{"flavor": "spot", "nodeSelector": {}, "tolerations": [], "tpuChips": 0}]}'],
     "FLEET_CLIMB_BACK": ['{"to": ["reservation"]}', '{"to": ["reservation"], "reserved": ["reservation"], '
                          '"settleSeconds": true, "minIntervalSeconds": 0, "minRuntimeSeconds": 0, '
                          '"runEndMarginSeconds": 0, "saveTimeoutSeconds": 0}'],

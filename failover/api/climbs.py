@@ -32,8 +32,9 @@ NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 class ClimbPolicy:
     """`fallback.climbBack` as the controller reads it: the rungs (flavors) a job may climb to, and the bounds."""
 
-    to: tuple[str, ...]  # the flavors a job may climb to; empty: climbing back is off
-    # Of those, the flavors whose free quota is itself the proof of capacity: a reservation's slices are held for the
+    to: tuple[str, ...]  # the flavors a running job may climb to; empty: a running job never climbs (a waiting one
+    # still goes back up: climb.decide_climb_waiting)
+    # The chain's flavors whose free quota is itself the proof of capacity: a reservation's slices are held for the
     # project (its quota is the reservation's size). Any other rung also needs an idle slice of its own nodes.
     reserved: tuple[str, ...]
     settle: datetime.timedelta  # how long the rung above must have had a free slice, without a capacity failure

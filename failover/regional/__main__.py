@@ -14,6 +14,7 @@ from failover.regional.controller import Controller
 from failover.regional.climb import possible_climbs
 from failover.regional.decisions import possible_moves
 from failover.regional.goodput import GoodputController
+from failover.regional.probing import ProbeController
 from failover.runtime.cluster_client import api_client
 from failover.runtime.manager import Manager, configured
 from failover.runtime.metrics import Metrics
@@ -25,9 +26,11 @@ def main() -> int:
     metrics.declare_moves(possible_moves(config.chain))
     metrics.declare_climbs(possible_climbs(config.chain, config.climb_back))
     manager = Manager(api_client(), metrics=metrics, health_port=config.health_port, metrics_port=config.metrics_port)
-    manager.add(Controller(manager.api_client, config.chain, config.stockout_grace, metrics=metrics,
-                           cache=manager.cache, workers=config.workers, resync_seconds=config.resync.total_seconds(),
-                           policy=config.maintenance, climb_policy=config.climb_back))
+    controller = manager.add(Controller(manager.api_client, config.chain, config.stockout_grace, metrics=metrics,
+                                        cache=manager.cache, workers=config.workers,
+                                        resync_seconds=config.resync.total_seconds(), policy=config.maintenance,
+                                        climb_policy=config.climb_back))
+    manager.add(ProbeController(manager.api_client, manager.cache, controller.free, config.probes, metrics))
     manager.add(GoodputController(manager.cache, config.chain, metrics))
     manager.run()
     return 0

@@ -160,29 +160,44 @@ def decide_climb(chain: Chain, policy: ClimbPolicy, view: WorkloadView, job: Job
                       from_local_queue=view.queue_name))
 
 
+def waiting_rung(chain: Chain, view: WorkloadView, moved: bool) -> int | None:
+    """The rung a job waits at, when it waits below its chain's first rung with nothing to lose by going up: one the
+    controller moved down (`moved`: it has a move history), active, not admitted, holding either no quota (it waits
+    at its queue's first rung) or quota on a rung with an admission check whose request has not provisioned yet (a
+    DWS request, given up for a slice that exists). None otherwise."""
+    if not moved or view.admitted or view.finished or not view.active or view.tpu_chips <= 0 \
+            or view.multikueue_origin is not None or view.rayjob is None:
+        return None
+    if view.quota_reserved:
+        rung = chain.index_of_flavor(view.flavor)
+        return rung if rung is not None and chain.rungs[rung].admission_check else None
+    return chain.start_of_queue(view.queue_name)
+
+
+def waiting_targets(chain: Chain, rung: int) -> list[int]:
+    """The rungs a waiting job may go up to: every one above it without an admission check."""
+    return [i for i in range(rung) if not chain.rungs[i].admission_check]
+
+
 def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, job: JobFacts,
                          free: Callable[[str], datetime.datetime | None],
                          last_failure: Callable[[str], datetime.datetime | None],
                          now: datetime.datetime) -> Climb | NotYet:
-    """Whether a job that waits below its chain's first rung goes back up now: one the controller moved down (it has a
-    move history) that holds no quota in its queue (no slice, no ProvisioningRequest to lose), to the highest rung it
-    may climb to (`fallback.climbBack.to`) that has a free slice for it now, with no capacity failure there within
-    `settle`. No checkpoint (nothing runs), no minRuntime or minInterval, and no settle of the free slice: it loses
-    nothing by going, and a running job waits `settle` before it takes the same slice, so the waiting one goes first.
-    The Move is written `moving` at once (the route of every move). Found on the goodput bench: a job moved down to
-    Spot's queue waited there, Spot full, while the reservation above it had been free for minutes."""
+    """Whether a job that waits below its chain's first rung (waiting_rung) goes back up now, to the highest rung
+    above it (waiting_targets) that has a free slice for it now, with no capacity failure there within `settle`.
+    Whatever `fallback.climbBack.to` says: that bounds what a running job gives up its slice for. No checkpoint (nothing runs), no minRuntime or minInterval, and no settle of the free slice: it loses nothing by
+    going, and a running job waits `settle` before it takes the same slice, so the waiting one goes first. The Move
+    is written `moving` at once (the route of every move). Found on the goodput bench: a job moved down to Spot's
+    queue waited there, Spot full, while the reservation above it had been free for minutes; and a job waited for
+    DWS to provision while Spot had a slice again (found by a probe: failover/api/probes.py)."""
     never = NotYet(None)
-    if not policy.enabled or view.multikueue_origin is not None or view.rayjob is None or not job.history:
-        return never
     if job.pending is not None and job.pending.state != MOVED:
         return never  # a move (or a climb) under way finishes first
-    if view.quota_reserved or view.admitted or view.finished or not view.active or view.tpu_chips <= 0:
-        return never  # it holds quota (a DWS request waiting, say), or is being moved: not a waiting job
-    start = chain.start_of_queue(view.queue_name)
-    targets = [i for i in range(start or 0)
-               if chain.rungs[i].flavor in policy.to and not chain.rungs[i].admission_check]
+    rung = waiting_rung(chain, view, bool(job.history))
+    if rung is None:
+        return never
     later = []
-    for index in targets:
+    for index in waiting_targets(chain, rung):
         flavor = chain.rungs[index].flavor
         if free(flavor) is None:
             continue
@@ -191,7 +206,7 @@ def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, 
             later.append(failed + policy.settle)
             continue
         target = chain.rungs[index]
-        return Climb(Move(chain.rungs[start].flavor, target.flavor, target.local_queue, CLIMB_BACK_WAITING,
+        return Climb(Move(chain.rungs[rung].flavor, target.flavor, target.local_queue, CLIMB_BACK_WAITING,
                           format_time(now), MOVING, from_local_queue=view.queue_name))
     return NotYet(min(later)) if later else never
 
@@ -247,6 +262,7 @@ def climb_message(move: Move, from_queue: str) -> str:
 
 
 def possible_climbs(chain: Chain, policy: ClimbPolicy) -> list[tuple[str, str]]:
-    """Every (from flavor, to flavor) a climb can have: from any rung below one the policy names, up to it."""
+    """Every (from flavor, to flavor) a climb can have: from any rung below one without an admission check up to it (a
+    running job's only to those the policy names, with climbing back on; a waiting job's to any, always)."""
     return [(lower.flavor, upper.flavor) for i, upper in enumerate(chain.rungs)
-            if upper.flavor in policy.to and not upper.admission_check for lower in chain.rungs[i + 1:]]
+            if not upper.admission_check for lower in chain.rungs[i + 1:]]

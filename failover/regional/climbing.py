@@ -2,8 +2,9 @@
 signal): a running job below its chain's first rung gets a climb's Move written `checkpointing`, its TPU pods are
 asked to save (failover/checkpoints.py), and once the save is taken as done the Move turns `moving` and the
 controller's own move carries it out (controller.py `_finish`: deactivate, relabel, repoint, reactivate; one run at a
-time). Called off, the record before it is put back and the job keeps running where it is. A job that waits below,
-holding no quota, gets its climb's Move written `moving` at once: nothing to save."""
+time). Called off, the record before it is put back and the job keeps running where it is. A job that waits below
+(holding no quota, or a DWS request not provisioned yet) gets its climb's Move written `moving` at once: nothing to
+save."""
 
 from __future__ import annotations
 
@@ -44,10 +45,12 @@ class ClimbingBack:
         if pending is not None and pending.state == CHECKPOINTING:
             # Carried on (or called off) even with climbing back turned off since: no rung is free then.
             return self._climbing(cached, self._climb_facts(view, seen), need, now)
-        if not self.climb_policy.enabled or seen is None:
+        if seen is None:
             return 0
         running = view.admitted and view.pods_ready_since
-        if not running and (view.quota_reserved or not seen.history):
+        if running and not self.climb_policy.enabled:
+            return 0  # climbing back off: a running job stays; a waiting one still goes up (nothing to lose)
+        if not running and climb.waiting_rung(self.chain, view, bool(seen.history)) is None:
             return 0  # most Workloads: nothing more to read
         facts = self._climb_facts(view, seen)
         decide = climb.decide_climb if running else climb.decide_climb_waiting
@@ -63,7 +66,7 @@ class ClimbingBack:
         move = decided.move
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: move.to_json()}}})
         if move.state == MOVING:  # a waiting job's: nothing to save, the move's own steps follow
-            log.info("%s/%s: climbing back from %s to %s: it waits there holding no quota", view.namespace,
+            log.info("%s/%s: climbing back from %s to %s: it waits there with nothing to lose", view.namespace,
                      view.rayjob, move.from_flavor, move.to_flavor)
             self._finish(move, cached.meta["name"], view.namespace, view.queue_name)
             return 1

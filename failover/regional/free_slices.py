@@ -63,15 +63,17 @@ class FreeSlices:
     def __init__(self, cache: Cache, seen, chain: Chain, policy: ClimbPolicy,
                  clock: Callable[[], datetime.datetime]):
         self.seen, self.chain, self.policy, self.clock = seen, chain, policy, clock
-        self.flavors = [rung.flavor for rung in chain.rungs if rung.flavor in policy.to and not rung.admission_check]
-        # The TPU nodes are watched only when there is a rung to climb to (climbing back on).
+        # Every rung without an admission check above the last: a running job climbs only to those in `policy.to`
+        # (climbing back on), a waiting one to any above it (climb.waiting_targets).
+        self.flavors = [rung.flavor for rung in chain.rungs[:-1] if not rung.admission_check]
+        # The TPU nodes are watched only when there is a rung to climb to.
         self.nodes = cache.store(WATCHED_TPU_NODES, capacity_node) if self.flavors else None
         self._lock = threading.Lock()
         self._samples: dict[str, list[climb.Sample]] = {flavor: [] for flavor in self.flavors}
 
     def watches(self) -> list[Watch]:
         if not self.flavors:
-            return []  # climbing back is off, or no rung it may climb to is in this chain: nothing to watch
+            return []  # one rung, or only rungs with a check above the last: nothing to climb to
         return [Watch(WATCHED_CLUSTERQUEUES, self._changed), Watch(WATCHED_TPU_NODES, self._changed),
                 Watch(WATCHED_PODS, self._changed)]
 
@@ -101,26 +103,36 @@ class FreeSlices:
                     gained.append(flavor)
         return gained
 
+    def latest(self, flavor: str) -> climb.Sample | None:
+        """What the rung has now, as last sampled (None before its first sample, or for a rung not sampled)."""
+        with self._lock:
+            samples = self._samples.get(flavor)
+            return samples[-1] if samples else None
+
     def free_since(self, flavor: str, need: climb.Need) -> datetime.datetime | None:
         with self._lock:
             samples = list(self._samples.get(flavor, ()))
         return climb.free_since(samples, need, flavor in self.policy.reserved)
 
     def workloads_below(self, flavors: list[str]) -> list[Key]:
-        """The Workloads running on a rung below any of `flavors`, or waiting in a queue that starts below it holding
-        no quota (climb.decide_climb_waiting)."""
+        """The Workloads running on a rung below any of `flavors`, or waiting below it (climb.waiting_rung)."""
         if not flavors:
             return []
         top = min(self.chain.index_of_flavor(flavor) for flavor in flavors)
+        return [key for key, rung in self.rungs_below() if rung > top]
+
+    def rungs_below(self) -> list[tuple[Key, int]]:
+        """(Workload, its rung) of every job that runs on a rung, or waits below its chain's first rung."""
         found = []
         for key, cached in self.seen.workloads.items():
             view = cached.view
             if view.admitted and view.pods_ready_since:
                 rung = self.chain.index_of_flavor(view.flavor)
             else:
-                rung = None if view.quota_reserved else self.chain.start_of_queue(view.queue_name)
-            if rung is not None and rung > top:
-                found.append(key)
+                job = self.seen.job(view.namespace, view.rayjob) if view.rayjob else None
+                rung = climb.waiting_rung(self.chain, view, bool(job is not None and job.history))
+            if rung is not None:
+                found.append((key, rung))
         return found
 
     # ---- capacity failures -------------------------------------------------------------------------------------

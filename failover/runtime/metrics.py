@@ -58,6 +58,10 @@ class Metrics(_Served):
         self.climbs = Counter("tpu_fallback_climbs",
                               "Jobs moved back up the queue chain (fallback.climbBack), once done.",
                               ["from_flavor", "to_flavor"], registry=r)
+        # The capacity probes' (failover/regional/probing.py): created, and found (placed: the rung had a slice).
+        self.probes = Counter("tpu_fallback_capacity_probes",
+                              "Capacity probes on a rung a waiting job could climb to, by outcome (created, found).",
+                              ["flavor", "outcome"], registry=r)
         # The goodput controller's (failover/regional/goodput.py): one series per unfinished job of the chain (its
         # breakdown is `ops status -o json`'s), and per namespace the job-seconds of each state on each rung. Not
         # `namespace` and `job`: the scrape's own target labels (the controller's), which would rename these.

@@ -25,6 +25,7 @@ class ClimbBackSettings:
     min_interval_seconds: int = duration_seconds(_CLIMB_BACK["minInterval"])
     min_runtime_seconds: int = duration_seconds(_CLIMB_BACK["minRuntime"])
     run_end_margin_seconds: int = duration_seconds(_CLIMB_BACK["runEndMargin"])
+    probe: bool = _CLIMB_BACK["probe"]
 
 
 _FIELDS = (("settle", "settle_seconds"), ("minInterval", "min_interval_seconds"),
@@ -45,7 +46,7 @@ def read_climb_back_settings(reader: ConfigReader, given: dict) -> ClimbBackSett
     waits = _read_waits(reader, "fallback.climbBack", raw,
                         {field: (attribute, *CLIMB_WAITS[field][:2]) for field, attribute in _FIELDS})
     return ClimbBackSettings(tuple(to), **{attribute: waits.get(attribute, getattr(defaults, attribute))
-                                           for _field, attribute in _FIELDS})
+                                           for _field, attribute in _FIELDS}, probe=raw["probe"])
 
 
 def _read_waits(reader: ConfigReader, key: str, raw: Mapping, fields: Mapping[str, tuple[str, int, int]]

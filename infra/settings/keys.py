@@ -71,7 +71,9 @@ _CLIMB_BACK = S(
                          "reservation, an idle slice of its own nodes; no stockout there meanwhile); it is asked to "
                          "checkpoint first and moves fallback.maintenance.saveTimeout later, by the same route as a "
                          "move down (docs/ladder-and-failover.md; fields merged over these defaults)", fields=(
-        S("to", STRINGS, "the rungs a job may climb back to (empty: never climb)", ["reservation"],
+        S("to", STRINGS, "the rungs a running job may climb back to (empty: never; a job that waits below a rung, "
+                         "holding no quota or a DWS request not yet provisioned, goes back up to any rung above it "
+                         "with a free slice whatever this says: it has nothing to lose)", ["reservation"],
           rule=f"rung config keys without an admission check ({', '.join(CLIMB_BACK_RUNGS)}), each once; one that is "
                "off in this stack is skipped"),
         _climb_wait("settle", "how long the rung must have had a free slice for the job, and no stockout, before it "
@@ -79,7 +81,12 @@ _CLIMB_BACK = S(
         _climb_wait("minInterval", "at most one climb per job in this long"),
         _climb_wait("minRuntime", "no climb in a job's first this long on a rung"),
         _climb_wait("runEndMargin", "no climb for a DWS run that ends within this long (its end is a disruption "
-                                    "ahead: fallback.maintenance)")))
+                                    "ahead: fallback.maintenance)"),
+        S("probe", BOOLEAN, "while a job waits below a rung whose quota is free for it but that has no slice (a "
+                            "stockout, or nothing asked for it since), keep one pending pod shaped like a host of "
+                            "the slice on that rung, so the autoscaler keeps trying it; once placed, the probe goes "
+                            "and the job climbs onto the new slice (not for a reservation, whose quota is its "
+                            "capacity, nor DWS)", True)))
 
 _ROUTES = (
     S("zone", STRING, "Zone of the zonal cluster and of every pool; the region is derived from it.", "us-east5-b",
