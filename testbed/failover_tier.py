@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from failover import api
+from failover.api.probes import PROBE_LABEL
 from infra import failover as stack_failover
 from infra.offline import Plan
 from testbed import jobs
@@ -138,10 +139,27 @@ class FailoverTier:
             self.kube.delete("v1", "Pod", pod["metadata"]["name"], NAMESPACE, propagation="Background")
         wait_for(lambda: not self.kube.list(*jobs.WORKLOAD, namespace=NAMESPACE), 60, "no Workload left")
         if self.plane.after is not None:
+            self._remove_probes()
             self.gke.restore()
             wait_for(lambda: not self.kube.list("v1", "Pod", namespace=NAMESPACE), 60, "no pod left")
             self.gke.remove_idle()
             assert not any(self.gke.nodes_of(t.pool) for t in self.gke.templates if t.tpu), "a TPU slice left"
+
+    def _remove_probes(self) -> None:
+        """The controller's capacity probes (failover/api/probes.py) gone before capacity is back: a probe left for
+        a job of the last scenario had the stand-in grow a slice that the next scenario's job ran on (seen in the
+        suite). Once the controller's cache holds no Workload it makes none again; then any left are deleted."""
+        if self.controller is not None and not self.kube.list(*jobs.WORKLOAD):
+            wait_for(lambda: self.metric("tpu_fallback_workloads_watched") == 0, 60,
+                     "the controller's cache without a Workload")
+        for pod in self.capacity_probes():
+            self.kube.delete("v1", "Pod", pod["metadata"]["name"], stack_failover.NAMESPACE, propagation="Background")
+        wait_for(lambda: not self.capacity_probes(), 60, "no capacity probe left")
+
+    def capacity_probes(self) -> list[dict]:
+        """The controller's probe pods, in its namespace."""
+        return [pod for pod in self.kube.list("v1", "Pod", namespace=stack_failover.NAMESPACE)
+                if PROBE_LABEL in (pod["metadata"].get("labels") or {})]
 
     def move_of(self, job: str) -> api.Move | None:
         """The move the controller recorded on the RayJob (its annotation)."""

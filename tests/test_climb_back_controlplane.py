@@ -19,7 +19,6 @@ from failover import api
 from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, CLIMB_EVENT_REASON
 from failover.api.probes import PROBE_LABEL
 from failover.regional import decisions
-from infra import failover as stack_failover
 from infra import kueue as stack_kueue
 from ops.status.render import move_words
 from ops.status.report import build_report
@@ -258,15 +257,11 @@ def test_a_job_waiting_below_with_no_quota_climbs_to_the_freed_reservation_at_on
 PROBE_SLACK_SECONDS = 3  # the probe's pass (1 s), the scheduler's bind, the climb's reconcile: a busy machine's share
 
 
-def probes(tier) -> list[dict]:
-    return [pod for pod in tier.kube.list("v1", "Pod", namespace=stack_failover.NAMESPACE)
-            if PROBE_LABEL in (pod["metadata"].get("labels") or {})]
-
-
 def test_a_job_waiting_for_dws_climbs_once_a_probe_finds_on_demand_again(clean):
     """A job moved down past stocked-out on-demand and Spot waits for DWS to provision (its quota there, its request
     waiting). Nothing in the cluster would show on-demand's capacity coming back: no pod asks for it. The controller
-    keeps one probe pod on on-demand (its quota free, no slice); the stand-in reports the stockout on it. Once
+    keeps one probe pod on on-demand and one on Spot (their quota free, no slice); the stand-in reports the stockout
+    on them. Once
     capacity is back, the autoscaler grows a slice for the probe, the probe goes, and the job climbs onto the slice,
     giving up its DWS request: within the stand-in's scale-up and PROBE_SLACK_SECONDS of the capacity's return."""
     tier = clean
@@ -280,10 +275,12 @@ def test_a_job_waiting_for_dws_climbs_once_a_probe_finds_on_demand_again(clean):
         wait_for(lambda: (m := tier.move_of("waiter-p")) and m.state == api.MOVED and m.to_flavor == "dws",
                  REACTION, "the job moved down to DWS")
         jobs.wait_provisioning_request(tier.kube, NAMESPACE, "waiter-p", timeout=REACTION)
-        (probe,) = wait_for(lambda: [p for p in probes(tier) if p["metadata"]["labels"][PROBE_LABEL] == "on-demand"],
-                            REACTION, "a probe on on-demand")
+        # One probe on each rung above it with its quota free (the job left both), none on the reservation.
+        standing = wait_for(lambda: (found := {p["metadata"]["labels"][PROBE_LABEL]: p
+                                               for p in tier.capacity_probes()})
+                            and set(found) == {"on-demand", "spot"} and found, REACTION, "a probe on on-demand and Spot")
+        probe = standing["on-demand"]
         assert not probe["spec"].get("nodeName")
-        assert all(p["metadata"]["labels"][PROBE_LABEL] == "on-demand" for p in probes(tier))  # Spot: its quota held
         wait_for(lambda: tier.gke.reported.get(probe["metadata"]["uid"]), REACTION, "the stockout reported on it")
         time.sleep(SETTLE_SECONDS)  # past the settle after the job's own stockouts: only capacity holds it now
         assert tier.move_of("waiter-p").to_flavor == "dws"
@@ -298,8 +295,9 @@ def test_a_job_waiting_for_dws_climbs_once_a_probe_finds_on_demand_again(clean):
                                                                              "user-queue-on-demand")
         assert started <= tier.gke.scale_up_seconds + PROBE_SLACK_SECONDS, started
         wait_for(lambda: tier.running_on("waiter-p", "on-demand"), REACTION, "the job on the probed slice")
-        assert not probes(tier)
-        assert not tier.kube.list(*jobs.PROVISIONING_REQUEST, namespace=NAMESPACE)  # its DWS request given up
+        wait_for(lambda: not tier.capacity_probes(), REACTION, "both probes gone: no job waits below them")
+        wait_for(lambda: not tier.kube.list(*jobs.PROVISIONING_REQUEST, namespace=NAMESPACE), REACTION,
+                 "its DWS request given up")
         assert tier.metric("tpu_fallback_capacity_probes_total", flavor="on-demand", outcome="found") == 1
         print(f"\na job waiting for DWS climbed {started:.1f} s after on-demand's capacity came back (scale-up "
               f"{tier.gke.scale_up_seconds} s)")

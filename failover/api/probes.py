@@ -4,8 +4,8 @@ Nothing in the cluster shows that a stocked-out rung has capacity again: no pod 
 so the autoscaler never tries it, and no idle slice appears for a waiting job to climb to. A probe is one pending pod
 shaped like one host of the job's slice on that rung (the rung's node labels and tolerations, one host's TPU chips),
 with no Kueue queue: the cluster autoscaler keeps trying to scale the pool up for it, at the pace of its own backoff,
-and a multi-host TPU pool grows by whole slices. Once the probe is bound the slice exists; the controller deletes the
-probe, and the waiting job climbs onto the idle slice (failover/regional/climb.py decide_climb_waiting).
+and a multi-host TPU pool grows by whole slices. Once the probe is placed the slice exists: the waiting job climbs
+onto it (failover/regional/climb.py decide_climb_waiting) and the controller deletes the probe.
 Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/tpus (atomicity: a multi-host slice is one unit)
 Ref: https://github.com/kubernetes/autoscaler/blob/master/cluster-autoscaler/FAQ.md#how-can-i-configure-overprovisioning-with-cluster-autoscaler
 (the placeholder-pod pattern the probe follows)

@@ -185,9 +185,10 @@ def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, 
                          now: datetime.datetime) -> Climb | NotYet:
     """Whether a job that waits below its chain's first rung (waiting_rung) goes back up now, to the highest rung
     above it (waiting_targets) that has a free slice for it now, with no capacity failure there within `settle`.
-    Whatever `fallback.climbBack.to` says: that bounds what a running job gives up its slice for. No checkpoint (nothing runs), no minRuntime or minInterval, and no settle of the free slice: it loses nothing by
-    going, and a running job waits `settle` before it takes the same slice, so the waiting one goes first. The Move
-    is written `moving` at once (the route of every move). Found on the goodput bench: a job moved down to Spot's
+    Whatever `fallback.climbBack.to` says: that bounds what a running job gives up its slice for. No checkpoint
+    (nothing runs), no minRuntime or minInterval, and no settle of the free slice: it loses nothing by going, and a
+    running job waits `settle` before it takes the same slice, so the waiting one goes first. The Move is written
+    `moving` at once (the route of every move). Found on the goodput bench: a job moved down to Spot's
     queue waited there, Spot full, while the reservation above it had been free for minutes; and a job waited for
     DWS to provision while Spot had a slice again (found by a probe: failover/api/probes.py)."""
     never = NotYet(None)
