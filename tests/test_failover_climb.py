@@ -422,10 +422,19 @@ def test_a_job_waiting_for_dws_to_provision_goes_up_to_a_free_slice_giving_up_it
                                  api.MOVING, from_local_queue="user-queue-dws"))
 
 
-def test_a_waiting_job_stays_while_a_capacity_failure_above_is_recent():
+def test_a_waiting_job_stays_while_a_capacity_failure_on_a_free_reservation_is_recent():
     failed_at = NOW - 2 * MINUTE
     assert decide_waiting(failure=lambda flavor: failed_at) == NotYet(failed_at + POLICY.settle)
     assert isinstance(decide_waiting(failure=lambda flavor: NOW - 6 * MINUTE), Climb)
+
+
+def test_a_waiting_job_climbs_onto_an_idle_slice_at_once_whatever_failed_there_before():
+    """On-demand's free slice is idle nodes that exist now (a probe's, say): the job's own stockout there a minute
+    ago does not hold it. The reservation's free quota alone is no such proof: its failure still holds."""
+    failed_a_minute_ago = lambda flavor: NOW - MINUTE
+    decided = decide_waiting(free=free_for(reservation=0, on_demand=0), failure=failed_a_minute_ago)
+    assert decided == Climb(Move("spot", "on-demand", "user-queue-on-demand", climb.CLIMB_BACK_WAITING,
+                                 api.format_time(NOW), api.MOVING, from_local_queue="user-queue-spot"))
 
 
 @pytest.mark.parametrize("why, view, job", [

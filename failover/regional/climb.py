@@ -184,13 +184,18 @@ def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, 
                          last_failure: Callable[[str], datetime.datetime | None],
                          now: datetime.datetime) -> Climb | NotYet:
     """Whether a job that waits below its chain's first rung (waiting_rung) goes back up now, to the highest rung
-    above it (waiting_targets) that has a free slice for it now, with no capacity failure there within `settle`.
-    Whatever `fallback.climbBack.to` says: that bounds what a running job gives up its slice for. No checkpoint
-    (nothing runs), no minRuntime or minInterval, and no settle of the free slice: it loses nothing by going, and a
-    running job waits `settle` before it takes the same slice, so the waiting one goes first. The Move is written
-    `moving` at once (the route of every move). Found on the goodput bench: a job moved down to Spot's
-    queue waited there, Spot full, while the reservation above it had been free for minutes; and a job waited for
-    DWS to provision while Spot had a slice again (found by a probe: failover/api/probes.py)."""
+    above it (waiting_targets) that has a free slice for it now. Whatever `fallback.climbBack.to` says: that bounds
+    what a running job gives up its slice for. No checkpoint (nothing runs), no minRuntime or minInterval, and no
+    settle of the free slice: it loses nothing by going, and a running job waits `settle` before it takes the same
+    slice, so the waiting one goes first. The Move is written `moving` at once (the route of every move).
+
+    A capacity failure within `settle` holds it only on a reservation rung, where the free slice is quota alone
+    (climb.fits): on any other rung a free slice is one of idle nodes that exist now, whatever failed there before.
+    Found on a capacity story (issue 43): a job that moved from stocked-out on-demand to DWS waited 203 s beside
+    the on-demand slice its probe had made, held by its own stockout until `settle` (5 m) had passed.
+    Also found on the goodput bench: a job moved down to Spot's queue waited there, Spot full, while the reservation
+    above it had been free for minutes; and a job waited for DWS to provision while Spot had a slice again (found by
+    a probe: failover/api/probes.py)."""
     never = NotYet(None)
     if job.pending is not None and job.pending.state != MOVED:
         return never  # a move (or a climb) under way finishes first
@@ -202,7 +207,7 @@ def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, 
         flavor = chain.rungs[index].flavor
         if free(flavor) is None:
             continue
-        failed = last_failure(flavor)
+        failed = last_failure(flavor) if flavor in policy.reserved else None
         if failed is not None and now < failed + policy.settle:
             later.append(failed + policy.settle)
             continue
