@@ -30,7 +30,8 @@ def main() -> int:
                                         cache=manager.cache, workers=config.workers,
                                         resync_seconds=config.resync.total_seconds(), policy=config.maintenance,
                                         climb_policy=config.climb_back))
-    manager.add(ProbeController(manager.api_client, manager.cache, controller.free, config.probes, metrics))
+    manager.add(ProbeController(manager.api_client, manager.cache, controller.free, config.probes, metrics,
+                                resync_seconds=config.resync.total_seconds()))
     manager.add(GoodputController(manager.cache, config.chain, metrics))
     manager.run()
     return 0

@@ -70,6 +70,8 @@ class FreeSlices:
         self.nodes = cache.store(WATCHED_TPU_NODES, capacity_node) if self.flavors else None
         self._lock = threading.Lock()
         self._samples: dict[str, list[climb.Sample]] = {flavor: [] for flavor in self.flavors}
+        # Told after a change moved any rung's numbers (a probe's decision reads them: probing.py)
+        self.listeners: list[Callable[[], None]] = []
 
     def watches(self) -> list[Watch]:
         if not self.flavors:
@@ -80,28 +82,34 @@ class FreeSlices:
     # ---- the samples -------------------------------------------------------------------------------------------
     def _changed(self, _change: Change) -> list[Key]:
         """A rung's numbers again; when one gained room, the Workloads running below it (their reconcile says when
-        the rung has been free long enough)."""
-        return self.workloads_below(self.sample())
+        the rung has been free long enough). Whoever listens is told of any change of the numbers."""
+        changed, gained = self.sample()
+        if changed:
+            for listener in self.listeners:
+                listener()
+        return self.workloads_below(gained)
 
-    def sample(self) -> list[str]:
-        """Take each rung's numbers now; the flavors that gained room."""
+    def sample(self) -> tuple[list[str], list[str]]:
+        """Take each rung's numbers now; the flavors whose numbers changed, and those that gained room."""
         if not self.flavors:
-            return []
+            return [], []
         now = self.clock()
         quotas = list(self.seen.free_tpus().values())
         nodes = self.nodes.items()
-        gained = []
+        changed, gained = [], []
         with self._lock:
             for flavor in self.flavors:
                 free_chips, idle_hosts = rung_numbers(flavor, quotas, ((key[1], node) for key, node in nodes),
                                                       lambda name: bool(self.seen.pods.by("node", name)))
                 samples = self._samples[flavor]
                 before = samples[-1] if samples else None
-                if climb.record(samples, climb.Sample(now, free_chips, idle_hosts),
-                                now - self.policy.settle - KEPT_BEYOND_SETTLE) and (
-                        before is None or free_chips > before.free_chips or idle_hosts > before.idle_hosts):
+                if not climb.record(samples, climb.Sample(now, free_chips, idle_hosts),
+                                    now - self.policy.settle - KEPT_BEYOND_SETTLE):
+                    continue
+                changed.append(flavor)
+                if before is None or free_chips > before.free_chips or idle_hosts > before.idle_hosts:
                     gained.append(flavor)
-        return gained
+        return changed, gained
 
     def latest(self, flavor: str) -> climb.Sample | None:
         """What the rung has now, as last sampled (None before its first sample, or for a rung not sampled)."""

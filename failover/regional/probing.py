@@ -3,10 +3,11 @@ take if GCE had the slice, and deletes it once it is placed or no longer wanted 
 It runs beside the failover controller in the same manager and reads that controller's stores (its Workloads, RayJobs
 and each rung's free-slice samples), so it adds one informer: its own probe pods.
 
-The key is a rung's flavor. What makes a probe wanted changes with Workloads, ClusterQueues, nodes and pods that the
-failover controller already watches; rather than a second handler on each, every rung is looked at each
-`period_seconds` (a pass over the cached Workloads), and at once when a probe pod changes. A second is nothing beside
-the autoscaler's minutes.
+The key is a rung's flavor. What makes a probe wanted is read from stores the failover controller keeps: a job starts
+or stops waiting below a rung (its Workload, its RayJob's moves), a rung's numbers change (free_slices.py tells its
+listeners after each sample: quota, TPU nodes, TPU pods), a probe pod is made, placed or gone. Each of these queues
+every rung at once (a handful of keys); the resync is only the safety net. Before issue 43 a pass every second
+found them instead.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from kubernetes.client.exceptions import ApiException
 from failover.api.probes import PROBE_LABEL, Probes
 from failover.regional import climb, probes as decide
 from failover.regional.free_slices import FreeSlices
+from failover.regional.watches import WATCHED_RAYJOBS, WATCHED_WORKLOADS
 from failover.runtime.cache import Cache, Change
 from failover.runtime.controller import Reconciler, Watch
 from failover.runtime.informer import Watched
@@ -31,21 +33,25 @@ WATCHED_PROBES = Watched("capacity-probes", "/api/v1/pods", label_selector=PROBE
 class ProbeController(Reconciler):
     name = "capacity-probes"
     log = log
-    period_seconds = 1.0
 
     def __init__(self, api_client: client.ApiClient, cache: Cache, free: FreeSlices, probes: Probes,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, resync_seconds: float | None = None):
         Reconciler.__init__(self)
         self.core = client.CoreV1Api(api_client)
         self.free, self.probes, self.metrics = free, probes, metrics or Metrics()
+        self.resync_seconds = resync_seconds
         self.flavors = [shape.flavor for shape in probes.shapes if shape.flavor in free.flavors]
         self.pods = cache.store(WATCHED_PROBES, decide.probe_pod_view,
                                 {"flavor": lambda _key, pod: [pod.flavor]}) if self.flavors else None
+        if self.flavors:
+            free.listeners.append(lambda: self.enqueue(self.flavors))
 
     def watches(self) -> list[Watch]:
         if not self.flavors:
             return []  # probing off (no shape), or no rung a waiting job could climb to
-        return [Watch(WATCHED_PROBES, self._changed, decide.probe_pod_view)]
+        every_rung = lambda _change: self.flavors  # noqa: E731 - a job that starts or stops waiting
+        return [Watch(WATCHED_PROBES, self._changed, decide.probe_pod_view),
+                Watch(WATCHED_WORKLOADS, every_rung), Watch(WATCHED_RAYJOBS, every_rung)]
 
     def _changed(self, change: Change) -> list[str]:
         pod = change.new or change.old
@@ -53,10 +59,6 @@ class ProbeController(Reconciler):
 
     def keys(self) -> list[str]:
         return list(self.flavors)
-
-    def tick(self) -> None:
-        for flavor in self.flavors:
-            self.queue.add(flavor)
 
     def reconcile(self, flavor: str) -> int:
         waiting = []

@@ -102,7 +102,8 @@ class Seen:
     def __init__(self, cache: Cache, chain: Chain, clock: Callable[[], datetime.datetime], metrics: Metrics):
         self.chain, self.clock, self.metrics = chain, clock, metrics
         self.rayjobs = cache.store(WATCHED_RAYJOBS, cached_job, {
-            "raycluster": lambda key, job: [(key[0], job.cluster)] if job.cluster else []})
+            "raycluster": lambda key, job: [(key[0], job.cluster)] if job.cluster else [],
+            "ahead": lambda key, job: [True] if job.ahead else []})
         self.stockouts = cache.store(WATCHED_EVENTS, cached_stockout, {"namespace": lambda key, event: [key[0]]})
         self.workloads = cache.store(WATCHED_WORKLOADS, cached_workload, {
             "rayjob": lambda key, w: [(key[0], w.view.rayjob)] if w.view.rayjob else [],
@@ -117,7 +118,7 @@ class Seen:
     def watches(self) -> list[Watch]:
         return [Watch(WATCHED_RAYJOBS, self._rayjob_changed), Watch(WATCHED_EVENTS, self._event_changed),
                 Watch(WATCHED_WORKLOADS, self._workload_changed), Watch(WATCHED_PODS, self._pod_changed),
-                Watch(WATCHED_NODES, self._node_changed)]
+                Watch(WATCHED_NODES, self._node_changed), Watch(WATCHED_CLUSTERQUEUES, self._quota_changed)]
 
     # ---- the keys each change queues ---------------------------------------------------------------------------
     def _workload_changed(self, change: Change) -> list[Key]:
@@ -132,13 +133,12 @@ class Seen:
         return [change.key]
 
     def _rayjob_changed(self, change: Change) -> list[Key]:
-        """Its Workload, when what the controller reads of it changed: its move, its loss, its RayCluster."""
+        """Its Workload, when anything the controller reads of it changed (CachedJob is exactly that: its move, its
+        loss, its RayCluster, a disruption ahead, its moves' history)."""
         if change.type == DELETED:
             return []
-        old, new = change.old or CachedJob(None, None, None), change.new
-        changed = (old.move, old.loss) != (new.move, new.loss) or bool(new.cluster and old.cluster != new.cluster)
         workload = self.workloads.last("rayjob", change.key)
-        return [workload] if changed and workload is not None else []
+        return [workload] if change.old != change.new and workload is not None else []
 
     def _pod_changed(self, change: Change) -> list[Key]:
         if change.listed and change.type == DELETED:
@@ -164,6 +164,14 @@ class Seen:
         clusters = dict.fromkeys(self.pods.get(key).cluster for key in self.pods.by("node", name)
                                  if self.pods.get(key) is not None)
         return self.workloads_of_clusters(clusters)
+
+    def _quota_changed(self, change: Change) -> list[Key]:
+        """The Workloads of the RayJobs with a disruption ahead on record: a move ahead of it waits for a rung with
+        free quota (maintenance.move_target reads every ClusterQueue's). A rung's gain for a climb: free_slices.py."""
+        if change.old == change.new:
+            return []
+        jobs = (self.workloads.last("rayjob", key) for key in self.rayjobs.by("ahead", True))
+        return [workload for workload in jobs if workload is not None]
 
     def _event_changed(self, change: Change) -> list[Key]:
         """A stockout: the Workloads admitted in its namespace on a rung that can stock out after admission."""
