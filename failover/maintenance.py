@@ -31,10 +31,6 @@ from failover.api import (DISRUPTION_AHEAD, MAINTENANCE, MOVE, NOTHING, RUN_END,
                           CheckpointRequest, Move, Rung, WorkloadView, format_time, parse_time)
 from failover.slices import HostView, NodeView
 
-# A move ahead that found no rung with room looks again this often (the disruption's own time is also a look).
-MOVE_RETRY = datetime.timedelta(seconds=5)
-
-
 @dataclass(frozen=True)
 class Policy:
     """fallback.maintenance, as the controller is given it (failover/config.py RegionalConfig)."""
@@ -182,8 +178,8 @@ def decide_ahead(view: WorkloadView, recorded: Ahead | None, seen: Seen | None, 
     answered = checkpoints.answered_at(request, policy.save_timeout)
     if now < answered:
         return None, answered
-    if target is None:
-        return None, min(seen.at, now + MOVE_RETRY)
+    if target is None:  # a ClusterQueue's change queues the job (regional/watches.py); else the window's look
+        return None, seen.at
     move = Move(flavor, target.flavor, target.local_queue, DISRUPTION_AHEAD, format_time(now),
                 from_local_queue=view.queue_name)
     return MoveAhead(ahead.with_(moved_to=target.flavor), move), None

@@ -124,8 +124,9 @@ def test_with_move_the_job_moves_once_the_save_is_taken_as_done_and_before_the_w
     assert (move.from_flavor, move.to_flavor, move.to_local_queue, move.reason, move.from_local_queue) == (
         "on-demand", "spot", "user-queue-spot", DISRUPTION_AHEAD, "user-queue")
     assert isinstance(action, MoveAhead)
-    # No rung with room: look again soon, up to the window; at the window, no move (the lost-slice path's).
-    assert _decide(asked, answered, MOVE_FIRST, pods, None) == (None, answered + maintenance.MOVE_RETRY)
+    # No rung with room: a quota's change queues it again (no timed retry), else the window; at the window, no move
+    # (the lost-slice path's).
+    assert _decide(asked, answered, MOVE_FIRST, pods, None) == (None, WINDOW)
     assert _decide(asked, WINDOW, MOVE_FIRST, pods, spot) == (None, None)
     assert _decide(asked.with_(moved_to="spot"), answered, MOVE_FIRST, pods, spot) == (None, None)
 
