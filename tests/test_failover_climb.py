@@ -385,6 +385,40 @@ def test_the_signal_follows_the_queues_nodes_and_pods_and_a_rung_that_frees_queu
     informers[WATCHED_CLUSTERQUEUES].on_event("MODIFIED", queue(reserved_chips=0, on_demand_chips=0))
     assert free.free_since("on-demand", NEED) == NOW + 2 * MINUTE
     assert free.free_since("reservation", NEED) == NOW + MINUTE  # unbroken
+    assert free.idle_chips("on-demand") == 0  # an idle slice, but the job below it runs: nobody waits for it
+
+
+def test_a_change_of_a_rungs_numbers_is_told_to_the_listeners_and_nothing_else_is():
+    from prometheus_client import CollectorRegistry
+
+    from failover.regional.watches import WATCHED_CLUSTERQUEUES, Seen
+    from failover.runtime.cache import Cache
+    from failover.runtime.metrics import Metrics
+
+    cache = Cache(None)
+    seen = Seen(cache, CHAIN, lambda: NOW, Metrics(CollectorRegistry()))
+    free = free_slices.FreeSlices(cache, seen, CHAIN, POLICY, lambda: NOW)
+    told = []
+    free.listeners.append(lambda: told.append(1))
+    for watch in free.watches():
+        cache.subscribe(watch.watched, lambda changes, listed, watch=watch: [watch.map(c) for c in changes])
+    queue = {"metadata": {"name": "cluster-queue", "resourceVersion": "1"},
+             "spec": {"resourceGroups": [{"flavors": [
+                 {"name": "on-demand", "resources": [{"name": api.TPU_RESOURCE, "nominalQuota": 16}]}]}]}}
+    cache.informers[WATCHED_CLUSTERQUEUES].on_list([queue])
+    assert told == [1]  # the first numbers
+    cache.informers[WATCHED_CLUSTERQUEUES].on_event("MODIFIED", {**queue, "metadata": {**queue["metadata"],
+                                                                                       "resourceVersion": "2"}})
+    assert told == [1]  # the same numbers: nobody told
+
+
+def test_idle_chips_beside_count_a_slice_only_while_a_job_that_fits_it_waits():
+    idle = Sample(NOW, 16, 4)
+    assert climb.idle_chips_beside(idle, [NEED]) == 16
+    assert climb.idle_chips_beside(idle, []) == 0  # nobody waits
+    assert climb.idle_chips_beside(idle, [Need(32, 8)]) == 0  # the job waiting needs more than is idle
+    assert climb.idle_chips_beside(Sample(NOW, 0, 4), [NEED]) == 0  # no quota: Kueue would not admit it there
+    assert climb.idle_chips_beside(None, [NEED]) == 0
 
 
 # ---- a job that waits below its first rung (decide_climb_waiting) ---------------------------------------------------

@@ -14,6 +14,8 @@ import time
 import pytest
 
 from failover import api
+from failover.api.climbs import CLIMB_BACK_WAITING
+from failover.api.probes import PROBE_LABEL
 from failover.regional import decisions
 from infra import kueue as stack_kueue
 from infra.tpu_pool import PLAN_LABEL_KEY
@@ -293,15 +295,16 @@ def test_a_job_that_fails_is_retried_in_place_shown_failed_and_never_moved(clean
 
 
 # ---- the controller reacts to what its watches deliver, not to a resync ---------------------------------------------
-# With the resync ten minutes away, both paths still move a stocked-out job, and the controller's metrics say what
-# happened. A behaviour test, not a timing test: the one-second goals live in bench/bench_controller_scale.py.
-WATCH_ONLY_RESYNC_SECONDS = 600  # never reached while these tests run
+# With the resync an hour away, both paths still move a stocked-out job, a waiting job climbs onto its probe's slice,
+# and the controller's metrics say what happened. Behaviour tests; the one-second goals live in
+# bench/bench_controller_scale.py, but for the climb onto a probe's slice, whose bound is the issue's (43).
+WATCH_ONLY_RESYNC_SECONDS = 3600  # never reached while these tests run
 
 
 @pytest.fixture
 def watch_only(clean):
-    """The tier's controller replaced by one whose resync is ten minutes away, with fresh metrics; `clean` starts
-    the usual one again after."""
+    """The tier's controller replaced by one whose resync is an hour away, with fresh metrics; `clean` starts the
+    usual one again after."""
     tier = clean
     tier.stop_controller()
     tier.start_controller(resync=WATCH_ONLY_RESYNC_SECONDS)
@@ -363,3 +366,45 @@ def test_a_podsready_eviction_is_moved_without_a_resync(watch_only):
     wait_for(lambda: tier.metric("tpu_fallback_admission_check_outcomes_total", admission_check=check,
                                  state="Ready") == 1, 10, "the check's Ready counted")
     assert tier.metric("tpu_fallback_admission_wait_seconds_count", flavor="dws") == waits_before["dws"] + 1
+
+
+CLIMB_BOUND_SECONDS = 2  # issue 43: from the probe's slice appearing to the waiting job's climb
+
+
+def test_a_job_waiting_for_dws_climbs_onto_its_probes_slice_within_2_s_without_a_resync(watch_only):
+    """The capacity story the dev stack once lost to the tutorial (issue 43): on-demand out of stock for less than
+    the DWS request takes, so the job moved to DWS after the grace period, and a probe stood on on-demand. Capacity
+    comes back (here before `fallback.climbBack.settle`, 5 m as deployed, has passed since the job's own stockout,
+    and DWS never provisions): the autoscaler grows the slice for the probe, and the waiting job climbs onto it
+    within CLIMB_BOUND_SECONDS of the slice appearing, with no resync. It once waited there, the slice idle and
+    billed, until its stockout was `settle` old."""
+    tier = watch_only
+    kept = tier.gke.scale_down_seconds
+    tier.gke.scale_down_seconds = 600  # the probed slice stays, as GKE's scale-down delay keeps it
+    try:
+        tier.stockout("on-demand")
+        tier.submit("story-2")
+        jobs.wait_provisioning_request(tier.kube, NAMESPACE, "story-2", timeout=GRACE_SECONDS + REACTION_TIMEOUT)
+        assert _moved(tier, "story-2").to_flavor == "dws"
+        probe = wait_for(lambda: next(iter(tier.capacity_probes()), None), REACTION_TIMEOUT, "a probe on on-demand")
+        assert probe["metadata"]["labels"][PROBE_LABEL] == "on-demand" and not probe["spec"].get("nodeName")
+        wait_for(lambda: tier.gke.reported.get(probe["metadata"]["uid"]), REACTION_TIMEOUT,
+                 "the stockout reported on the probe")
+
+        pools, restored = tier.pools_of("on-demand"), time.monotonic()
+        for pool in pools:
+            tier.gke.restore(pool)
+        climb = wait_for(lambda: (m := tier.move_of("story-2")) and m.reason == CLIMB_BACK_WAITING and m,
+                         REACTION_TIMEOUT, "the climb to on-demand", interval=0.05)
+        seen = time.monotonic()
+        (appeared,) = [at for at, what, pool, _slice in tier.gke.history
+                       if what == "up" and pool in pools and at >= restored]
+        assert (climb.from_flavor, climb.to_flavor) == ("dws", "on-demand")
+        assert seen - appeared <= CLIMB_BOUND_SECONDS, seen - appeared
+        wait_for(lambda: tier.running_on("story-2", "on-demand"), REACTION_TIMEOUT, "the job on the probe's slice")
+        wait_for(lambda: not tier.capacity_probes(), REACTION_TIMEOUT, "the probe gone")
+        assert tier.metric("tpu_fallback_resyncs_total") == 0
+        assert tier.metric("tpu_fallback_capacity_probes_total", flavor="on-demand", outcome="found") == 1
+        print(f"\nthe waiting job climbed {seen - appeared:.2f} s after its probe's slice appeared")
+    finally:
+        tier.gke.scale_down_seconds = kept

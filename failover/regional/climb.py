@@ -73,6 +73,15 @@ def free_since(samples: Sequence[Sample], need: Need, reserved: bool) -> datetim
     return since
 
 
+def idle_chips_beside(sample: Sample | None, waiting: Iterable[Need]) -> int:
+    """The chips of the rung's idle hosts, when one of the jobs waiting below it could take them (the rung's quota
+    and an idle slice both fit it); else 0. A slice billed for nothing while a job waits."""
+    for need in waiting:
+        if sample is not None and need.hosts > 0 and fits(sample, need, reserved=False):
+            return sample.idle_hosts * (need.chips // need.hosts)
+    return 0
+
+
 def record(samples: list[Sample], sample: Sample, horizon: datetime.datetime) -> bool:
     """Append `sample` if it differs from the last one, and forget what is older than `horizon` except the newest such
     sample (it says what the rung had at the horizon). Whether anything changed."""

@@ -72,6 +72,8 @@ class FreeSlices:
         self._samples: dict[str, list[climb.Sample]] = {flavor: [] for flavor in self.flavors}
         # Told after a change moved any rung's numbers (a probe's decision reads them: probing.py)
         self.listeners: list[Callable[[], None]] = []
+        for flavor in self.flavors:
+            seen.metrics.idle_chips_waiting.labels(flavor).set_function(lambda flavor=flavor: self.idle_chips(flavor))
 
     def watches(self) -> list[Watch]:
         if not self.flavors:
@@ -116,6 +118,14 @@ class FreeSlices:
         with self._lock:
             samples = self._samples.get(flavor)
             return samples[-1] if samples else None
+
+    def idle_chips(self, flavor: str) -> int:
+        """The chips of the rung's idle slice while a job that could take it waits below (climb.idle_chips_beside)."""
+        rung = self.chain.index_of_flavor(flavor)
+        waiting = [climb.Need(cached.view.tpu_chips, cached.view.tpu_hosts) for key, below in self.rungs_below()
+                   if below > rung and (cached := self.seen.workloads.get(key)) is not None
+                   and not (cached.view.admitted and cached.view.pods_ready_since)]
+        return climb.idle_chips_beside(self.latest(flavor), waiting)
 
     def free_since(self, flavor: str, need: climb.Need) -> datetime.datetime | None:
         with self._lock:

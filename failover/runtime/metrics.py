@@ -62,6 +62,12 @@ class Metrics(_Served):
         self.probes = Counter("tpu_fallback_capacity_probes",
                               "Capacity probes on a rung a waiting job could climb to, by outcome (created, found).",
                               ["flavor", "outcome"], registry=r)
+        # Computed at each scrape (failover/regional/free_slices.py): a slice nobody uses while a job that could use
+        # it waits below is billed for nothing; the climb onto it takes seconds, so a lasting value is a fault.
+        self.idle_chips_waiting = Gauge(
+            "tpu_fallback_idle_tpu_chips_while_waiting",
+            "TPU chips of a rung's idle slice while a job that fits it waits below that rung.", ["flavor"],
+            registry=r)
         # The goodput controller's (failover/regional/goodput.py): one series per unfinished job of the chain (its
         # breakdown is `ops status -o json`'s), and per namespace the job-seconds of each state on each rung. Not
         # `namespace` and `job`: the scrape's own target labels (the controller's), which would rename these.
