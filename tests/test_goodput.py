@@ -75,7 +75,8 @@ def test_file_logger_keeps_each_runs_records_in_its_own_directory_and_reads_its_
         ["job_name", "step_count", "step_start_time"]]
 
     # Every run's, oldest first: the job's records as Cloud Logging would hold them (any run id reads the same).
-    payloads, (last_time, last_id) = train.GoodputFileLogger(orbax, "job-1", "c", every_run=True).read_cloud_logging_entries()
+    job = train.GoodputFileLogger(orbax, "job-1", "c", every_run=True)
+    payloads, (last_time, last_id) = job.read_cloud_logging_entries()
     assert [sorted(p) for p in payloads] == [["job_name", "job_start_time"], ["job_name", "step_count", "step_start_time"],
                                             sorted(["job_name", *restore_event(10, 0.5)])]
     assert payloads[2]["job_name"] == "job-1" and payloads[2]["checkpoint_manager_duration_secs"] == 0.5
@@ -170,7 +171,8 @@ def test_each_run_writes_its_own_result_and_the_jobs_goodput_spans_them_when_rea
 
     # b's result is b's alone (10-14 s: steps 2 and 3, the restore, 1.5 s of nothing recorded); a's stays a's.
     own = train.write_goodput_result(b_config, finished=True)
-    assert json.loads(result_file(tmp_path, "b").read_text()) == own and result_file(tmp_path, "a").read_text() == a_result
+    assert json.loads(result_file(tmp_path, "b").read_text()) == own
+    assert result_file(tmp_path, "a").read_text() == a_result
     assert (own["run"], own["scope"], own["disruptions"]) == ("b", "run", 0)
     assert own["seconds"]["job"] == pytest.approx(4) and own["goodput"] == pytest.approx(2 / 4)
     assert own["seconds"]["badput"]["unproductive_checkpoint_restore_time"] == pytest.approx(0.5)
@@ -221,8 +223,10 @@ def test_runs_at_once_are_named_in_the_jobs_view_each_with_its_own_account(tmp_p
     for run, (job_time, productive) in {"a": (5, 4), "b": (4.5, 3)}.items():
         own = train.write_goodput_result(config(tmp_path, run), finished=True)
         assert (own["run"], own["disruptions"]) == (run, 0)
-        assert (own["seconds"]["job"], own["seconds"]["productive"]) == (pytest.approx(job_time), pytest.approx(productive))
-    assert train.overlapping_runs({"a": (0, 5), "b": (5, 6), "c": (1, 2)}) == [["a", "c"]]  # touching is not overlapping
+        assert own["seconds"]["job"] == pytest.approx(job_time)
+        assert own["seconds"]["productive"] == pytest.approx(productive)
+    # Runs that only touch (one ends as the other starts) do not overlap.
+    assert train.overlapping_runs({"a": (0, 5), "b": (5, 6), "c": (1, 2)}) == [["a", "c"]]
 
 
 def test_no_records_no_result_and_off_records_nothing(tmp_path, capsys):

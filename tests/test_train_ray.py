@@ -75,9 +75,8 @@ def _run_dir(root: Path, run: str, run_id: str | None = None) -> Path:
 
 def _goodput(root: Path, run: str, run_id: str | None = None) -> tuple[dict, list]:
     """A run's goodput result (runs/<run-id>/goodput/result.json) and its records, oldest first (payloads)."""
-    run_dir = _run_dir(root, run, run_id)
-    records = train.GoodputFileLogger(str(root / f"{run}-orbax"), train.goodput_job_name(run, str(root / f"{run}-orbax")),
-                                      run_dir.name).records()
+    orbax, run_dir = str(root / f"{run}-orbax"), _run_dir(root, run, run_id)
+    records = train.GoodputFileLogger(orbax, train.goodput_job_name(run, orbax), run_dir.name).records()
     result = json.loads((run_dir / train.GOODPUT_DIR / train.GOODPUT_RESULT).read_text())
     return result, [r["payload"] for r in records]
 

@@ -676,8 +676,9 @@ def _badput_by_name(values: dict, scale: float, like: dict | None = None) -> dic
 
 
 def goodput_account(config: dict, every_run: bool) -> dict:
-    """The library's calculation over the records one logger reads (``goodput_logger``), as plain JSON: ``goodput`` and
-    ``badput`` as fractions of the time the records span (the library gives percent), ``seconds`` the same in seconds."""
+    """The library's calculation over the records one logger reads (``goodput_logger``), as plain JSON: ``goodput``
+    and ``badput`` as fractions of the time the records span (the library gives percent), ``seconds`` the same in
+    seconds."""
     from ml_goodput_measurement import goodput
     job_name = goodput_job_name(config["run_name"], config["checkpoint_dir"])
     # A cache of its own per calculation: the library's default (/tmp/<job>_timeline.jsonl) would fold in the records
@@ -720,10 +721,11 @@ def overlapping_runs(spans: dict) -> list:
 
 def job_goodput(config: dict) -> dict:
     """The job's goodput, derived when read and written nowhere: the library's calculation over every run's records,
-    merged in time order, as it reads a job from Cloud Logging. The library has no notion of a run: each job start after
-    the first is a restart, and a step begun again a disruption. So runs one after another (a restart, a new dispatch)
+    merged in time order, as it reads a job from Cloud Logging. The library has no notion of a run: it reads one timeline
+    per job_name, where a step begun again marks a disruption. So runs one after another (a restart, a new dispatch)
     make one account; runs at once (a fleet partition) interleave their steps, and ``overlapping`` names them: read each
-    run's own result then. With ``cloud`` records ``runs`` and ``overlapping`` are None: the entries name no run."""
+    run's own result then. With ``cloud`` records ``runs`` and ``overlapping`` are None: the entries name no run.
+    Ref: ml_goodput_measurement 0.2.3 goodput.py, GoodputCalculator._get_current_productive_and_unproductive_time."""
     account = goodput_account(config, every_run=True)
     if config["goodput_logger"] != "file":
         return {**account, "runs": None, "overlapping": None}
