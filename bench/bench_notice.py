@@ -12,9 +12,10 @@ A second fit per run plays a host maintenance asked ahead: the failover controll
 pods' annotations file (the downwardAPI volume), after step 13, the lead time before the window; training goes on;
 at the window, after step 17, GKE terminates the pods (the preStop hook's notice, then the kill). Steps lost: the
 last step finished before the kill minus the step the next group starts at.
-Each fit's runtime goodput, as train.py reports it (ml-goodput-measurement over the fit's records, `--goodput-logger
-file`): productive step time over the job's time, and the badput by cause in seconds (runtime goodput's part of
-bench_goodput.py's story: what the faults cost the training once it runs).
+Each fit's runtime goodput, the job's as train.py derives it when read (ml-goodput-measurement over every run's records,
+`--goodput-logger file`; each fit is one run of its own job): productive step time over the job's time, and the badput
+by cause in seconds (runtime goodput's part of bench_goodput.py's story: what the faults cost the training once it
+runs).
 On a TPU slice the restart is that of the whole RayCluster's worker group, on new hosts: add the slice's return.
 """
 
@@ -35,11 +36,11 @@ REQUEST_AT, WINDOW_AT = 13, 17  # the maintenance: its checkpoint request, then 
 
 
 def one_run(root: Path, steps: int, every: int) -> dict[str, float]:
-    result = train.main(["--storage-path", str(root / "ray"), "--run-name", "bench", "--checkpoint-dir",
-                         str(root / "orbax"), "--steps", str(steps), "--checkpoint-every", str(every),
-                         "--report-every", "10", "--num-workers", "2", "--fail-at-step", str(FAIL_AT),
-                         "--preempt-at-step", str(NOTICE_AT), "--notice-file", str(root / "notice"),
-                         "--goodput-logger", "file"])
+    argv = ["--storage-path", str(root / "ray"), "--run-name", "bench", "--checkpoint-dir", str(root / "orbax"),
+            "--steps", str(steps), "--checkpoint-every", str(every), "--report-every", "10", "--num-workers", "2",
+            "--fail-at-step", str(FAIL_AT), "--preempt-at-step", str(NOTICE_AT), "--notice-file", str(root / "notice"),
+            "--goodput-logger", "file"]
+    result = train.main(argv)
     # The Ray markers, not the metrics: a report is dropped when a worker dies before Ray Train collects it.
     markers = [json.loads(p.read_text()) for p in (root / "ray").rglob("meta.json")]
     assert result.metrics["step"] == steps
@@ -50,15 +51,15 @@ def one_run(root: Path, steps: int, every: int) -> dict[str, float]:
         after = min((m for m in markers if m["step"] > at), key=lambda m: m["step"])  # the next group's first
         found[f"{label}: steps lost"] = at - after["start_step"]
         found[f"{label}: fault -> first new step, s"] = after["first_step_at"] - fault_time
-    found.update(runtime_goodput(root / "orbax", "two faults"))
+    found.update(runtime_goodput(argv, "two faults"))
     found.update(maintenance_run(root / "maintenance", steps, every))
     return found
 
 
-def runtime_goodput(checkpoints: Path, label: str) -> dict[str, float]:
-    """The fit's runtime goodput as train.py wrote it (ml-goodput-measurement's calculation over the run's records):
-    the share of the job's time on productive steps, then each badput cause in seconds."""
-    result = json.loads((checkpoints / train.GOODPUT_RESULT).read_text())
+def runtime_goodput(argv: list, label: str) -> dict[str, float]:
+    """The job's runtime goodput, derived from every run's records as `train.py <argv> --goodput-report` prints it: the
+    share of the job's time on productive steps, then each badput cause in seconds."""
+    result = train.job_goodput(train.resolve_config(train.build_parser().parse_args(argv)))
     found = {f"{label}: runtime goodput, %": 100 * result["goodput"],
              f"{label}: job time, s": result["seconds"]["job"]}
     for cause, seconds in sorted(result["seconds"]["badput"].items()):
@@ -69,12 +70,11 @@ def runtime_goodput(checkpoints: Path, label: str) -> dict[str, float]:
 
 def maintenance_run(root: Path, steps: int, every: int) -> dict[str, float]:
     """The maintenance asked ahead: request after REQUEST_AT, the window's notice and kill after WINDOW_AT."""
-    result = train.main(["--storage-path", str(root / "ray"), "--run-name", "bench", "--checkpoint-dir",
-                         str(root / "orbax"), "--steps", str(steps), "--checkpoint-every", str(every),
-                         "--report-every", "10", "--num-workers", "2", "--request-at-step", str(REQUEST_AT),
-                         "--pod-annotations-file", str(root / "podinfo" / "annotations"),
-                         "--preempt-at-step", str(WINDOW_AT), "--notice-file", str(root / "notice"),
-                         "--goodput-logger", "file"])
+    argv = ["--storage-path", str(root / "ray"), "--run-name", "bench", "--checkpoint-dir", str(root / "orbax"),
+            "--steps", str(steps), "--checkpoint-every", str(every), "--report-every", "10", "--num-workers", "2",
+            "--request-at-step", str(REQUEST_AT), "--pod-annotations-file", str(root / "podinfo" / "annotations"),
+            "--preempt-at-step", str(WINDOW_AT), "--notice-file", str(root / "notice"), "--goodput-logger", "file"]
+    result = train.main(argv)
     markers = [json.loads(p.read_text()) for p in (root / "ray").rglob("meta.json")]
     assert result.metrics["step"] == steps
     # The first group saved for the request and trained on: the last step it finished is the window's.
@@ -84,7 +84,7 @@ def maintenance_run(root: Path, steps: int, every: int) -> dict[str, float]:
     after = min((m for m in markers if m["step"] > WINDOW_AT), key=lambda m: m["step"])
     return {"maintenance: steps lost": WINDOW_AT - after["start_step"],
             "maintenance: window -> first new step, s": after["first_step_at"] - window,
-            **runtime_goodput(root / "orbax", "maintenance")}
+            **runtime_goodput(argv, "maintenance")}
 
 
 def main() -> None:

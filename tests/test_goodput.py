@@ -54,29 +54,39 @@ def total(result: dict) -> float:
         result["badput"]["custom_badput_events"].values())
 
 
-def test_file_logger_keeps_each_runs_records_in_its_own_file_and_reads_them_all_in_time_order(tmp_path):
-    records = tmp_path / "goodput"
-    a = train.GoodputFileLogger(str(records), "job-1", "a")
-    b = train.GoodputFileLogger(str(records), "job-1", "b")
+def records_file(root, run_id: str):
+    return root / "orbax" / "runs" / run_id / "goodput" / "records.jsonl"
+
+
+def test_file_logger_keeps_each_runs_records_in_its_own_directory_and_reads_its_own_or_the_jobs(tmp_path):
+    orbax = str(tmp_path / "orbax")
+    a = train.GoodputFileLogger(orbax, "job-1", "a")
+    b = train.GoodputFileLogger(orbax, "job-1", "b")
     a.write_cloud_logging_entry({"job_name": "job-1", "job_start_time": T0})
     b.write_cloud_logging_entry({"job_name": "job-1", "step_count": 0, "step_start_time": T0 + 1})
     a.write_cloud_logging_entry({"job_name": "another-job", "job_start_time": T0})  # not this job's: dropped
     a.write_cloud_logging_entry(None)
     a.log_entry(restore_event(10, 0.5))  # orbax's interface: tagged with the job, as orbax's CloudLogger does
-    assert sorted(p.name for p in records.iterdir()) == ["a.jsonl", "b.jsonl"]
-    assert len((records / "a.jsonl").read_text().splitlines()) == 2
+    assert sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file()) == [
+        "orbax/runs/a/goodput/records.jsonl", "orbax/runs/b/goodput/records.jsonl"]
+    assert len(records_file(tmp_path, "a").read_text().splitlines()) == 2
+    # A run reads its own records: a restarted worker group of it reads what the one before wrote.
+    assert [sorted(p) for p in train.GoodputFileLogger(orbax, "job-1", "b").read_cloud_logging_entries()[0]] == [
+        ["job_name", "step_count", "step_start_time"]]
 
-    # A new logger (a restarted run, another process) reads what the others wrote, oldest first.
-    payloads, (last_time, last_id) = train.GoodputFileLogger(str(records), "job-1", "c").read_cloud_logging_entries()
+    # Every run's, oldest first: the job's records as Cloud Logging would hold them (any run id reads the same).
+    job = train.GoodputFileLogger(orbax, "job-1", "c", every_run=True)
+    payloads, (last_time, last_id) = job.read_cloud_logging_entries()
     assert [sorted(p) for p in payloads] == [["job_name", "job_start_time"], ["job_name", "step_count", "step_start_time"],
                                             sorted(["job_name", *restore_event(10, 0.5)])]
     assert payloads[2]["job_name"] == "job-1" and payloads[2]["checkpoint_manager_duration_secs"] == 0.5
     # The library's incremental query: after the last entry seen, nothing new; an end before every entry, nothing.
     assert a.read_cloud_logging_entries(last_time, None, (last_time, last_id))[0] == []
-    first = json.loads((records / "a.jsonl").read_text().splitlines()[0])
+    first = json.loads(records_file(tmp_path, "a").read_text().splitlines()[0])
     before = datetime.datetime.fromtimestamp(first["timestamp"] - 1, datetime.timezone.utc)
     assert a.read_cloud_logging_entries(end_time=before) == ([], (None, None))
     assert train.GoodputFileLogger(str(tmp_path / "none"), "job-1").read_cloud_logging_entries() == ([], (None, None))
+    assert train.GoodputFileLogger(str(tmp_path / "none"), "job-1", every_run=True).records() == []
 
 
 def test_job_name_is_the_run_name_and_the_checkpoint_roots_hash_path_safe():
@@ -115,7 +125,8 @@ def test_one_uninterrupted_run_goodput_and_badput_by_cause(tmp_path):
     recorder.record_job_end_time(at(7))
 
     result = train.write_goodput_result(cfg, finished=True)
-    assert json.loads((tmp_path / "orbax" / "goodput.json").read_text()) == result
+    assert json.loads((tmp_path / "orbax" / "runs" / "a" / "goodput" / "result.json").read_text()) == result
+    assert (result["run"], result["scope"]) == ("a", "run")
     assert set(result["badput"]) == BADPUT_KEYS
     # Steps 1-3 take 1, 1 and 0.75 s (the commit wait is the save's); their mean, 11/12 s, is what step 0 costs
     # without the start-up; orbax's blocking 0.25 s is the save's too.
@@ -137,15 +148,20 @@ def test_one_uninterrupted_run_goodput_and_badput_by_cause(tmp_path):
     assert (result["records"], result["job"]) == ("file", train.goodput_job_name("job", cfg["checkpoint_dir"]))
 
 
-def test_a_restarted_runs_records_survive_and_count_the_lost_steps_and_the_recovery(tmp_path):
+def result_file(root, run_id: str):
+    return root / "orbax" / "runs" / run_id / "goodput" / "result.json"
+
+
+def test_each_run_writes_its_own_result_and_the_jobs_goodput_spans_them_when_read(tmp_path):
     """Run "a" starts at 0 s, steps 0-3 start at 1, 3, 4 and 5 s, and dies without notice: its newest checkpoint holds
-    steps 0-1. Run "b" (another process, another file) starts at 10 s, restores 0.5 s, starts again at step 2 at 12 s,
-    and ends after step 3."""
+    steps 0-1. Run "b" (another process, another directory) starts at 10 s, restores 0.5 s, starts again at step 2 at
+    12 s, and ends after step 3."""
     a = train.goodput_recorder(config(tmp_path, "a"), enabled=True)
     a.record_job_start_time(at(0))
     steps(a, {0: 1, 1: 3, 2: 4, 3: 5})
     early = train.write_goodput_result(config(tmp_path, "a"), finished=False)  # a's driver, after its fit failed
     assert (early["finished"], early["disruptions"], early["max_productive_step"]) == (False, 0, 2)
+    a_result = result_file(tmp_path, "a").read_text()
     b_config = config(tmp_path, "b")
     b = train.goodput_recorder(b_config, enabled=True)
     b.record_job_start_time(at(10))
@@ -153,8 +169,19 @@ def test_a_restarted_runs_records_survive_and_count_the_lost_steps_and_the_recov
     steps(b, {2: 12, 3: 13, 4: 14})
     b.record_job_end_time(at(14))
 
-    result = train.write_goodput_result(b_config, finished=True)
-    assert json.loads((tmp_path / "orbax" / "goodput.json").read_text()) == result  # the newest replaces a's
+    # b's result is b's alone (10-14 s: steps 2 and 3, the restore, 1.5 s of nothing recorded); a's stays a's.
+    own = train.write_goodput_result(b_config, finished=True)
+    assert json.loads(result_file(tmp_path, "b").read_text()) == own
+    assert result_file(tmp_path, "a").read_text() == a_result
+    assert (own["run"], own["scope"], own["disruptions"]) == ("b", "run", 0)
+    assert own["seconds"]["job"] == pytest.approx(4) and own["goodput"] == pytest.approx(2 / 4)
+    assert own["seconds"]["badput"]["unproductive_checkpoint_restore_time"] == pytest.approx(0.5)
+
+    # The job's, derived now from both runs' records and written nowhere: one timeline, b a restart of a.
+    before = sorted(tmp_path.rglob("*"))
+    result = train.job_goodput(b_config)
+    assert sorted(tmp_path.rglob("*")) == before
+    assert (result["runs"], result["overlapping"]) == (["a", "b"], [])
     seconds = result["seconds"]["badput"]
     assert result["disruptions"] == 1
     # Run a: step 0 (2 s; 1 s start-up beyond step 1's second) and step 1 kept; step 2 lost. Run b: steps 2 and 3.
@@ -167,13 +194,46 @@ def test_a_restarted_runs_records_survive_and_count_the_lost_steps_and_the_recov
     # 0-1 s before a's first step and 10-12 s before b's, less the restore: no cause recorded.
     assert seconds["other"] == pytest.approx(1 + 2 - 0.5)
     assert result["goodput"] == pytest.approx(4 / 14) and total(result) == pytest.approx(1)
+    # The same through the command line: the job's flags and --goodput-report.
+    argv = ["--run-name", "job", "--checkpoint-dir", str(tmp_path / "orbax"), "--goodput-logger", "file"]
+    assert {k: v for k, v in train.main([*argv, "--goodput-report"]).items() if k != "computed_at"} == {
+        k: v for k, v in result.items() if k != "computed_at"}
+
+
+def test_runs_at_once_are_named_in_the_jobs_view_each_with_its_own_account(tmp_path):
+    """A fleet partition: run "b" starts at 2 s while "a" trains on; both go to step 4. The library reads one timeline,
+    so the job's view names the overlap; each run's own result is its own uninterrupted account."""
+    a, b = (train.goodput_recorder(config(tmp_path, run), enabled=True) for run in "ab")
+    # Written in the order of their times, as live runs write them (the records are ordered by when they were written).
+    a.record_job_start_time(at(0))
+    steps(a, {0: 1, 1: 2})
+    b.record_job_start_time(at(2))
+    steps(a, {2: 3})
+    steps(b, {2: 3.5})
+    steps(a, {3: 4})
+    steps(b, {3: 4.5})
+    steps(a, {4: 5})
+    a.record_job_end_time(at(5))
+    steps(b, {4: 5.5})
+    b.record_job_end_time(at(6.5))
+
+    job = train.job_goodput(config(tmp_path, "a"))
+    # b's steps 2, 3 and 4 each begin again a step a began: the library reads three disruptions where there were none.
+    assert (job["overlapping"], job["disruptions"]) == ([["a", "b"]], 3)
+    for run, (job_time, productive) in {"a": (5, 4), "b": (4.5, 3)}.items():
+        own = train.write_goodput_result(config(tmp_path, run), finished=True)
+        assert (own["run"], own["disruptions"]) == (run, 0)
+        assert own["seconds"]["job"] == pytest.approx(job_time)
+        assert own["seconds"]["productive"] == pytest.approx(productive)
+    # Runs that only touch (one ends as the other starts) do not overlap.
+    assert train.overlapping_runs({"a": (0, 5), "b": (5, 6), "c": (1, 2)}) == [["a", "c"]]
 
 
 def test_no_records_no_result_and_off_records_nothing(tmp_path, capsys):
     cfg = config(tmp_path)
     assert train.write_goodput_result(cfg, finished=False) is None  # the library: "Total job time is zero"
     assert "[goodput] not written: ValueError" in capsys.readouterr().out
-    assert not (tmp_path / "orbax" / "goodput.json").exists()
+    assert not (tmp_path / "orbax").exists()
 
     off = config(tmp_path, logger="off")
     train.goodput_recorder(off, enabled=True).record_job_start_time(at(0))
@@ -243,3 +303,25 @@ def test_without_cloud_logging_the_training_goes_on_unrecorded(monkeypatch, tmp_
     assert "[goodput] not written: RuntimeError: no credentials" in out
     monkeypatch.setattr(ocp.logging, "CloudLogger", no_credentials)
     assert train.checkpoint_event_logger(cfg, enabled=True) is None
+
+
+def test_with_cloud_records_a_runs_result_is_the_jobs_as_it_ends_and_the_jobs_view_names_no_run(monkeypatch, tmp_path):
+    """Cloud Logging's entries name the job only (the library's query filters on job_name): a run's result is the job's
+    account when it ends, still written under the run's own directory. Cloud Logging stubbed by one shared store."""
+    monkeypatch.setattr(goodput, "_CloudLogger", lambda job_name, log_name, **kwargs: train.GoodputFileLogger(
+        str(tmp_path / "cloud-logging"), job_name, "entries"))
+    a_config, b_config = config(tmp_path, "a", logger="cloud"), config(tmp_path, "b", logger="cloud")
+    a = train.goodput_recorder(a_config, enabled=True)
+    a.record_job_start_time(at(0))
+    steps(a, {0: 1, 1: 2, 2: 3})
+    b = train.goodput_recorder(b_config, enabled=True)
+    b.record_job_start_time(at(4))
+    steps(b, {2: 5, 3: 6})
+    b.record_job_end_time(at(7))
+
+    result = train.write_goodput_result(b_config, finished=True)
+    assert (result["run"], result["scope"], result["disruptions"]) == ("b", "job", 1)
+    assert [str(p.relative_to(tmp_path / "orbax")) for p in (tmp_path / "orbax").rglob("*") if p.is_file()] == [
+        "runs/b/goodput/result.json"]
+    job = train.job_goodput(b_config)
+    assert (job["runs"], job["overlapping"], job["disruptions"]) == (None, None, 1)

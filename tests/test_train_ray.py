@@ -73,11 +73,19 @@ def _run_dir(root: Path, run: str, run_id: str | None = None) -> Path:
     return Path(train.run_checkpoint_dir(str(root / f"{run}-orbax"), run_id))
 
 
-def _goodput(root: Path, run: str) -> tuple[dict, list]:
-    """The job's goodput result (<checkpoint-dir>/goodput.json) and every run's records, oldest first (payloads)."""
-    orbax = str(root / f"{run}-orbax")
-    records = train.GoodputFileLogger(train.goodput_records_dir(orbax), train.goodput_job_name(run, orbax)).records()
-    return json.loads((root / f"{run}-orbax" / train.GOODPUT_RESULT).read_text()), [r["payload"] for r in records]
+def _goodput(root: Path, run: str, run_id: str | None = None) -> tuple[dict, list]:
+    """A run's goodput result (runs/<run-id>/goodput/result.json) and its records, oldest first (payloads)."""
+    orbax, run_dir = str(root / f"{run}-orbax"), _run_dir(root, run, run_id)
+    records = train.GoodputFileLogger(orbax, train.goodput_job_name(run, orbax), run_dir.name).records()
+    result = json.loads((run_dir / train.GOODPUT_DIR / train.GOODPUT_RESULT).read_text())
+    return result, [r["payload"] for r in records]
+
+
+def _job_goodput(root: Path, run: str) -> tuple[dict, list]:
+    """The job's goodput, derived now from every run's records, and those records, oldest first (payloads)."""
+    config = train.resolve_config(train.build_parser().parse_args(_argv(root, run, STEPS)))
+    records = train.goodput_logger(config, every_run=True).records()
+    return train.job_goodput(config), [r["payload"] for r in records]
 
 
 def _step_starts(records: list) -> list:
@@ -91,8 +99,14 @@ BADPUT_KEYS = {"tpu_initialization", "training_prep", "program_startup", "data_l
                "other"}
 
 
+def _assert_run_goodput(result: dict) -> None:
+    """A run's own result: over its records only, written when its fit() ended."""
+    assert result["scope"] == "run" and result["finished"], result
+    _assert_goodput_shape(result)
+
+
 def _assert_goodput_shape(result: dict) -> None:
-    assert 0 < result["goodput"] <= 1 and result["finished"] and result["records"] == "file", result
+    assert 0 < result["goodput"] <= 1 and result["records"] == "file", result
     assert set(result["badput"]) == set(result["seconds"]["badput"]) == BADPUT_KEYS, result
     assert result["max_productive_step"] >= STEPS and result["seconds"]["job"] > result["seconds"]["productive"] > 0
     # Orbax's save events and the wait for its commit reached the records: every run here saves.
@@ -114,7 +128,7 @@ def baseline(ray_cpu, tmp_path_factory):
     root = tmp_path_factory.mktemp("baseline")
     result = train.main(_argv(root, "base", STEPS))
     return {"root": root, "result": result, "state": _final_state(root, "base", STEPS),
-            "goodput": _goodput(root, "base")}  # read now: the second dispatch adds to the job's
+            "goodput": _goodput(root, "base")}  # its own result and records
 
 
 def test_loss_falls_below_half_of_log_vocab(baseline):
@@ -127,9 +141,9 @@ def test_loss_falls_below_half_of_log_vocab(baseline):
     assert metrics["tokens_per_s"] > 0 and metrics["tflops_per_device"] > 0
 
 
-def test_an_uninterrupted_runs_goodput_is_written_beside_its_checkpoints(baseline):
+def test_an_uninterrupted_runs_goodput_is_written_in_its_own_directory(baseline):
     result, records = baseline["goodput"]
-    _assert_goodput_shape(result)
+    _assert_run_goodput(result)
     assert result["disruptions"] == 0 and _step_starts(records) == list(range(STEPS + 1))  # + "progress kept"
     badput = result["seconds"]["badput"]
     assert badput["wasted_progress_from_disruption"] == badput["infrastructure_recovery_from_disruption"] == 0
@@ -180,7 +194,7 @@ def test_a_notice_loses_no_step_a_crash_at_most_one_interval_and_both_match_the_
     # first two ending in the step the next began at (the notice's "progress kept" at NOTICE_AT; FAIL_AT - 1, the last
     # step begun before the death, after 10), so the library counts two disruptions, the steps lost and the recovery.
     goodput, records = _goodput(tmp_path, "crash")
-    _assert_goodput_shape(goodput)
+    _assert_run_goodput(goodput)
     assert _step_starts(records) == [*range(NOTICE_AT + 1), *range(NOTICE_AT, FAIL_AT), *range(10, STEPS + 1)]
     assert sum("job_start_time" in r for r in records) == 1 + 3  # the driver's, and each worker group's
     assert goodput["disruptions"] == 2, goodput
@@ -195,6 +209,16 @@ def _files(directory: Path) -> dict:
             for f in directory.rglob("*") if f.is_file()}
 
 
+def _written(before: dict, after: dict) -> list:
+    """The paths a run created, changed or deleted, given ``_files`` of one directory before and after it."""
+    return sorted(p for p in before.keys() | after.keys() if before.get(p) != after.get(p))
+
+
+def _outside(paths, *own_dirs: str) -> list:
+    """The paths that are in none of a run's own directories."""
+    return [p for p in paths if not any(p.startswith(f"{d}/") for d in own_dirs)]
+
+
 def _steps(run_dir: Path) -> list:
     return sorted(int(p.name) for p in run_dir.iterdir() if p.name.isdigit())
 
@@ -203,30 +227,42 @@ def test_a_second_dispatch_of_the_job_resumes_from_the_first_and_writes_only_its
     """MultiKueue may run one job in two clusters with the same flags; only the run id (the RayCluster's
     name) differs. The baseline's run (the default run id) is dispatch A, finished; dispatch B starts with
     run id "dispatch-b", takes A's newest step and trains on. One after the other, not at once: a fit takes
-    both CPUs. Neither run writes into the other's directories."""
+    both CPUs. Every path each run wrote (checkpoints, goodput records and result, Ray Train run) is in its own
+    directories, and no path is written by both."""
     root, job, a_id = baseline["root"], "base", _run_dir(baseline["root"], "base").name
     a_orbax, b_orbax = _run_dir(root, job, a_id), _run_dir(root, job, "dispatch-b")
     a_ray, b_ray = root / "ray" / job / a_id, root / "ray" / job / "dispatch-b"
+    a_own = (str(a_orbax.relative_to(root)), str(a_ray.relative_to(root)))
+    b_own = (str(b_orbax.relative_to(root)), str(b_ray.relative_to(root)))
     a_newest = _steps(a_orbax)[-1]
-    a_files, a_ray_files = _files(a_orbax), _files(a_ray)
-    a_records = _files(root / f"{job}-orbax" / "goodput")
-    assert a_newest == STEPS and a_files and a_ray_files and not b_orbax.exists()
+    a_wrote = _files(root)  # A is all that ran under root
+    assert a_newest == STEPS and not b_orbax.exists()
+    assert f"{a_own[0]}/goodput/records.jsonl" in a_wrote and f"{a_own[0]}/goodput/result.json" in a_wrote
+    assert any(p.startswith(f"{a_own[1]}/") for p in a_wrote) and _outside(a_wrote, *a_own) == []
 
     b = train.main(_argv(root, job, a_newest + CKPT_EVERY, "--run-id", "dispatch-b"))
     assert (b.metrics["start_step"], b.metrics["resumed_from"]) == (a_newest, a_id)
     assert b.metrics["step"] == a_newest + CKPT_EVERY
-    # B wrote, changed and deleted nothing of A's (orbax steps, Ray Train run) and saved into its own only.
-    assert _files(a_orbax) == a_files and _files(a_ray) == a_ray_files
-    assert {f: v for f, v in _files(root / f"{job}-orbax" / "goodput").items() if f != "dispatch-b.jsonl"} == a_records
-    # The job's goodput now spans both runs: B began at A's last step, one disruption of the job.
-    goodput, records = _goodput(root, job)
+    # B created, changed and deleted nothing outside its own directories, so nothing of A's (orbax steps, goodput
+    # records and result, Ray Train run): no path written by both.
+    b_wrote = _written(a_wrote, _files(root))
+    assert f"{b_own[0]}/goodput/records.jsonl" in b_wrote and f"{b_own[0]}/goodput/result.json" in b_wrote
+    assert _outside(b_wrote, *b_own) == [] and not set(b_wrote) & set(a_wrote)
+    # B's own goodput: its fit alone, from A's last step on.
+    own, records = _goodput(root, job, "dispatch-b")
+    _assert_run_goodput(own)
+    assert (own["run"], own["disruptions"], own["max_productive_step"]) == ("dispatch-b", 0, a_newest + CKPT_EVERY)
+    assert _step_starts(records) == list(range(a_newest, a_newest + CKPT_EVERY + 1))
+    assert own["seconds"]["badput"]["unproductive_checkpoint_restore_time"] > 0, own
+    # The job's goodput, derived from both runs' records when read: B began at A's last step, one disruption.
+    goodput, records = _job_goodput(root, job)
     _assert_goodput_shape(goodput)
+    assert (goodput["runs"], goodput["overlapping"]) == (sorted([a_id, "dispatch-b"]), [])
     assert goodput["disruptions"] == 1 and goodput["max_productive_step"] == a_newest + CKPT_EVERY
     assert _step_starts(records) == [*range(a_newest + 1), *range(a_newest, a_newest + CKPT_EVERY + 1)]
     assert _steps(b_orbax) == [a_newest + CKPT_EVERY]
-    # No step at the root; the job's goodput records (one file per run) and result beside the runs.
-    assert sorted(p.name for p in (root / f"{job}-orbax").iterdir()) == ["goodput", "goodput.json", "runs"]
-    assert sorted(p.name for p in (root / f"{job}-orbax" / "goodput").iterdir()) == sorted([f"{a_id}.jsonl", "dispatch-b.jsonl"])
+    # Nothing at the root but the runs.
+    assert sorted(p.name for p in (root / f"{job}-orbax").iterdir()) == ["runs"]
     assert sorted(p.name for p in a_orbax.parent.iterdir()) == sorted([a_id, "dispatch-b"])
     assert sorted(p.name for p in (root / "ray" / job).iterdir()) == sorted([a_id, "dispatch-b"])
     assert Path(b.path) == b_ray

@@ -32,6 +32,7 @@ identity, ``--run-id`` (on KubeRay: the RayCluster's name, new for every dispatc
 and writes only its own files::
 
     <checkpoint-dir>/runs/<run-id>/<step>/...   orbax steps of this run (a CheckpointManager of its own)
+    <checkpoint-dir>/runs/<run-id>/goodput/     its goodput records (--goodput-logger file) and result
     <storage-path>/<run-name>/<run-id>/         its Ray Train run (RunConfig name "<run-name>/<run-id>")
 
 At start, rank 0 looks at every ``runs/*`` directory, takes the newest *finished* orbax step of any run
@@ -66,10 +67,11 @@ loss, global tokens/s, step time, model TFLOP/s per device and, given ``--peak-t
 Goodput: rank 0 records the job's events with Google's ml-goodput-measurement (the recorder MaxText uses): each worker
 group's start (the job's first, or a restart after a disruption), TPU initialisation, training preparation, each step's
 start, orbax's save and restore events, the wait for a save's commit, and the step up to which a run kept its progress.
-The records go to Cloud Logging, as the library does, where the checkpoints are on gs:// (GKE), else to JSON lines under
-``<checkpoint-dir>/goodput/`` (one file per run; ``--goodput-logger``). When fit() ends, the driver runs the library's
-calculator over every record of the job and writes ``<checkpoint-dir>/goodput.json``: goodput, and badput by cause, as
-fractions of the job's time and in seconds.
+The records go to Cloud Logging, as the library does, where the checkpoints are on gs:// (GKE), else to JSON lines in
+the run's own ``<checkpoint-dir>/runs/<run-id>/goodput/records.jsonl`` (``--goodput-logger``). When fit() ends, the
+driver runs the library's calculator over the run's records and writes ``runs/<run-id>/goodput/result.json``: goodput,
+and badput by cause, as fractions of the run's time and in seconds. The job's goodput is derived when read, over every
+run's records, and written nowhere: ``python train.py <the job's flags> --goodput-report`` prints it.
 """
 
 from __future__ import annotations
@@ -500,8 +502,11 @@ CHECKPOINT_REQUEST_ANNOTATION = "tpu-fallback/checkpoint-request"
 # --------------------------------------------------------------------------------------------------
 
 GOODPUT_LOG_NAME = "tpu-fallback-goodput"  # the records' log: one per Cloud Logging project, one job_name per job
-GOODPUT_RESULT = "goodput.json"  # <checkpoint-dir>/goodput.json: the calculator's result, newest computation
-GOODPUT_RECORDS_DIR = "goodput"  # <checkpoint-dir>/goodput/<run-id>.jsonl: the file logger's records, one per run
+# A run's goodput files sit in its own directory, beside its orbax steps (orbax lists only step-named entries there):
+# two runs of one job never write the same path, and a run's directory holds all of its files.
+GOODPUT_DIR = "goodput"  # <checkpoint-dir>/runs/<run-id>/goodput/
+GOODPUT_RECORDS = "records.jsonl"  # the file logger's records of this run
+GOODPUT_RESULT = "result.json"  # the calculator's result for this run, written when its fit() ends
 # Training waits for orbax's background commit after every save (the Ray marker must not name an unfinished step);
 # orbax's save event times only the blocking part, so the wait is recorded as a custom badput event of its own.
 CHECKPOINT_SAVE_WAIT = "checkpoint_save_wait"
@@ -521,13 +526,14 @@ class GoodputFileLogger:
     read_cloud_logging_entries, flush) backed by JSON lines, for where there is no Cloud Logging: locally and in tests.
     Also orbax's checkpoint logger (log_entry, as orbax's CloudLogger), so save and restore events land beside them.
 
-    Each run appends to ``<records_dir>/<run_id>.jsonl`` only (a run writes only its own files); a read merges every
-    run's file in time order, so the records of a restarted or re-dispatched run survive it, as they do in Cloud Logging.
+    A run appends to its own ``records.jsonl`` (``run_goodput_dir``) only. It reads back its own records, or, with
+    ``every_run``, every run's of the job merged in time order: the job as Cloud Logging holds it (the library's query
+    names the job only), which the job's view (``job_goodput``) computes over.
     """
 
-    def __init__(self, records_dir: str, job_name: str, run_id: str = "local"):
-        self.records_dir, self.job_name = records_dir, job_name
-        self.path = os.path.join(records_dir, f"{valid_run_id(run_id)}.jsonl")
+    def __init__(self, checkpoint_dir: str, job_name: str, run_id: str = "local", every_run: bool = False):
+        self.checkpoint_dir, self.job_name, self.run_id, self.every_run = checkpoint_dir, job_name, run_id, every_run
+        self.path = os.path.join(run_goodput_dir(checkpoint_dir, valid_run_id(run_id)), GOODPUT_RECORDS)
         self._written = 0
 
     def write_cloud_logging_entry(self, entry: dict | None) -> None:
@@ -536,7 +542,7 @@ class GoodputFileLogger:
         self._written += 1
         line = json.dumps({"timestamp": time.time(), "id": f"{os.getpid()}-{self._written}", "payload": entry},
                           default=str)
-        os.makedirs(self.records_dir, exist_ok=True)
+        os.makedirs(os.path.dirname(self.path), exist_ok=True)
         with open(self.path, "a") as f:  # one write per line, O_APPEND: the driver and rank 0 share the file
             f.write(line + "\n")
 
@@ -547,17 +553,28 @@ class GoodputFileLogger:
     def flush(self) -> None:
         """Every write is on disk when it returns."""
 
+    def record_files(self) -> dict:
+        """{run_id: its records file} of the runs this logger reads: its own, or every run's under ``runs/``."""
+        if not self.every_run:
+            return {self.run_id: self.path} if os.path.exists(self.path) else {}
+        runs = os.path.join(self.checkpoint_dir, RUNS_DIR)
+        found = {run: os.path.join(run_goodput_dir(self.checkpoint_dir, run), GOODPUT_RECORDS)
+                 for run in (sorted(os.listdir(runs)) if os.path.isdir(runs) else []) if _RUN_ID.fullmatch(run)}
+        return {run: path for run, path in found.items() if os.path.exists(path)}
+
+    def records_by_run(self) -> dict:
+        """{run_id: that run's records of this job, oldest first}: [{"timestamp", "id", "payload"}]."""
+        by_run = {}
+        for run, path in self.record_files().items():
+            with open(path) as f:
+                found = [json.loads(line) for line in f if line.strip()]
+            by_run[run] = sorted((r for r in found if r["payload"].get("job_name") == self.job_name),
+                                 key=lambda r: r["timestamp"])
+        return by_run
+
     def records(self) -> list:
-        """Every run's records of this job, oldest first: [{"timestamp", "id", "payload"}]."""
-        if not os.path.isdir(self.records_dir):
-            return []
-        found = []
-        for name in sorted(os.listdir(self.records_dir)):
-            if name.endswith(".jsonl"):
-                with open(os.path.join(self.records_dir, name)) as f:
-                    found.extend(json.loads(line) for line in f if line.strip())
-        return sorted((r for r in found if r["payload"].get("job_name") == self.job_name),
-                      key=lambda r: r["timestamp"])
+        """The records this logger reads, every run's merged, oldest first."""
+        return sorted((r for rs in self.records_by_run().values() for r in rs), key=lambda r: r["timestamp"])
 
     def read_cloud_logging_entries(self, start_time=None, end_time=None, last_entry_info=None):
         """The library's query: payloads in (start, end] (after ``last_entry_info``'s entry, if given), oldest first,
@@ -586,17 +603,19 @@ def _write_whole(path: str, text: str) -> None:
     os.replace(partial, path)
 
 
-def goodput_records_dir(checkpoint_dir: str) -> str:
-    return f"{checkpoint_dir.rstrip('/')}/{GOODPUT_RECORDS_DIR}"
+def run_goodput_dir(checkpoint_dir: str, run_id: str) -> str:
+    """Where run ``run_id`` keeps its goodput records and result: inside its own directory, as its orbax steps."""
+    return f"{run_checkpoint_dir(checkpoint_dir, run_id)}/{GOODPUT_DIR}"
 
 
-def goodput_logger(config: dict) -> GoodputFileLogger | None:
-    """The records' logger for the library: ours where config says "file"; None lets the library create its own Cloud
-    Logging logger (on GKE, through the pod's Workload Identity)."""
+def goodput_logger(config: dict, every_run: bool = False) -> GoodputFileLogger | None:
+    """The records' logger for the library: ours where config says "file" (reading this run's records, or with
+    ``every_run`` the job's); None lets the library create its own Cloud Logging logger (on GKE, through the pod's
+    Workload Identity), which reads every record of the job."""
     if config["goodput_logger"] != "file":
         return None
-    return GoodputFileLogger(goodput_records_dir(config["checkpoint_dir"]),
-                             goodput_job_name(config["run_name"], config["checkpoint_dir"]), config["run_id"])
+    return GoodputFileLogger(config["checkpoint_dir"], goodput_job_name(config["run_name"], config["checkpoint_dir"]),
+                             config["run_id"], every_run=every_run)
 
 
 def goodput_recorder(config: dict, enabled: bool):
@@ -656,23 +675,23 @@ def _badput_by_name(values: dict, scale: float, like: dict | None = None) -> dic
     return named
 
 
-def goodput_result(config: dict, finished: bool) -> dict:
-    """The library's calculation over every record of the job, as plain JSON: ``goodput`` and ``badput`` as fractions
-    of the job's time (the library gives percent), ``seconds`` the same in seconds."""
+def goodput_account(config: dict, every_run: bool) -> dict:
+    """The library's calculation over the records one logger reads (``goodput_logger``), as plain JSON: ``goodput``
+    and ``badput`` as fractions of the time the records span (the library gives percent), ``seconds`` the same in
+    seconds."""
     from ml_goodput_measurement import goodput
     job_name = goodput_job_name(config["run_name"], config["checkpoint_dir"])
     # A cache of its own per calculation: the library's default (/tmp/<job>_timeline.jsonl) would fold in the records
     # of an earlier job of the same name.
     with tempfile.TemporaryDirectory() as cache:
-        calculator = goodput.GoodputCalculator(job_name, GOODPUT_LOG_NAME, cloud_logger=goodput_logger(config),
-                                               cache_dir=cache)
+        calculator = goodput.GoodputCalculator(job_name, GOODPUT_LOG_NAME, cache_dir=cache,
+                                               cloud_logger=goodput_logger(config, every_run=every_run))
         percent, breakdown, _ = calculator.get_job_goodput(include_badput_breakdown=True)
         details = calculator.get_job_goodput_details()
     return {
         "job": job_name,
         "records": config["goodput_logger"],
         "computed_at": time.time(),
-        "finished": finished,  # False: the job is still running, or this run ended early (the window ends now)
         "goodput": percent / 100,
         "badput": (badput := _badput_by_name(breakdown, 1 / 100)),
         # The same kinds in seconds (the library leaves out the ones that did not occur).
@@ -684,16 +703,50 @@ def goodput_result(config: dict, finished: bool) -> dict:
     }
 
 
+def goodput_result(config: dict, finished: bool) -> dict:
+    """This run's goodput: the calculation over its own records (``scope`` "run"). Cloud Logging's entries name the job,
+    not the run (the library's query filters on job_name), so with ``cloud`` records it is the job's as this run
+    ends (``scope`` "job")."""
+    return {**goodput_account(config, every_run=False), "run": config["run_id"],
+            "scope": "run" if config["goodput_logger"] == "file" else "job",
+            "finished": finished}  # False: this run ended early (its window ends now)
+
+
+def overlapping_runs(spans: dict) -> list:
+    """[[run, run], ...]: the pairs of runs whose records overlap in time, given {run_id: (first, last) timestamp}."""
+    runs = sorted(spans)
+    return [[a, b] for i, a in enumerate(runs) for b in runs[i + 1:]
+            if spans[a][0] < spans[b][1] and spans[b][0] < spans[a][1]]
+
+
+def job_goodput(config: dict) -> dict:
+    """The job's goodput, derived when read and written nowhere: the library's calculation over every run's records,
+    merged in time order, as it reads a job from Cloud Logging. The library has no notion of a run: it reads one timeline
+    per job_name, where a step begun again marks a disruption. So runs one after another (a restart, a new dispatch)
+    make one account; runs at once (a fleet partition) interleave their steps, and ``overlapping`` names them: read each
+    run's own result then. With ``cloud`` records ``runs`` and ``overlapping`` are None: the entries name no run.
+    Ref: ml_goodput_measurement 0.2.3 goodput.py, GoodputCalculator._get_current_productive_and_unproductive_time."""
+    account = goodput_account(config, every_run=True)
+    if config["goodput_logger"] != "file":
+        return {**account, "runs": None, "overlapping": None}
+    by_run = goodput_logger(config, every_run=True).records_by_run()
+    spans = {run: (rs[0]["timestamp"], rs[-1]["timestamp"]) for run, rs in by_run.items() if rs}
+    return {**account, "runs": sorted(spans), "overlapping": overlapping_runs(spans)}
+
+
+def goodput_result_path(config: dict) -> str:
+    return f"{run_goodput_dir(config['checkpoint_dir'], config['run_id'])}/{GOODPUT_RESULT}"
+
+
 def write_goodput_result(config: dict, finished: bool) -> dict | None:
-    """``<checkpoint-dir>/goodput.json`` (whole, never half written) and one compact line in the driver's log; None,
-    with the reason logged, when there is nothing to compute or the records cannot be read: goodput is a report, and
-    must not fail a training that succeeded."""
+    """This run's ``runs/<run-id>/goodput/result.json`` (whole, never half written) and one compact line in the driver's
+    log; None, with the reason logged, when there is nothing to compute or the records cannot be read: goodput is a
+    report, and must not fail a training that succeeded."""
     if config["goodput_logger"] == "off":
         return None
     try:
         result = goodput_result(config, finished)
-        _write_whole(f"{config['checkpoint_dir'].rstrip('/')}/{GOODPUT_RESULT}", json.dumps(result, indent=1,
-                                                                                           sort_keys=True))
+        _write_whole(goodput_result_path(config), json.dumps(result, indent=1, sort_keys=True))
     except Exception as err:  # noqa: BLE001 - e.g. no records yet, Cloud Logging's read denied, storage unreachable
         _log(f"[goodput] not written: {type(err).__name__}: {err}")
         return None
@@ -938,9 +991,12 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fail-at-step", type=int, default=None,
       help="testing: the last rank exits after this step, once (marker in --checkpoint-dir, for all runs)")
     a("--goodput-logger", choices=GOODPUT_LOGGERS, default="auto",
-      help="where goodput records go: cloud (Cloud Logging, the library's own; on GKE), file (JSON lines under "
-           "<checkpoint-dir>/goodput/, local paths only), off; auto: cloud for a gs:// --checkpoint-dir, else file. "
-           "The result goes to <checkpoint-dir>/goodput.json")
+      help="where goodput records go: cloud (Cloud Logging, the library's own; on GKE), file (JSON lines in "
+           "<checkpoint-dir>/runs/<run-id>/goodput/records.jsonl, local paths only), off; auto: cloud for a gs:// "
+           "--checkpoint-dir, else file. The run's result goes to <checkpoint-dir>/runs/<run-id>/goodput/result.json")
+    a("--goodput-report", action="store_true",
+      help="train nothing: print the job's goodput, computed now over every run's records (the same --run-name, "
+           "--checkpoint-dir and --goodput-logger as the training)")
     a("--use-tpu", action="store_true")
     a("--topology", default=None, help='TPU slice topology, e.g. "4x4"')
     a("--accelerator-type", default=None, help='Ray TPU type: "TPU-V6E", "TPU-V5LITEPOD", "TPU-V5P"')
@@ -1019,11 +1075,15 @@ def make_trainer(config: dict):
 def main(argv=None):
     """Train with JaxTrainer; returns the ``ray.train.Result`` (``.metrics``: last checkpoint's metrics).
 
-    The job's goodput, over every run's records, goes to ``<checkpoint-dir>/goodput.json`` once fit() ends, however it
-    ends (``write_goodput_result``)."""
+    This run's goodput, over its records, goes to ``runs/<run-id>/goodput/result.json`` once fit() ends, however it
+    ends (``write_goodput_result``). With ``--goodput-report``: prints and returns the job's (``job_goodput``)."""
     import datetime
     started = datetime.datetime.now(datetime.timezone.utc)
     config = resolve_config(build_parser().parse_args(argv))
+    if config["goodput_report"]:
+        report = job_goodput(config)
+        print(json.dumps(report, indent=1, sort_keys=True), flush=True)
+        return report
     # The program's start is the job's (a restarted worker group records its own start too).
     recorder = goodput_recorder(config, enabled=True)
     recorder.record_job_start_time(started)
