@@ -35,6 +35,8 @@ W3 = "member-us-east5-b"  # a third member: W1's stack in another zone, offering
 # The ladder tier's members: three (the issue's fleet), or the first two with TPU_FALLBACK_LADDER_MEMBERS=2 (measured
 # on 2 cores: the fleet starts in 54 s with two, 80 s with three; the walk's DWS step, asked in every member, took
 # 31.4-31.9 s with two and 31.8-32.1 s with three, against its 32 s budget).
+# The ladder's resync (60 s deployed) an hour away: a decision that waited for it would fail its scenario's bound.
+WATCH_ONLY_RESYNC_SECONDS = 3600
 LADDER_MEMBERS = (W1, W2) if os.environ.get("TPU_FALLBACK_LADDER_MEMBERS") == "2" else (W1, W2, W3)
 OFFERED = {W1: ("onDemand",), W2: ("reservation", "onDemand", "spot"), W3: ()}
 ON_DEMAND_ONLY = ("onDemand",)
@@ -100,6 +102,7 @@ class LadderFleet(FleetStacks):
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e["value"] for e in container["env"] if e["name"].startswith(("FLEET_", "LADDER_"))}
         env["FLEET_LADDER"] = on_the_tiers_clock(env["FLEET_LADDER"])
+        env["LADDER_RESYNC_SECONDS"] = str(WATCH_ONLY_RESYNC_SECONDS)  # every scenario on watches and due times
         kubeconfig = self.tier.manager.kubeconfig_for_service_account(stack_failover.NAMESPACE,
                                                                       stack_fleet.LADDER_NAME)
         began = time.monotonic()
