@@ -6,8 +6,10 @@ real training, with its restarts, are checked in test_train_ray.py.
 import dataclasses
 import datetime
 import json
+import tempfile
 
 import pytest
+from etils import epath
 from ml_goodput_measurement import goodput
 from orbax.checkpoint.logging import step_statistics
 
@@ -97,14 +99,93 @@ def test_job_name_is_the_run_name_and_the_checkpoint_roots_hash_path_safe():
     assert train.goodput_job_name("a/b c", "/x").startswith("a-b-c-")
 
 
-def test_records_go_to_cloud_logging_for_a_gs_checkpoint_dir_else_to_a_file(monkeypatch):
+def test_records_go_to_a_file_beside_the_checkpoints_wherever_they_are_unless_cloud_logging_is_asked_for(monkeypatch):
     monkeypatch.delenv("RAY_CLUSTER_NAME", raising=False)
     parse = lambda *argv: train.resolve_config(train.build_parser().parse_args(list(argv)))  # noqa: E731
-    assert parse("--storage-path", "gs://bucket/ray")["goodput_logger"] == "cloud"
+    assert parse("--storage-path", "gs://bucket/ray")["goodput_logger"] == "file"
     assert parse("--storage-path", "/tmp/x")["goodput_logger"] == "file"
+    assert parse("--storage-path", "gs://b/ray", "--goodput-logger", "file")["goodput_logger"] == "file"
+    assert parse("--storage-path", "gs://b/ray", "--goodput-logger", "cloud")["goodput_logger"] == "cloud"
     assert parse("--storage-path", "gs://b/ray", "--goodput-logger", "off")["goodput_logger"] == "off"
-    with pytest.raises(ValueError, match="local file"):
-        parse("--storage-path", "gs://b/ray", "--goodput-logger", "file")
+
+
+GS_ORBAX = "gs://bucket/job/orbax"
+
+
+def gs_config(run_id="a") -> dict:
+    return {"goodput_logger": "file", "checkpoint_dir": GS_ORBAX, "run_name": "job", "run_id": run_id}
+
+
+@pytest.fixture
+def object_storage(monkeypatch, tmp_path):
+    """gs:// without a network: fsspec's in-memory file system behind epath's gs:// backend (the layer orbax and
+    train._write_whole use), and each pod's local disk a directory of tmp_path. Returns (the objects, pod(name)): pod
+    makes the code that follows run "in" that pod (its temporary directory, where the records' spool is)."""
+    from etils.epath import backend
+    from fsspec.implementations.memory import MemoryFileSystem
+    memory = MemoryFileSystem(skip_instance_cache=True)
+    memory.store, memory.pseudo_dirs = {}, [""]  # its own objects, not the class-wide store
+    monkeypatch.setattr(backend.fsspec_backend, "fs", lambda path: memory)
+
+    def pod(name: str) -> None:
+        (tmp_path / name).mkdir(exist_ok=True)
+        monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / name))
+    return memory.store, pod
+
+
+def uploaded(run_id="a") -> list:
+    """The payloads in run ``run_id``'s records object, in order."""
+    text = epath.Path(f"{GS_ORBAX}/runs/{run_id}/goodput/records.jsonl").read_text()
+    return [json.loads(line)["payload"] for line in text.splitlines()]
+
+
+def test_records_in_object_storage_collect_in_the_pod_and_are_written_whole_at_each_flush(object_storage):
+    """The run's writers take turns, each in its own pod: the driver (the job's start), then a worker group's rank 0,
+    which writes the object at its checkpoint save; its pod dies before the next save; a group restarted elsewhere
+    ends the run."""
+    objects, pod = object_storage
+    pod("head")
+    driver = train.goodput_recorder(gs_config(), enabled=True)
+    driver.record_job_start_time(at(0))
+    driver.flush()  # train.main, before fit()
+    pod("worker-1")
+    rank0 = train.goodput_recorder(gs_config(), enabled=True)
+    steps(rank0, {0: 1, 1: 2})
+    train.checkpoint_event_logger(gs_config(), enabled=True).log_entry(save_event(2, blocking=0.25))
+    assert [sorted(p) for p in uploaded()] == [["job_name", "job_start_time"]]  # the worker's lines: in its pod yet
+    rank0.flush()  # after the save (train_loop_per_worker)
+    assert [p.get("step_count", p.get("step")) for p in uploaded()] == [None, 0, 1, 2]
+    steps(rank0, {2: 3})  # then the pod dies without notice: this line is lost with it, as step 2's progress is
+
+    pod("worker-2")  # the restarted group, in another pod, adds its lines to what is there
+    again = train.goodput_recorder(gs_config(), enabled=True)
+    steps(again, {2: 5})
+    again.record_job_end_time(at(6))
+    again.flush()
+    assert [(p.get("step_count"), "job_end_time" in p) for p in uploaded()] == [
+        (None, False), (0, False), (1, False), (None, False), (2, False), (None, True)]
+    assert uploaded()[3]["step"] == 2  # orbax's save event
+    assert sorted(objects) == [f"{GS_ORBAX}/runs/a/goodput/records.jsonl"]
+
+
+def test_a_runs_result_and_the_jobs_view_read_the_records_in_object_storage(object_storage):
+    """Run "a": steps 0-2 start at 1, 2 and 3 s, job end at 3 s; the driver computes its result from the object."""
+    objects, pod = object_storage
+    pod("worker")
+    recorder = train.goodput_recorder(gs_config(), enabled=True)
+    recorder.record_job_start_time(at(0))
+    steps(recorder, {0: 1, 1: 2, 2: 3})
+    recorder.record_job_end_time(at(3))
+    recorder.flush()
+
+    pod("head")
+    result = train.write_goodput_result(gs_config(), finished=True)
+    assert sorted(objects) == [f"{GS_ORBAX}/runs/a/goodput/records.jsonl", f"{GS_ORBAX}/runs/a/goodput/result.json"]
+    assert json.loads(epath.Path(f"{GS_ORBAX}/runs/a/goodput/result.json").read_text()) == result
+    assert (result["run"], result["scope"], result["max_productive_step"]) == ("a", "run", 2)
+    assert result["seconds"]["job"] == pytest.approx(3) and result["seconds"]["productive"] == pytest.approx(2)
+    job = train.job_goodput(gs_config("b"))  # any run id reads the job's
+    assert (job["runs"], job["overlapping"], job["goodput"]) == (["a"], [], pytest.approx(2 / 3))
 
 
 def test_one_uninterrupted_run_goodput_and_badput_by_cause(tmp_path):

@@ -139,6 +139,17 @@ def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
     assert args.goodput_logger == "file"  # the records in the bucket: the service account's only rights
 
 
+def test_every_dev_entrypoint_resolves_as_train_py_resolves_it_at_its_start(monkeypatch):
+    """Parsing is not enough: train.main resolves the flags before it trains, and a pair it rejects there (once,
+    --goodput-logger file with a gs:// --checkpoint-dir) fails every RayJob at its start on GKE."""
+    bucket = plan_for().outputs["checkpointBucket"]
+    for name, job in rayjobs(plan_for()).items():
+        monkeypatch.setenv("RAY_CLUSTER_NAME", f"{name}-x7k2p")  # as KubeRay sets it on the RayCluster's pods
+        config = train.resolve_config(train.build_parser().parse_args(shlex.split(job["spec"]["entrypoint"])[2:]))
+        records = train.GoodputFileLogger(config["checkpoint_dir"], name, config["run_id"]).path
+        assert records == f"{bucket}/{name}/orbax/runs/{name}-x7k2p/goodput/records.jsonl", name
+
+
 def test_checkpoint_interval_comes_from_config():
     job = rayjobs(plan_for(overrides={"workloads": {"checkpointEvery": 25}}))["rayjob-tpu-v6e-4x4-1"]
     assert train.build_parser().parse_args(shlex.split(job["spec"]["entrypoint"])[2:]).checkpoint_every == 25

@@ -67,8 +67,10 @@ loss, global tokens/s, step time, model TFLOP/s per device and, given ``--peak-t
 Goodput: rank 0 records the job's events with Google's ml-goodput-measurement (the recorder MaxText uses): each worker
 group's start (the job's first, or a restart after a disruption), TPU initialisation, training preparation, each step's
 start, orbax's save and restore events, the wait for a save's commit, and the step up to which a run kept its progress.
-The records go to Cloud Logging, as the library does, where the checkpoints are on gs:// (GKE), else to JSON lines in
-the run's own ``<checkpoint-dir>/runs/<run-id>/goodput/records.jsonl`` (``--goodput-logger``). When fit() ends, the
+The records go to JSON lines in the run's own ``<checkpoint-dir>/runs/<run-id>/goodput/records.jsonl``, or, with
+``--goodput-logger cloud``, to Cloud Logging, as the library does. Object storage (gs://) cannot append: there the
+lines collect in a local file in the pod, and the records object is written whole at each checkpoint save and at the
+run's end (a pod that dies between two saves loses its records since the last one). When fit() ends, the
 driver runs the library's calculator over the run's records and writes ``runs/<run-id>/goodput/result.json``: goodput,
 and badput by cause, as fractions of the run's time and in seconds. The job's goodput is derived when read, over every
 run's records, and written nowhere: ``python train.py <the job's flags> --goodput-report`` prints it.
@@ -507,6 +509,8 @@ GOODPUT_LOG_NAME = "tpu-fallback-goodput"  # the records' log: one per Cloud Log
 GOODPUT_DIR = "goodput"  # <checkpoint-dir>/runs/<run-id>/goodput/
 GOODPUT_RECORDS = "records.jsonl"  # the file logger's records of this run
 GOODPUT_RESULT = "result.json"  # the calculator's result for this run, written when its fit() ends
+# Where the records of a run whose records file is an object (gs://) collect in the pod between two uploads.
+GOODPUT_SPOOL_DIR = "tpu-fallback-goodput"  # under the pod's temporary directory
 # Training waits for orbax's background commit after every save (the Ray marker must not name an unfinished step);
 # orbax's save event times only the blocking part, so the wait is recorded as a custom badput event of its own.
 CHECKPOINT_SAVE_WAIT = "checkpoint_save_wait"
@@ -526,14 +530,16 @@ class GoodputFileLogger:
     read_cloud_logging_entries, flush) backed by JSON lines, for where there is no Cloud Logging: locally and in tests.
     Also orbax's checkpoint logger (log_entry, as orbax's CloudLogger), so save and restore events land beside them.
 
-    A run appends to its own ``records.jsonl`` (``run_goodput_dir``) only. It reads back its own records, or, with
-    ``every_run``, every run's of the job merged in time order: the job as Cloud Logging holds it (the library's query
-    names the job only), which the job's view (``job_goodput``) computes over.
+    A run appends to its own ``records.jsonl`` (``run_goodput_dir``) only: a local file directly; an object (gs://)
+    through a local file in the pod, its spool, which ``flush`` writes to the object whole (``upload_records``). It
+    reads back its own records, or, with ``every_run``, every run's of the job merged in time order: the job as Cloud
+    Logging holds it (the library's query names the job only), which the job's view (``job_goodput``) computes over.
     """
 
     def __init__(self, checkpoint_dir: str, job_name: str, run_id: str = "local", every_run: bool = False):
         self.checkpoint_dir, self.job_name, self.run_id, self.every_run = checkpoint_dir, job_name, run_id, every_run
-        self.path = os.path.join(run_goodput_dir(checkpoint_dir, valid_run_id(run_id)), GOODPUT_RECORDS)
+        self.path = f"{run_goodput_dir(checkpoint_dir, valid_run_id(run_id))}/{GOODPUT_RECORDS}"
+        self.spool = records_spool(self.path) if _is_uri(self.path) else self.path  # where this process appends
         self._written = 0
 
     def write_cloud_logging_entry(self, entry: dict | None) -> None:
@@ -542,8 +548,8 @@ class GoodputFileLogger:
         self._written += 1
         line = json.dumps({"timestamp": time.time(), "id": f"{os.getpid()}-{self._written}", "payload": entry},
                           default=str)
-        os.makedirs(os.path.dirname(self.path), exist_ok=True)
-        with open(self.path, "a") as f:  # one write per line, O_APPEND: the driver and rank 0 share the file
+        os.makedirs(os.path.dirname(self.spool), exist_ok=True)
+        with open(self.spool, "a") as f:  # one write per line, O_APPEND: the driver and rank 0 share the file
             f.write(line + "\n")
 
     def log_entry(self, entry: dict, severity: str = "INFO") -> None:
@@ -551,23 +557,33 @@ class GoodputFileLogger:
         self.write_cloud_logging_entry({**entry, "job_name": self.job_name})
 
     def flush(self) -> None:
-        """Every write is on disk when it returns."""
+        """A local file: every write is on disk when it returns. An object: written now, whole, from the spool. The
+        recorder's flush calls it (each checkpoint save, a run's end); an upload that fails is logged, never raised:
+        the records are a report, and the next flush writes them all again."""
+        if self.spool == self.path:
+            return
+        try:
+            upload_records(self.spool, self.path)
+        except Exception as err:  # noqa: BLE001 - e.g. storage unreachable for a while
+            _log(f"[goodput] records not written to {self.path}: {type(err).__name__}: {err}")
 
     def record_files(self) -> dict:
         """{run_id: its records file} of the runs this logger reads: its own, or every run's under ``runs/``."""
+        from etils import epath  # orbax's own path layer: local paths and gs://
         if not self.every_run:
-            return {self.run_id: self.path} if os.path.exists(self.path) else {}
-        runs = os.path.join(self.checkpoint_dir, RUNS_DIR)
-        found = {run: os.path.join(run_goodput_dir(self.checkpoint_dir, run), GOODPUT_RECORDS)
-                 for run in (sorted(os.listdir(runs)) if os.path.isdir(runs) else []) if _RUN_ID.fullmatch(run)}
-        return {run: path for run, path in found.items() if os.path.exists(path)}
+            return {self.run_id: self.path} if epath.Path(self.path).exists() else {}
+        runs = epath.Path(self.checkpoint_dir) / RUNS_DIR
+        found = {run: f"{run_goodput_dir(self.checkpoint_dir, run)}/{GOODPUT_RECORDS}"
+                 for run in (sorted(p.name for p in runs.iterdir()) if runs.is_dir() else []) if _RUN_ID.fullmatch(run)}
+        return {run: path for run, path in found.items() if epath.Path(path).exists()}
 
     def records_by_run(self) -> dict:
-        """{run_id: that run's records of this job, oldest first}: [{"timestamp", "id", "payload"}]."""
+        """{run_id: that run's records of this job, oldest first}: [{"timestamp", "id", "payload"}]. In object storage,
+        what the run's last upload wrote."""
+        from etils import epath
         by_run = {}
         for run, path in self.record_files().items():
-            with open(path) as f:
-                found = [json.loads(line) for line in f if line.strip()]
+            found = [json.loads(line) for line in epath.Path(path).read_text().splitlines() if line.strip()]
             by_run[run] = sorted((r for r in found if r["payload"].get("job_name") == self.job_name),
                                  key=lambda r: r["timestamp"])
         return by_run
@@ -601,6 +617,40 @@ def _write_whole(path: str, text: str) -> None:
     with open(partial, "w") as f:
         f.write(text)
     os.replace(partial, path)
+
+
+def records_spool(records_uri: str) -> str:
+    """The local file in the pod where the records of ``records_uri`` collect between two uploads: one per records
+    object, so the recorder and orbax's event logger of a process, and a worker group restarted in the same pod, add
+    to the same lines."""
+    name = hashlib.sha256(records_uri.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), GOODPUT_SPOOL_DIR, f"{name}.jsonl")
+
+
+def upload_records(spool: str, records_uri: str) -> None:
+    """Write a run's records object whole: the lines it holds and this pod's spool, each line once, in time order.
+
+    Why whole: object storage cannot append; an object is replaced whole, so a reader sees one upload or the next.
+    Why merged: one run has several writers, each with its spool in its own pod (the driver records the job's start,
+    each worker group's rank 0 the rest), and they write in turn (the driver before fit(), one worker group at a time),
+    so reading what is there and adding this pod's lines keeps every writer's.
+    What is lost: a pod that dies without notice loses its lines since its last upload, i.e. since the run's last
+    checkpoint save. Acceptable: those steps are lost to the training as well (the next run resumes from that save),
+    and the run's and the job's goodput are computed when read, over the records that exist, where the time after the
+    last save counts as the disruption it was (with notice the run saves, and uploads, first: nothing is lost).
+    Ref: https://cloud.google.com/storage/docs/objects (objects are immutable: replaced whole, never appended to)"""
+    from etils import epath
+    if not os.path.exists(spool):  # this pod has recorded nothing
+        return
+    try:
+        uploaded = epath.Path(records_uri).read_text()
+    except FileNotFoundError:
+        uploaded = ""
+    with open(spool) as f:
+        local = f.read()
+    lines = {line for line in (uploaded + "\n" + local).splitlines() if line.strip()}
+    ordered = sorted(lines, key=lambda line: (json.loads(line)["timestamp"], line))
+    _write_whole(records_uri, "".join(line + "\n" for line in ordered))
 
 
 def run_goodput_dir(checkpoint_dir: str, run_id: str) -> str:
@@ -894,6 +944,7 @@ def train_loop_per_worker(config: dict) -> None:
             recorder.record_custom_badput_event_start_time(custom_badput_event_type=CHECKPOINT_SAVE_WAIT)
             mngr.wait_until_finished()  # the Ray marker must not point at a step orbax has not finished
             recorder.record_custom_badput_event_end_time(custom_badput_event_type=CHECKPOINT_SAVE_WAIT)
+            recorder.flush()  # records in object storage are written at each save (GoodputFileLogger.flush)
         _report(metrics, done if (is_ckpt and rank == 0) else None, own_dir)
         t0, timed_steps = time.perf_counter(), 0
         if requested and not noticed and rank == 0:
@@ -991,9 +1042,10 @@ def build_parser() -> argparse.ArgumentParser:
     a("--fail-at-step", type=int, default=None,
       help="testing: the last rank exits after this step, once (marker in --checkpoint-dir, for all runs)")
     a("--goodput-logger", choices=GOODPUT_LOGGERS, default="auto",
-      help="where goodput records go: cloud (Cloud Logging, the library's own; on GKE), file (JSON lines in "
-           "<checkpoint-dir>/runs/<run-id>/goodput/records.jsonl, local paths only), off; auto: cloud for a gs:// "
-           "--checkpoint-dir, else file. The run's result goes to <checkpoint-dir>/runs/<run-id>/goodput/result.json")
+      help="where goodput records go: file (JSON lines in <checkpoint-dir>/runs/<run-id>/goodput/records.jsonl; "
+           "on gs:// written whole at each checkpoint save and at the end), cloud (Cloud Logging, the library's own; "
+           "needs project-wide logging roles), off; auto: file. The run's result goes to "
+           "<checkpoint-dir>/runs/<run-id>/goodput/result.json")
     a("--goodput-report", action="store_true",
       help="train nothing: print the job's goodput, computed now over every run's records (the same --run-name, "
            "--checkpoint-dir and --goodput-logger as the training)")
@@ -1029,10 +1081,10 @@ def resolve_config(args: argparse.Namespace) -> dict:
         except argparse.ArgumentTypeError as err:
             raise ValueError(f"RAY_CLUSTER_NAME: {err}; pass --run-id") from None
     if config["goodput_logger"] == "auto":
-        # Object storage cannot append to a file; a job that keeps its checkpoints there runs on GKE (Cloud Logging).
-        config["goodput_logger"] = "cloud" if _is_uri(config["checkpoint_dir"]) else "file"
-    elif config["goodput_logger"] == "file" and _is_uri(config["checkpoint_dir"]):
-        raise ValueError("--goodput-logger file appends to a local file: not under a --checkpoint-dir URI")
+        # The records beside the checkpoints, wherever they are (on gs:// too, written whole at each save): that needs
+        # only the rights the checkpoints need. Cloud Logging needs project-wide logging roles, so it is asked for.
+        # Ref: workloads/rayjob.py entrypoint (the stack's RayJobs pass --goodput-logger file for that reason)
+        config["goodput_logger"] = "file"
     return config
 
 
