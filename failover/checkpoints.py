@@ -26,29 +26,21 @@ then is saved as well, within the pods' grace period (docs/disruptions.md).
 from __future__ import annotations
 
 import datetime
-from collections.abc import Mapping
 
 from failover.api import CheckpointRequest
+# The pods' answers and the save's end are the request's own (failover/api/checkpoints.py), shared with the moves that
+# checkpoint first (failover/api/checkpoint_moves.py); named here too for the channel's readers.
+from failover.api.checkpoints import answered_at, pods_to_ask
+
+__all__ = ["KUBELET_SYNC", "answered", "answered_at", "ask_at", "pods_to_ask"]
 
 # The kubelet's default periodic sync: the latest a downwardAPI file shows a new annotation.
 KUBELET_SYNC = datetime.timedelta(minutes=1)
 
 
-def pods_to_ask(request: CheckpointRequest, asked: Mapping[str, str | None]) -> list[str]:
-    """The pods (of {pod: its request annotation now}) that do not carry `request` yet, by name. A pod created after
-    the request is asked too, which costs nothing: train.py takes the request a worker group sees at its start as
-    honoured (it has just restored its newest step; nothing is unsaved yet)."""
-    return sorted(pod for pod, value in asked.items() if CheckpointRequest.parse(value) != request)
-
-
 def ask_at(deadline: datetime.datetime, lead: datetime.timedelta) -> datetime.datetime:
     """When to ask for a save before `deadline`: `lead` ahead of it."""
     return deadline - lead
-
-
-def answered_at(request: CheckpointRequest, save_timeout: datetime.timedelta) -> datetime.datetime:
-    """When the save is taken as done: `save_timeout` after the request (the channel has no answer)."""
-    return request.asked_at + save_timeout
 
 
 def answered(request: CheckpointRequest | None, save_timeout: datetime.timedelta, now: datetime.datetime) -> bool:

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from failover import checkpoints
 from failover.api import (DISRUPTION_AHEAD, MAINTENANCE, MOVE, NOTHING, RUN_END, TPU_RESOURCE, Ahead, Chain,
                           CheckpointRequest, Move, Rung, WorkloadView, format_time, parse_time)
+from failover.api.checkpoint_moves import ASK, SAVING, save_step
+from failover.api.checkpoints import pods_to_ask
 from failover.slices import HostView, NodeView
 
 @dataclass(frozen=True)
@@ -169,15 +171,17 @@ def decide_ahead(view: WorkloadView, recorded: Ahead | None, seen: Seen | None, 
     ask_at = checkpoints.ask_at(seen.at, policy.lead)
     if now < ask_at:
         return None, ask_at
+    # The save's steps are a checkpoint-then-move's (failover/api/checkpoint_moves.py); not its call-off: the job is
+    # still on this admission (`current`), and with no target it waits for one until the disruption.
     request = CheckpointRequest.parse(ahead.checkpoint) or CheckpointRequest.about(seen.kind, seen.at, now)
-    pods = tuple(checkpoints.pods_to_ask(request, asked))
-    if not ahead.checkpoint or pods:
+    save, saved_at = save_step(request, asked, policy.save_timeout, now)
+    if not ahead.checkpoint or save == ASK:
+        pods = tuple(pods_to_ask(request, asked))
         return AskCheckpoint(ahead.with_(checkpoint=request.value()), request, pods), now
     if policy.action != MOVE or now >= seen.at:
         return None, None
-    answered = checkpoints.answered_at(request, policy.save_timeout)
-    if now < answered:
-        return None, answered
+    if save == SAVING:
+        return None, saved_at
     if target is None:  # a ClusterQueue's change queues the job (regional/watches.py); else the window's look
         return None, seen.at
     move = Move(flavor, target.flavor, target.local_queue, DISRUPTION_AHEAD, format_time(now),

@@ -10,7 +10,7 @@ from failover import api
 from failover.api.probes import PROBE_LABEL, Probes, ProbeShape
 from failover.config import RegionalConfig
 from failover.regional import probes
-from failover.regional.climb import Need, Sample
+from failover.api.climbs import Need, Sample
 from infra import failover as stack_failover
 from testbed.gke import node_templates, why_not
 from tests.conftest import plan_for

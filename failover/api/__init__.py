@@ -1,9 +1,10 @@
 """The vocabulary the programs share with each other, with `ops status`, the benchmarks and the tests: the labels and
 annotations they write (annotations), the Events (events), the records kept on a RayJob (moves, records, ahead: a
 disruption seen coming), what they read of a Workload (views), a checkpoint request to a running job (checkpoints), a
-climb back up the ladder (climbs), a job's time account (goodput), the queues they are given (queues) and timestamps
-(times). Controllers, `ops/` and `bench/` import it from here; nothing outside a controller's package imports the
-controller.
+move that checkpoints first (checkpoint_moves: a climb's, a move ahead of a disruption's), a climb back up the ladder
+and the free-capacity signal it reads (climbs), a job's time account (goodput), the queues they are given (queues) and
+timestamps (times). Controllers, `ops/` and `bench/` import it from here; nothing outside a controller's package
+imports the controller.
 """
 
 from failover.api.ahead import ACTIONS, CHECKPOINT, MAINTENANCE, MOVE, NOTHING, RUN_END, Ahead

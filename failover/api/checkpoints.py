@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from failover.api.times import format_time, parse_time
@@ -45,3 +46,16 @@ class CheckpointRequest:
     @property
     def asked_at(self) -> datetime.datetime:
         return parse_time(self.at)
+
+
+# ---- the pods' answers ------------------------------------------------------------------------------------------
+def pods_to_ask(request: CheckpointRequest, asked: Mapping[str, str | None]) -> list[str]:
+    """The pods (of {pod: its request annotation now}) that do not carry `request` yet, by name. A pod created after
+    the request is asked too, which costs nothing: train.py takes the request a worker group sees at its start as
+    honoured (it has just restored its newest step; nothing is unsaved yet)."""
+    return sorted(pod for pod, value in asked.items() if CheckpointRequest.parse(value) != request)
+
+
+def answered_at(request: CheckpointRequest, save_timeout: datetime.timedelta) -> datetime.datetime:
+    """When the save is taken as done: `save_timeout` after the request (the channel has no answer)."""
+    return request.asked_at + save_timeout

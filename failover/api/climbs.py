@@ -1,11 +1,12 @@
 """Climbing back: a running job below its chain's first rung moved up to a rung that has had a free slice for a settle
-time (failover/regional/climb.py decides it). Its vocabulary: the reason of its Move, the state a climb's Move is in
-while the job saves, its Event, and the policy the stack writes (FAILOVER_CLIMB_BACK, failover/config.py)."""
+time (failover/regional/climb.py decides it; failover/ladder/climb.py in a fleet). Its vocabulary: the reason of its
+Move, the state a climb's Move is in while the job saves, its Event, the policy the stack writes (FAILOVER_CLIMB_BACK,
+failover/config.py), and the signal both climbs read: a rung's (a step's) free capacity over time."""
 
 from __future__ import annotations
 
 import datetime
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -104,3 +105,48 @@ def newest_failures(moves: Iterable[Move | None], reasons: frozenset[str]) -> di
         if at is not None and (move.from_flavor not in newest or at > newest[move.from_flavor]):
             newest[move.from_flavor] = at
     return newest
+
+
+# ---- the signal: what a rung had free, over time ---------------------------------------------------------------
+@dataclass(frozen=True)
+class Sample:
+    """What one rung had from `at` on, until the next sample."""
+
+    at: datetime.datetime
+    free_chips: int  # nominal TPU quota less what Kueue reserved, over every ClusterQueue
+    idle_hosts: int  # the most idle TPU hosts in one of the rung's node pools
+
+
+@dataclass(frozen=True)
+class Need:
+    """What the job takes of a rung: its TPU chips and hosts."""
+
+    chips: int
+    hosts: int
+
+
+def fits(sample: Sample, need: Need, reserved: bool) -> bool:
+    """Whether the rung could admit the job and give it a slice, as this sample says."""
+    return sample.free_chips >= need.chips and (reserved or sample.idle_hosts >= need.hosts)
+
+
+def free_since(samples: Sequence[Sample], need: Need, reserved: bool) -> datetime.datetime | None:
+    """Since when the rung has had a free slice for the job without a break (samples oldest first); None when it has
+    none now. The oldest sample kept bounds it: what came before is unknown (a restart starts the settle afresh)."""
+    since = None
+    for sample in reversed(samples):
+        if not fits(sample, need, reserved):
+            break
+        since = sample.at
+    return since
+
+
+def record(samples: list[Sample], sample: Sample, horizon: datetime.datetime) -> bool:
+    """Append `sample` if it differs from the last one, and forget what is older than `horizon` except the newest such
+    sample (it says what the rung had at the horizon). Whether anything changed."""
+    changed = not samples or (samples[-1].free_chips, samples[-1].idle_hosts) != (sample.free_chips, sample.idle_hosts)
+    if changed:
+        samples.append(sample)
+    while len(samples) > 1 and samples[1].at <= horizon:
+        del samples[0]
+    return changed

@@ -32,9 +32,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from failover.api import (MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVED, MOVING,
-                          CheckpointRequest, Ladder, Move, Step, format_time, parse_time)
+                          Ladder, Move, Step, format_time, parse_time)
+# The steps a climb's checkpoint takes, as next_in_climb returns them.
+from failover.api.checkpoint_moves import ASK, CALL_OFF, GO, SAVING, checkpoint_of, next_step, restored, saves_asked
 from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, Climb, ClimbPolicy, NotYet, newest_failures
-from failover.checkpoints import answered_at, pods_to_ask
 from failover.ladder.decisions import LadderView, admitted_at, running_member
 
 # Climbing back off: a controller built without a policy (a test's).
@@ -106,7 +107,7 @@ def decide_climb(ladder: Ladder, policy: ClimbPolicy, view: LadderView, job: Fle
     climbs = [parse_time(m.at) for m in job.history if m.reason == CLIMB_BACK]
     if climbs:
         blocked.append(max(climbs) + policy.min_interval)
-    blocked += [answered_at(request, policy.save_timeout) for request in _requests(job.checkpoints)]
+    blocked += saves_asked(job.checkpoints, policy.save_timeout)
     ready = []  # (when it has been free for settle, step index)
     for i in candidates:
         free_since = free(ladder.steps[i])
@@ -124,52 +125,23 @@ def decide_climb(ladder: Ladder, policy: ClimbPolicy, view: LadderView, job: Fle
                       CHECKPOINTING, member=member))
 
 
-def _requests(checkpoints: Mapping[str, str | None]) -> list[CheckpointRequest]:
-    found = {CheckpointRequest.parse(value) for value in checkpoints.values()}
-    return [request for request in found if request is not None]
-
-
-# ---- a climb's checkpoint, one step at a time ------------------------------------------------------------------
-ASK = "ask"  # write the request on the job's TPU pods in the member that do not carry it yet
-SAVING = "saving"  # wait until the save is taken as done
-GO = "go"  # route D: the deactivation with the Move (now `moving`) on the Workload, then the move's steps
-CALL_OFF = "call-off"  # put back the record before the climb; the job stays where it runs
-
-
-def checkpoint_of(move: Move) -> CheckpointRequest:
-    """The save a climb asks for, from its Move alone: a restart asks the same."""
-    at = parse_time(move.at)
-    return CheckpointRequest.about(CLIMB_BACK, at, at)
-
-
+# ---- a climb's checkpoint, one step at a time: the protocol is failover/api/checkpoint_moves.py -----------------
+# Its GO here is route D: the deactivation with the Move (now `moving`) on the Workload, then the move's steps.
 def next_in_climb(ladder: Ladder, move: Move, view: LadderView, job: FleetJob, still_free: bool,
                   policy: ClimbPolicy, now: datetime.datetime) -> tuple[str, datetime.datetime | None]:
-    """The next step of a climb while the job saves, and until when it waits (SAVING). Called off when the job no
-    longer runs on the admission it climbs from (moved, evicted, finished, its slice lost, another member) or the
-    step above is no longer free once the save is done: giving up the slice it has would then gain nothing."""
+    """The next step of a climb while the job saves (checkpoint_moves.next_step), and until when it waits (SAVING).
+    The job still runs where it climbs from while it runs on that admission: not moved, evicted, finished, its slice
+    lost, nor in another member. No pod read in the member: asked (again), which finds them."""
     step = ladder.step_of(view.queue_name)
     since = admitted_at(step, view) if step is not None else None
     on_it = (step is not None and running(view) and not job.losing and view.queue_name == move.from_flavor
              and since is not None and since <= parse_time(move.at) and running_member(step, view) == move.member)
-    if not on_it:
-        return CALL_OFF, None
-    request = checkpoint_of(move)
-    if not job.checkpoints or pods_to_ask(request, job.checkpoints):
-        return ASK, None  # (no pods read: asked again, which finds them)
-    done = answered_at(request, policy.save_timeout)
-    if now < done:
-        return SAVING, done
-    return (GO if still_free else CALL_OFF), None
+    return next_step(checkpoint_of(move), on_it, job.checkpoints or None, still_free, policy.save_timeout, now)
 
 
 def moving(move: Move) -> Move:
     """The climb's Move once the save is done: route D carries it out as any move (failover/ladder/decisions.py)."""
     return replace(move, state=MOVING)
-
-
-def restored(history: tuple[Move, ...]) -> Move | None:
-    """What FAILOVER_ANNOTATION held before a climb that is called off: the last move done, if any."""
-    return history[-1] if history else None
 
 
 def climb_message(move: Move) -> str:

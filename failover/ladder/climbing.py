@@ -24,11 +24,10 @@ from kubernetes.client import ApiException
 from failover import maintenance
 from failover.api import (CHECKPOINT_REQUEST_ANNOTATION, FAILOVER_ANNOTATION, MOVES_ANNOTATION, CheckpointRequest, Move,
                           Step, move_history)
-from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, ClimbPolicy
-from failover.checkpoints import pods_to_ask
+from failover.api.checkpoints import pods_to_ask
+from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, ClimbPolicy, Need, Sample, free_since, record
 from failover.ladder import climb
 from failover.ladder.decisions import JobMeta, Key, LadderView, deactivation
-from failover.regional.climb import Need, Sample, free_since, record
 from failover.runtime.cache import Change
 from failover.runtime.informer import Watched
 from failover.runtime.members import Member, MemberWatch
@@ -113,7 +112,8 @@ class ClimbingBack:
             if decided.at is not None:
                 self.queue.add(key, delay=max((decided.at - now).total_seconds(), 0.0) + 0.05)
             return 0
-        rayjob = self._fresh_job(view, meta.move)
+        rayjob = self._fresh_rayjob(view.namespace, view.rayjob, FAILOVER_ANNOTATION, Move.from_json, pending,
+                                    again=(view.namespace, view.name))
         if rayjob is None:
             return 0
         move = decided.move
@@ -140,7 +140,8 @@ class ClimbingBack:
                      move.member)
             self.queue.add(key, delay=0.5)  # read the pods again, then the save's wait
             return 1
-        rayjob = self._fresh_job(view, move.to_json())
+        rayjob = self._fresh_rayjob(view.namespace, view.rayjob, FAILOVER_ANNOTATION, Move.from_json, move,
+                                    again=(view.namespace, view.name))
         if rayjob is None:
             return 0
         if step == climb.GO:
@@ -160,17 +161,6 @@ class ClimbingBack:
         self._patch(self.rayjobs, rayjob, {"metadata": {"annotations": {
             FAILOVER_ANNOTATION: before.to_json() if before is not None else None}}})
         return 1
-
-    def _fresh_job(self, view: LadderView, expected: str | None) -> dict | None:
-        """The manager's RayJob as it is now, when its move record is still the one decided on (the cache may lag)."""
-        job = self._get(self.rayjobs, view.rayjob, view.namespace)
-        if job is None:
-            return None
-        if Move.from_json((job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION)) != \
-                Move.from_json(expected):
-            self.queue.add((view.namespace, view.name), delay=0.2)
-            return None
-        return job
 
     # ---- in the member running the job ----------------------------------------------------------------------
     def _member_api(self, name: str) -> client.ApiClient | None:

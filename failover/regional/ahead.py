@@ -57,11 +57,8 @@ class AheadOfDisruptions:
             self.queue.add(key, delay=max((again - now).total_seconds(), 0.0) + 0.05)
         if action is None:
             return None
-        job = self._get(self.rayjobs, view.rayjob, view.namespace)
+        job = self._fresh_rayjob(view.namespace, view.rayjob, AHEAD_ANNOTATION, Ahead.from_json, recorded, key)
         if job is None:
-            return 0
-        if Ahead.from_json((job["metadata"].get("annotations") or {}).get(AHEAD_ANNOTATION)) != recorded:
-            self.queue.add(key, delay=0.2)  # the cache lags: decide on its next view
             return 0
         if isinstance(action, maintenance.ClearAhead):
             self._patch(self.rayjobs, job, {"metadata": {"annotations": {AHEAD_ANNOTATION: None}}})

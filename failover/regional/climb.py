@@ -29,50 +29,18 @@ still runs where it did and the rung above is still free; else it is called off.
 from __future__ import annotations
 
 import datetime
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from failover.api import (MOVED, MOVING, PODS_READY_TIMEOUT, SLICE_LOST, STOCKOUT, CheckpointRequest, Chain, Move,
-                          WorkloadView, format_time, parse_time)
-from failover.api.climbs import (CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, Climb, ClimbPolicy, NotYet,
-                                 newest_failures)
-from failover.checkpoints import answered_at, pods_to_ask
+from failover.api import (MOVED, MOVING, PODS_READY_TIMEOUT, SLICE_LOST, STOCKOUT, Chain, Move, WorkloadView,
+                          format_time, parse_time)
+# The steps a climb's checkpoint takes, as next_in_climb returns them; the signal, as free_slices.py keeps it.
+from failover.api.checkpoint_moves import ASK, CALL_OFF, GO, SAVING, checkpoint_of, next_step, restored, saves_asked
+from failover.api.climbs import (CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, Climb, ClimbPolicy, Need, NotYet,
+                                 Sample, fits, free_since, newest_failures, record)
 
 
-# ---- the signal ------------------------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Sample:
-    """What one rung had from `at` on, until the next sample."""
-
-    at: datetime.datetime
-    free_chips: int  # nominal TPU quota less what Kueue reserved, over every ClusterQueue
-    idle_hosts: int  # the most idle TPU hosts in one of the rung's node pools
-
-
-@dataclass(frozen=True)
-class Need:
-    """What the job takes of a rung: its TPU chips and hosts."""
-
-    chips: int
-    hosts: int
-
-
-def fits(sample: Sample, need: Need, reserved: bool) -> bool:
-    """Whether the rung could admit the job and give it a slice, as this sample says."""
-    return sample.free_chips >= need.chips and (reserved or sample.idle_hosts >= need.hosts)
-
-
-def free_since(samples: Sequence[Sample], need: Need, reserved: bool) -> datetime.datetime | None:
-    """Since when the rung has had a free slice for the job without a break (samples oldest first); None when it has
-    none now. The oldest sample kept bounds it: what came before is unknown (a restart starts the settle afresh)."""
-    since = None
-    for sample in reversed(samples):
-        if not fits(sample, need, reserved):
-            break
-        since = sample.at
-    return since
-
-
+# ---- the signal: Sample, Need, fits, free_since, record are failover/api/climbs.py's (the fleet's climb's too) ---
 def idle_chips_beside(sample: Sample | None, waiting: Iterable[Need]) -> int:
     """The chips of the rung's idle hosts, when one of the jobs waiting below it could take them (the rung's quota
     and an idle slice both fit it); else 0. A slice billed for nothing while a job waits."""
@@ -80,17 +48,6 @@ def idle_chips_beside(sample: Sample | None, waiting: Iterable[Need]) -> int:
         if sample is not None and need.hosts > 0 and fits(sample, need, reserved=False):
             return sample.idle_hosts * (need.chips // need.hosts)
     return 0
-
-
-def record(samples: list[Sample], sample: Sample, horizon: datetime.datetime) -> bool:
-    """Append `sample` if it differs from the last one, and forget what is older than `horizon` except the newest such
-    sample (it says what the rung had at the horizon). Whether anything changed."""
-    changed = not samples or (samples[-1].free_chips, samples[-1].idle_hosts) != (sample.free_chips, sample.idle_hosts)
-    if changed:
-        samples.append(sample)
-    while len(samples) > 1 and samples[1].at <= horizon:
-        del samples[0]
-    return changed
 
 
 # A move down for one of these says the rung it left had no capacity for the job (a Spot slice reclaimed and not back
@@ -149,7 +106,7 @@ def decide_climb(chain: Chain, policy: ClimbPolicy, view: WorkloadView, job: Job
     climbs = [parse_time(m.at) for m in job.history if m.reason == CLIMB_BACK]
     if climbs:
         blocked.append(max(climbs) + policy.min_interval)
-    blocked += [answered_at(request, policy.save_timeout) for request in _requests(job.checkpoints)]
+    blocked += saves_asked(job.checkpoints, policy.save_timeout)
     ready = []  # (when it has been free for settle, rung)
     for index in targets:
         flavor = chain.rungs[index].flavor
@@ -226,46 +183,16 @@ def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, 
     return NotYet(min(later)) if later else never
 
 
-def _requests(checkpoints: Mapping[str, str | None]) -> list[CheckpointRequest]:
-    found = {CheckpointRequest.parse(value) for value in checkpoints.values()}
-    return [request for request in found if request is not None]
-
-
-# ---- a climb's checkpoint, one step at a time ------------------------------------------------------------------
-ASK = "ask"  # write the request on the pods that do not carry it yet
-SAVING = "saving"  # wait until the save is taken as done
-GO = "go"  # mark the Move `moving`: the move's own steps follow (decisions.next_in_move)
-CALL_OFF = "call-off"  # put back the record before the climb; the job stays where it runs
-
-
-def checkpoint_of(move: Move) -> CheckpointRequest:
-    """The save a climb asks for, from its Move alone: a restart asks the same."""
-    at = parse_time(move.at)
-    return CheckpointRequest.about(CLIMB_BACK, at, at)
-
-
+# ---- a climb's checkpoint, one step at a time: the protocol is failover/api/checkpoint_moves.py -----------------
 def next_in_climb(move: Move, view: WorkloadView, job: JobFacts, still_free: bool, policy: ClimbPolicy,
                   now: datetime.datetime) -> tuple[str, datetime.datetime | None]:
-    """The next step of a climb while the job saves, and until when it waits (SAVING). Called off when the job no
-    longer runs on the admission it climbs from (moved, evicted, finished, its slice lost) or the rung above is no
-    longer free when the save is done: giving up the slice it has would then gain nothing."""
+    """The next step of a climb while the job saves (checkpoint_moves.next_step), and until when it waits (SAVING).
+    The job still runs where it climbs from while it runs on that admission: not moved, evicted, finished, nor its
+    slice lost."""
     on_it = (view.admitted and view.pods_ready_since is not None and not view.finished and not job.losing
              and view.flavor == move.from_flavor
              and (view.admitted_at is None or view.admitted_at <= parse_time(move.at)))
-    if not on_it:
-        return CALL_OFF, None
-    request = checkpoint_of(move)
-    if pods_to_ask(request, job.checkpoints):
-        return ASK, None
-    done = answered_at(request, policy.save_timeout)
-    if now < done:
-        return SAVING, done
-    return (GO if still_free else CALL_OFF), None
-
-
-def restored(history: Sequence[Move]) -> Move | None:
-    """What FAILOVER_ANNOTATION held before a climb that is called off: the last completed move, if any."""
-    return history[-1] if history else None
+    return next_step(checkpoint_of(move), on_it, job.checkpoints, still_free, policy.save_timeout, now)
 
 
 def climb_message(move: Move, from_queue: str) -> str:

@@ -13,8 +13,8 @@ import logging
 
 from failover import maintenance
 from failover.api import FAILOVER_ANNOTATION, MOVING, Move, WorkloadView
+from failover.api.checkpoints import pods_to_ask
 from failover.api.climbs import CHECKPOINTING, ClimbPolicy
-from failover.checkpoints import pods_to_ask
 from failover.regional import climb
 from failover.regional.free_slices import FreeSlices
 from failover.regional.watches import CachedJob, CachedWorkload
@@ -60,7 +60,8 @@ class ClimbingBack:
             if decided.at is not None:
                 self.queue.add(key, delay=max((decided.at - now).total_seconds(), 0.0) + 0.05)
             return 0
-        job = self._fresh_job(view, facts.pending)
+        job = self._fresh_rayjob(view.namespace, view.rayjob, FAILOVER_ANNOTATION, Move.from_json, facts.pending,
+                                 again=(view.namespace, view.name))
         if job is None:
             return 0
         move = decided.move
@@ -90,7 +91,8 @@ class ClimbingBack:
             log.info("%s/%s: checkpoint %s asked of %d TPU pods", view.namespace, view.rayjob, request.id, asked)
             self.queue.add(key, delay=0.2)  # the pods' cache shows the request, then the save's wait
             return 1
-        job = self._fresh_job(view, move)
+        job = self._fresh_rayjob(view.namespace, view.rayjob, FAILOVER_ANNOTATION, Move.from_json, move,
+                                 again=(view.namespace, view.name))
         if job is None:
             return 0
         if step == climb.GO:
@@ -107,13 +109,3 @@ class ClimbingBack:
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {
             FAILOVER_ANNOTATION: before.to_json() if before is not None else None}}})
         return 1
-
-    def _fresh_job(self, view: WorkloadView, expected: Move | None) -> dict | None:
-        """The RayJob as it is now, when its move record is still the one decided on (the cache may lag a write)."""
-        job = self._get(self.rayjobs, view.rayjob, view.namespace)
-        if job is None:
-            return None
-        if Move.from_json((job["metadata"].get("annotations") or {}).get(FAILOVER_ANNOTATION)) != expected:
-            self.queue.add((view.namespace, view.name), delay=0.2)
-            return None
-        return job

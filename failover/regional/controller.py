@@ -168,11 +168,9 @@ class Controller(ClimbingBack, AheadOfDisruptions, GuardedWrites, Reconciler):
             if recorded is not None and (until := slices.waiting_until(recorded)) is not None and until > now:
                 self.queue.add(again, delay=(until - now).total_seconds() + 0.05)
             return None
-        job = self._get(self.rayjobs, view.rayjob, view.namespace)
+        job = self._fresh_rayjob(view.namespace, view.rayjob, SLICE_LOST_ANNOTATION, LostSlice.from_json, recorded,
+                                 again)
         if job is None:
-            return 0
-        if LostSlice.from_json((job["metadata"].get("annotations") or {}).get(SLICE_LOST_ANNOTATION)) != recorded:
-            self.queue.add(again, delay=0.2)  # the cache lags: decide on its next view
             return 0
         if isinstance(action, GiveUpSlice):
             if view.multikueue_origin is not None:

@@ -8,13 +8,14 @@ import datetime
 import hashlib
 import time
 import uuid
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Hashable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 
 from failover.api.annotations import CHECKPOINT_REQUEST_ANNOTATION
+from failover.runtime.workqueue import WorkQueue
 
 if TYPE_CHECKING:
     from failover.api.checkpoints import CheckpointRequest
@@ -35,6 +36,7 @@ class GuardedWrites:
     api: dynamic.DynamicClient
     workloads: Any  # the dynamic client's Workload and RayJob resources
     rayjobs: Any
+    queue: WorkQueue  # the Reconciler's (failover/runtime/controller.py)
 
     def _get(self, resource, name: str, namespace: str) -> dict | None:
         try:
@@ -43,6 +45,19 @@ class GuardedWrites:
             if error.status == 404:
                 return None
             raise
+
+    def _fresh_rayjob(self, namespace: str, name: str, record: str, read: Callable[[str | None], Any],
+                      decided_on: Any, again: Hashable) -> dict | None:
+        """The RayJob as it is now, before a write decided on its cached view: None when it is gone, or when its
+        `record` annotation (as `read` parses it) is no longer the one decided on. The cache lags a write, so `again`
+        is then looked at in 0.2 s, and decided on its next view."""
+        job = self._get(self.rayjobs, name, namespace)
+        if job is None:
+            return None
+        if read((job["metadata"].get("annotations") or {}).get(record)) != decided_on:
+            self.queue.add(again, delay=0.2)
+            return None
+        return job
 
     def _read(self, workload_name: str, namespace: str,
               view_of: Callable[[dict], Any]) -> tuple[dict, Any, dict] | None:
