@@ -101,14 +101,17 @@ def test_a_rung_s_numbers_count_its_quota_over_every_queue_and_its_idlest_pool()
     assert free_slices.rung_numbers("dws", free_tpus, nodes, busy) == (0, 0)
 
 
-def test_a_tpu_node_is_usable_when_ready_not_going_and_schedulable():
-    def node(**spec):
-        return {"metadata": {"name": "n", "labels": {CAPACITY_LABEL: "spot", NODE_POOL_LABEL: "spot-1"}},
+def test_a_tpu_node_is_usable_when_ready_not_going_without_maintenance_ahead_and_schedulable():
+    def node(labels=None, **spec):
+        return {"metadata": {"name": "n", "labels": {CAPACITY_LABEL: "spot", NODE_POOL_LABEL: "spot-1",
+                                                      **(labels or {})}},
                 "spec": spec, "status": {"conditions": [{"type": "Ready", "status": "True"}]}}
     assert free_slices.capacity_node(node()) == free_slices.CapacityNode("spot", "spot-1", True)
     assert not free_slices.capacity_node(node(unschedulable=True)).usable
     going = node(taints=[{"key": "ToBeDeletedByClusterAutoscaler", "effect": "NoSchedule"}])
     assert not free_slices.capacity_node(going).usable
+    maintained = node(labels={api.SCHEDULED_MAINTENANCE_LABEL: "1796000000"})  # GKE's window, in Unix seconds
+    assert not free_slices.capacity_node(maintained).usable
 
 
 def test_the_labels_read_are_the_ones_the_stack_writes():

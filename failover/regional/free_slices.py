@@ -32,13 +32,16 @@ KEPT_BEYOND_SETTLE = datetime.timedelta(minutes=1)  # samples are kept for the s
 class CapacityNode:
     flavor: str
     pool: str
-    usable: bool  # Ready, not going (failover/slices.py GOING_TAINTS), schedulable
+    usable: bool  # Ready, not going (failover/slices.py GOING_TAINTS), no maintenance scheduled, schedulable
 
 
 def capacity_node(obj: dict, _before: object = None) -> CapacityNode:
+    """A host with a maintenance scheduled is no free capacity: a job moved off its slice ahead of the window, then
+    waiting below, climbed straight back onto it (found on the tier once every change of its RayJob queued it)."""
     labels = obj["metadata"].get("labels") or {}
     view = NodeView.from_object(obj)
-    usable = view.ready and view.going is None and not (obj.get("spec") or {}).get("unschedulable")
+    usable = (view.ready and view.going is None and view.maintenance_at is None
+              and not (obj.get("spec") or {}).get("unschedulable"))
     return CapacityNode(labels.get(CAPACITY_LABEL, ""), labels.get(NODE_POOL_LABEL, ""), usable)
 
 
