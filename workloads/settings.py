@@ -77,9 +77,10 @@ def _check_training_args(reader: ConfigReader, args: list[str], platform: Platfo
         return
     if platform is None:
         return  # the slice is unreadable (reported under its own key): nothing to compare the batch with
-    chips = platform.tpu.chips  # one JAX device per chip: the global batch is split evenly across them
-    reader.check("workloads.trainingArgs", parsed.batch_size % chips == 0,
-                 f"--batch-size {parsed.batch_size} is not a multiple of the slice's {chips} chips")
+    tpu = platform.tpu  # the global batch is split evenly across the slice's JAX devices (2 per chip on TPU7x)
+    unit = "chips" if tpu.generation.devices_per_chip == 1 else f"JAX devices ({tpu.chips} chips)"
+    reader.check("workloads.trainingArgs", parsed.batch_size % tpu.devices == 0,
+                 f"--batch-size {parsed.batch_size} is not a multiple of the slice's {tpu.devices} {unit}")
 
 
 def default_name_prefix(platform: PlatformSettings | None) -> str:
