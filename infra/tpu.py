@@ -13,16 +13,16 @@ Sources (read 2026-11-29):
 - Zones: Ref: https://cloud.google.com/tpu/docs/regions-zones (as of 2026-04); flex-start zones: GKE
   "About flex-start provisioning" (as of 2026-04). Zones added later are accepted with
   `tpu.allowUnlistedZone: true`.
-- TPU7x (Ironwood), read 2026-12-07: 2 TensorCores per chip, 2,307 bf16 TFLOP/s per chip, 192 GiB HBM per chip:
-  Ref: https://cloud.google.com/tpu/docs/tpu7x. GKE Standard from 1.34.0-gke.2201000, multi-host pools placed by a
+- TPU7x (Ironwood), read 2026-12-07: 2 TensorCores per chip, 2,307 bf16 TFLOP/s per chip, 192 GiB HBM per chip,
+  224 vCPUs and 960 GB of RAM per 4-chip VM: Ref: https://cloud.google.com/tpu/docs/tpu7x. GKE Standard from 1.34.0-gke.2201000, multi-host pools placed by a
   workload policy instead of a TPU topology: Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood.
   Zone us-central1-c: Ref: https://cloud.google.com/tpu/docs/types-zones; flex-start there: Cluster Toolkit's
   examples/gke-consumption-options/dws-flex-start/gke-tpu-7x (a 2x2x2 flex-start pool, zone us-central1-c).
   Topologies: those both xpk (system_characteristics.py) and Ray 2.60 (ray/_private/accelerators/tpu.py,
   VALID_TPU_TOPOLOGY["v7x"]) list. Each TensorCore is a JAX device (no megacore: jax.experimental.pallas.tpu.ChipVersion
   lists 7x without megacore support; Ray: "v7x exposes 2 logical XLA devices per chip"). Not confirmed at a Google
-  source: the TPU7x VMs' vCPUs and memory (224 vCPUs and 960 GB for tpu7x-standard-4t appear only in third-party
-  code; the 1t's are a quarter of that, a guess), and which TPU7x zones offer Spot VMs.
+  source: tpu7x-standard-1t's vCPUs and memory (a quarter of the 4-chip VM's, a guess; xpk lists the machine type
+  with topology 1x1x1, which Ray 2.60's TPU table lacks), and which TPU7x zones offer Spot VMs.
 """
 
 from __future__ import annotations
@@ -61,6 +61,10 @@ class TpuGeneration:
     devices_per_chip: int = 1
     tensorcores_per_chip: int = 1  # what Google's slice names count on v5p and TPU7x (tpu7x-8 is 4 chips)
     placement: Placement = Placement.TPU_TOPOLOGY
+    # Where a config error sends the user: the page with the generation's GKE minimum, and its zones' page.
+    source: str = "https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus"
+    zones_source: str = "https://cloud.google.com/tpu/docs/regions-zones"
+    zones_as_of: str = ZONES_AS_OF
 
     @property
     def peak_bf16_tflops_per_device(self) -> float:
@@ -183,6 +187,9 @@ TPU7X = TpuGeneration(
     devices_per_chip=2,
     tensorcores_per_chip=2,
     placement=Placement.WORKLOAD_POLICY,
+    source="https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood",
+    zones_source="https://cloud.google.com/tpu/docs/types-zones",
+    zones_as_of="2026-12",
 )
 
 MACHINE_TYPES: MappingProxyType[str, TpuMachineType] = MappingProxyType({
@@ -195,7 +202,7 @@ MACHINE_TYPES: MappingProxyType[str, TpuMachineType] = MappingProxyType({
         TpuMachineType("ct5lp-hightpu-4t", V5E, 4, 112, 192, "2x2", multi_host=True),
         TpuMachineType("ct5lp-hightpu-8t", V5E, 8, 224, 384, "2x4", multi_host=False),
         TpuMachineType("ct5p-hightpu-4t", V5P, 4, 208, 448, "2x2x1", multi_host=True),
-        # vCPUs and memory of the TPU7x VMs: not confirmed at a Google source (see the module docstring).
+        # tpu7x-standard-1t's vCPUs and memory: not confirmed at a Google source (see the module docstring).
         TpuMachineType("tpu7x-standard-4t", TPU7X, 4, 224, 960, "2x2x1", multi_host=True),
         TpuMachineType("tpu7x-standard-1t", TPU7X, 1, 56, 240, "1x1x1", multi_host=False),
     )

@@ -55,9 +55,11 @@ PLACEMENTS = {Placement.TPU_TOPOLOGY: topology_placement, Placement.WORKLOAD_POL
 
 
 def workload_policy_name(settings: PlatformSettings) -> str:
-    """`<cluster>-<generation>-<topology>`, e.g. ironwood-tpu7x-2x2x2: at most 40 + 15 characters of lowercase letters,
-    digits and hyphens, within a resource policy's 63 (RFC 1035)."""
-    return f"{settings.cluster_name}-{settings.tpu.generation.name}-{settings.tpu.topology}"
+    """`<cluster>-<generation>-<topology>-<zone letter>`, e.g. ironwood-tpu7x-2x2x2-c. The policy is regional and a
+    cluster zonal: the zone's letter keeps two clusters of one name in one region (and project) apart. At most 40 + 17
+    lowercase letters, digits and hyphens: within a resource policy's 63 (RFC 1035)."""
+    tpu = settings.tpu
+    return f"{settings.cluster_name}-{tpu.generation.name}-{tpu.topology}-{settings.zone.rsplit('-', 1)[1]}"
 
 
 def workload_policy_args(settings: PlatformSettings) -> dict:

@@ -108,7 +108,7 @@ RESOURCE_POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
 def test_a_tpu7x_slice_has_one_high_throughput_workload_policy_with_its_topology():
     policy = plan_for(IRONWOOD).only(RESOURCE_POLICY)
     assert policy.inputs["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x2"}
-    assert (policy.inputs["region"], policy.inputs["name"]) == ("us-central1", "ironwood-tpu7x-2x2x2")
+    assert (policy.inputs["region"], policy.inputs["name"]) == ("us-central1", "ironwood-tpu7x-2x2x2-c")
     assert policy.parent.endswith("tpu-fallback:infra:TpuWorkloadPolicy::tpu-workload-policy")
 
 
@@ -120,7 +120,7 @@ def test_every_rung_s_tpu7x_pools_name_the_one_policy_and_no_topology(slices):
     on_demand = [f"on-demand-pool-{i}" for i in range(1, slices + 1)] if slices > 1 else ["on-demand-pool"]
     assert set(pools) == {"reserved-pool", *on_demand, "spot-pool", "dws-pool"}
     for pool in pools.values():
-        assert pool["placementPolicy"] == {"type": "COMPACT", "policyName": "ironwood-tpu7x-2x2x2"}
+        assert pool["placementPolicy"] == {"type": "COMPACT", "policyName": "ironwood-tpu7x-2x2x2-c"}
         assert pool["nodeConfig"]["machineType"] == "tpu7x-standard-4t"
         assert pool["autoscaling"]["maxNodeCount"] == 2  # the 2 VMs of a 2x2x2 slice (8 chips, 4 per VM)
     # Each pool takes the policy's name as an input: Pulumi creates the policy first and deletes it last.

@@ -504,3 +504,15 @@ def test_job_names_say_what_runs_unless_the_stack_names_them():
     assert plan_for("team-b-us-east5-a").outputs["trainingJobs"] == ["rayjob-tpu-v6e-2x4-1", "rayjob-tpu-v6e-2x4-2"]
     named = plan_for("team-c-us-west4-a", {"workloads": {"namePrefix": "llm-pretrain"}})
     assert named.outputs["trainingJobs"] == ["llm-pretrain-1", "llm-pretrain-2"]
+
+
+def test_tpu7x_workers_one_per_host_of_the_slice_with_its_labels():
+    job = next(iter(rayjobs(plan_for("ironwood-us-central1-c")).values()))
+    group = worker_group(job)
+    assert group["numOfHosts"] == 2  # a 2x2x2 slice: 8 chips on two 4-chip VMs
+    spec = group["template"]["spec"]
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu7x",
+                                    "cloud.google.com/gke-tpu-topology": "2x2x2"}
+    assert spec["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
+    args = train.build_parser().parse_args(shlex.split(job["spec"]["entrypoint"])[2:])
+    assert (args.accelerator_type, args.topology, args.peak_tflops_per_device) == ("TPU-V7X", "2x2x2", 1153.5)
