@@ -22,7 +22,7 @@ Sources (read 2026-11-29):
   VALID_TPU_TOPOLOGY["v7x"]) list. Each TensorCore is a JAX device (no megacore: jax.experimental.pallas.tpu.ChipVersion
   lists 7x without megacore support; Ray: "v7x exposes 2 logical XLA devices per chip"). Not confirmed at a Google
   source: tpu7x-standard-1t's vCPUs and memory (a quarter of the 4-chip VM's, a guess; xpk lists the machine type
-  with topology 1x1x1, which Ray 2.60's TPU table lacks), and which TPU7x zones offer Spot VMs.
+  with topology 1x1x1, which Ray 2.60's TPU table lacks: the training jobs are refused there), and which TPU7x zones offer Spot VMs.
 """
 
 from __future__ import annotations
@@ -80,6 +80,10 @@ class TpuMachineType:
     memory_gib: int
     single_host_topology: str
     multi_host: bool  # only the 4-chip VMs can form multi-host slices
+    # Whether Ray's TPU slice reservation (JaxTrainer's SlicePlacementGroup, which the training jobs use) knows the
+    # machine's single-host topology: Ray 2.60's VALID_TPU_TOPOLOGY (ray/_private/accelerators/tpu.py) has no v7x
+    # 1x1x1. tests/test_train.py checks every row against Ray's own table.
+    ray_trains_single_host: bool = True
 
     def topologies(self) -> tuple[str, ...]:
         extra = self.generation.multi_host_topologies if self.multi_host else ()
@@ -204,7 +208,8 @@ MACHINE_TYPES: MappingProxyType[str, TpuMachineType] = MappingProxyType({
         TpuMachineType("ct5p-hightpu-4t", V5P, 4, 208, 448, "2x2x1", multi_host=True),
         # tpu7x-standard-1t's vCPUs and memory: not confirmed at a Google source (see the module docstring).
         TpuMachineType("tpu7x-standard-4t", TPU7X, 4, 224, 960, "2x2x1", multi_host=True),
-        TpuMachineType("tpu7x-standard-1t", TPU7X, 1, 56, 240, "1x1x1", multi_host=False),
+        TpuMachineType("tpu7x-standard-1t", TPU7X, 1, 56, 240, "1x1x1", multi_host=False,
+                       ray_trains_single_host=False),
     )
 })
 

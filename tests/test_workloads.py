@@ -167,6 +167,19 @@ def test_tpu7x_batch_must_split_over_its_tensorcores():
                         "devices (8 chips)"]
 
 
+def test_a_slice_ray_cannot_reserve_is_refused_while_jobs_run_there():
+    """tpu7x-standard-1t (1x1x1): Ray's slice reservation has no such v7x slice; the platform alone is fine."""
+    single = {"tpu": {"machineType": "tpu7x-standard-1t", "topology": "1x1x1"},
+              "workloads": {"trainingArgs": ["--batch-size", "2"]}}
+    with pytest.raises(SettingsError) as raised:
+        OfflineEngine().run(config_with(single, "ironwood-us-central1-c"))
+    assert [p for p in raised.value.problems if p.startswith("tpu-fallback:tpu.machineType: ")] == [
+        "tpu-fallback:tpu.machineType: tpu7x-standard-1t (1x1x1): Ray's TPU slice reservation, which the training "
+        "jobs' JaxTrainer makes, has no TPU-V7X 1x1x1 slice (Ray 2.60, ray/_private/accelerators/tpu.py "
+        "VALID_TPU_TOPOLOGY); use another machine type, or set workloads.jobs to 0"]
+    assert plan_for("ironwood-us-central1-c", {**single, "workloads": {"jobs": 0}}).of_type(RAYJOB) == []
+
+
 def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
     job = rayjobs(plan_for())["rayjob-tpu-v6e-dws-1"]
     argv = shlex.split(job["spec"]["entrypoint"])

@@ -114,6 +114,13 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings | No
             unit, host = ("vCPUs" if field.endswith("Cpu") else "GiB"), host_machine.name
             reader.check(f"workloads.{field}", 0 < amount <= capacity,
                          f"{raw[field]} does not fit one {host} ({capacity} {unit})")
+    if platform is not None and raw["enabled"] and raw["jobs"] > 0:
+        tpu = platform.tpu
+        reader.check("tpu.machineType", tpu.machine_type.ray_trains_single_host or tpu.is_multi_host,
+                     f"{tpu.machine_type.name} ({tpu.topology}): Ray's TPU slice reservation, which the training jobs' "
+                     f"JaxTrainer makes, has no {tpu.generation.ray_accelerator_type} {tpu.topology} slice (Ray "
+                     "2.60, ray/_private/accelerators/tpu.py VALID_TPU_TOPOLOGY); use another machine type, or "
+                     "set workloads.jobs to 0")
     args = raw["trainingArgs"]
     if reader.check("workloads.trainingArgs", all(isinstance(a, str) for a in args),
                     "must be a list of strings, e.g. [\"--steps\", \"200\"]"):

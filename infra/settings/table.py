@@ -224,7 +224,8 @@ def catalogue_markdown() -> list[str]:
         "on the pool: the stack creates one resource policy of type high throughput with the slice's topology, in the "
         "cluster's region, named `<clusterName>-tpu7x-<topology>-<zone letter>`, and every rung's pools name it "
         "(`placementPolicy.policyName`, no `tpuTopology`). Pulumi creates it before the pools and deletes it after "
-        "them. A single-host slice (2x2x1, or `tpu7x-standard-1t`) has none. Each chip is two JAX devices (its two "
+        "them. A single-host slice (2x2x1, or `tpu7x-standard-1t`) has none; `tpu7x-standard-1t` runs no training jobs (Ray has "
+        "no 1x1x1 TPU7x slice). Each chip is two JAX devices (its two "
         "TensorCores): `--batch-size` in `workloads.trainingArgs` must be a multiple of twice the slice's chips, and "
         "MFU is reported against half a chip's peak per device. Kueue's quotas, the node selectors and the workers' "
         "`google.com/tpu` requests still count chips. What could not be confirmed is in [limits.md](limits.md#tpu7x-ironwood).",
