@@ -8,6 +8,7 @@ import pulumi_gcp as gcp
 from infra.cluster import node_config_common
 from infra.rungs import RESERVATION_AFFINITY_KEY, SPOT_LABEL_KEY
 from infra.settings import NodeShutdown, PlanSettings, PlatformSettings, PoolSpec
+from infra.tpu import Placement, TpuSlice
 
 # The node label each plan's pools carry and the plan's Kueue ResourceFlavor selects. The seed selects by
 # cloud.google.com/gke-nodepool, which names one pool; a plan of several multi-host slices has several.
@@ -34,9 +35,66 @@ def spot_shutdown_kubelet_config(shutdown: NodeShutdown) -> dict:
             "shutdown_grace_period_critical_pods_seconds": shutdown.critical_pods_seconds}
 
 
+def topology_placement(tpu: TpuSlice, workload_policy: pulumi.Input[str] | None) -> dict:
+    """v5e, v5p, v6e: the pool names its topology. Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus#topology"""
+    return {"type": "COMPACT", "tpu_topology": tpu.topology}
+
+
+def workload_policy_placement(tpu: TpuSlice, workload_policy: pulumi.Input[str] | None) -> dict:
+    """TPU7x: the pool names the slice's workload policy, which holds the topology; GKE takes no tpu_topology beside
+    it. `type` is required by the API's PlacementPolicy (COMPACT, its one value).
+    Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood
+    Ref: https://cloud.google.com/kubernetes-engine/docs/reference/rest/v1/projects.locations.clusters.nodePools#PlacementPolicy"""
+    if workload_policy is None:
+        raise ValueError(f"a multi-host {tpu.generation.name} pool needs its workload policy")
+    return {"type": "COMPACT", "policy_name": workload_policy}
+
+
+# One function per placement kind in the catalogue (infra/tpu.py): a multi-host pool's placement_policy.
+PLACEMENTS = {Placement.TPU_TOPOLOGY: topology_placement, Placement.WORKLOAD_POLICY: workload_policy_placement}
+
+
+def workload_policy_name(settings: PlatformSettings) -> str:
+    """`<cluster>-<generation>-<topology>-<zone letter>`, e.g. ironwood-tpu7x-2x2x2-c. The policy is regional and a
+    cluster zonal: the zone's letter keeps two clusters of one name in one region (and project) apart. At most 40 + 17
+    lowercase letters, digits and hyphens: within a resource policy's 63 (RFC 1035)."""
+    tpu = settings.tpu
+    return f"{settings.cluster_name}-{tpu.generation.name}-{tpu.topology}-{settings.zone.rsplit('-', 1)[1]}"
+
+
+def workload_policy_args(settings: PlatformSettings) -> dict:
+    """The ResourcePolicy arguments of the slice's workload policy: high throughput, the slice's topology, in the
+    cluster's region (a pool's policy must be in its project and region).
+    Ref: https://cloud.google.com/ai-hypercomputer/docs/placement-policy-and-workload-policy"""
+    return {
+        "project": settings.project,
+        "region": settings.region,
+        "name": workload_policy_name(settings),
+        "description": f"Places each {settings.tpu.pod_type} slice ({settings.tpu.topology}) of {settings.cluster_name}",
+        "workload_policy": {"type": "HIGH_THROUGHPUT", "accelerator_topology": settings.tpu.topology},
+    }
+
+
+class TpuWorkloadPolicy(pulumi.ComponentResource):
+    """The workload policy every multi-host pool of the stack's slice shape names (TPU7x): one per shape, shared
+    by the pools of every rung. The pools take its name as an input, so Pulumi deletes them before it."""
+
+    policy: gcp.compute.ResourcePolicy
+    name: pulumi.Output[str]
+
+    def __init__(self, name: str, settings: PlatformSettings, opts: pulumi.ResourceOptions | None = None):
+        super().__init__("tpu-fallback:infra:TpuWorkloadPolicy", name, None, opts)
+        self.policy = gcp.compute.ResourcePolicy(name, **workload_policy_args(settings),
+                                                 opts=pulumi.ResourceOptions(parent=self))
+        self.name = self.policy.name
+        self.register_outputs({"name": self.name})
+
+
 def node_pool_args(settings: PlatformSettings, plan: PlanSettings, pool: PoolSpec,
-                   cluster_name: pulumi.Input[str], service_account_email: pulumi.Input[str]) -> dict:
-    """The NodePool arguments of one pool of `plan`, as keyword arguments for gcp.container.NodePool."""
+                   cluster_name: pulumi.Input[str], service_account_email: pulumi.Input[str],
+                   workload_policy: pulumi.Input[str] | None = None) -> dict:
+    """The NodePool arguments of one pool of `plan`, as keyword arguments for gcp.container.NodePool;
+    `workload_policy` is the policy's name where the slice needs one (TpuSlice.needs_workload_policy)."""
     tpu = settings.tpu
     node_config = {
         "machine_type": tpu.machine_type.name,
@@ -56,8 +114,7 @@ def node_pool_args(settings: PlatformSettings, plan: PlanSettings, pool: PoolSpe
         "node_config": node_config,
     }
     if tpu.is_multi_host:
-        # Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/plan-tpus#topology
-        args["placement_policy"] = {"type": "COMPACT", "tpu_topology": tpu.topology}
+        args["placement_policy"] = PLACEMENTS[tpu.generation.placement](tpu, workload_policy)
     if plan.flex_start:
         # DWS: nodes come only through ProvisioningRequests, all of a request at once.
         # Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/provisioningrequest
@@ -91,12 +148,13 @@ class TpuNodePool(pulumi.ComponentResource):
 
     def __init__(self, name: str, settings: PlatformSettings, plan: PlanSettings,
                  cluster: gcp.container.Cluster, service_account_email: pulumi.Input[str],
-                 opts: pulumi.ResourceOptions | None = None):
+                 workload_policy: TpuWorkloadPolicy | None = None, opts: pulumi.ResourceOptions | None = None):
         super().__init__("tpu-fallback:infra:TpuNodePool", name, None, opts)
+        policy_name = workload_policy.name if workload_policy is not None else None
         self.pools = [
             gcp.container.NodePool(
                 f"{name}-{pool.name}",
-                **node_pool_args(settings, plan, pool, cluster.name, service_account_email),
+                **node_pool_args(settings, plan, pool, cluster.name, service_account_email, policy_name),
                 opts=pulumi.ResourceOptions(parent=self),
             )
             for pool in plan.pools(settings.tpu)

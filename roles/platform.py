@@ -14,7 +14,7 @@ from infra.kueue import Kueue
 from infra.monitoring import Monitoring
 from infra.settings import DEFAULTS, ConfigReader, read_platform_settings, tpu_quota
 from infra.teams import Teams
-from infra.tpu_pool import TpuNodePool
+from infra.tpu_pool import TpuNodePool, TpuWorkloadPolicy
 from roles.contract import PLATFORM_OUTPUT, platform_output
 from workloads.jobs import PlatformHandles, TrainingJobs
 from workloads.settings import read_workload_settings
@@ -33,10 +33,13 @@ def deploy() -> None:
     # Cluster, with the CPU pool `default-pool` and the Kubernetes provider.
     cluster = GkeCluster("platform", platform)
 
+    # TPU7x multi-host slices: one workload policy, which every rung's pools name (so they go before it on destroy).
+    workload_policy = (TpuWorkloadPolicy("tpu-workload-policy", platform) if platform.tpu.needs_workload_policy
+                       else None)
     # TPU pools: plan A then plan B. They create in parallel with Kueue: nothing below waits for them.
     pools = {
         plan.config_key: TpuNodePool(f"{plan.flavor}-tpu", platform, plan, cluster.cluster,
-                                     cluster.node_service_account.email)
+                                     cluster.node_service_account.email, workload_policy)
         for plan in platform.plans
     }
 

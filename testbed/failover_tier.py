@@ -35,9 +35,10 @@ RESYNC_SECONDS = 3600
 NAMESPACE = "default"
 
 
-def platform_plan(grace: int = GRACE_SECONDS, overrides: dict | None = None) -> Plan:
-    """The dev stack's platform (no jobs: the tests submit their own) with the stockout grace period given."""
-    return plan_for("dev", {"fallback": {"stockoutGracePeriod": f"{grace}s"}, "workloads": {"jobs": 0},
+def platform_plan(grace: int = GRACE_SECONDS, overrides: dict | None = None, stack: str = "dev") -> Plan:
+    """The dev stack's platform (`stack`: another's; no jobs: the tests submit their own) with the stockout grace
+    period given."""
+    return plan_for(stack, {"fallback": {"stockoutGracePeriod": f"{grace}s"}, "workloads": {"jobs": 0},
                             **(overrides or {})})
 
 
@@ -47,6 +48,7 @@ class FailoverTier:
     plan: Plan
     controller: Process | None = None
     metrics_url: str = ""
+    stack: str = "dev"  # whose RayJob `submit` copies (its slice: the plan's pools)
 
     @property
     def kube(self) -> Kube:
@@ -126,7 +128,7 @@ class FailoverTier:
     def submit(self, name: str, queue: str = "user-queue") -> float:
         """Create a RayJob and wait for Kueue's first decision; the monotonic time it was created."""
         created = time.monotonic()
-        self.kube.create(jobs.dev_rayjob(name, queue))
+        self.kube.create(jobs.dev_rayjob(name, queue, self.stack))
         jobs.wait_decided(self.kube, NAMESPACE, name)
         return created
 
@@ -242,4 +244,5 @@ def start_failover_tier(pods_ready_timeout: int = PODS_READY_TIMEOUT_SECONDS, **
     """The platform of `platform_plan(**settings)` with its nodes, KubeRay and the scheduler, Kueue's
     waitForPodsReady on the tier's clock."""
     plan = platform_plan(**settings)
-    return FailoverTier(ControlPlane(release_values(plan, pods_ready_timeout), nodes_of=plan), plan).start()
+    return FailoverTier(ControlPlane(release_values(plan, pods_ready_timeout), nodes_of=plan), plan,
+                        stack=settings.get("stack", "dev")).start()

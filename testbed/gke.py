@@ -53,6 +53,7 @@ from testbed.kube import Kube, condition
 
 CLUSTER_TYPE = "gcp:container/cluster:Cluster"
 NODE_POOL_TYPE = "gcp:container/nodePool:NodePool"
+RESOURCE_POLICY_TYPE = "gcp:compute/resourcePolicy:ResourcePolicy"  # a TPU7x workload policy
 DEFAULT_POOL = "default-pool"  # the pool GKE makes from the cluster's own node_config
 NODEPOOL_LABEL = "cloud.google.com/gke-nodepool"
 SPOT_LABEL = "cloud.google.com/gke-spot"
@@ -142,14 +143,25 @@ def node_templates(plan: Plan) -> tuple[NodeTemplate, ...]:
     default = cluster["nodeConfig"]
     templates = [_template(DEFAULT_POOL, default, zone, autoscaling=None, topology=None, queued=False,
                            fixed_nodes=int(cluster["initialNodeCount"]))]
+    policies = {policy.inputs["name"]: policy.inputs for policy in plan.of_type(RESOURCE_POLICY_TYPE)}
     for pool in plan.of_type(NODE_POOL_TYPE):
         inputs = pool.inputs
         templates.append(_template(
             inputs["name"], inputs["nodeConfig"], inputs.get("location") or zone, inputs.get("autoscaling"),
-            (inputs.get("placementPolicy") or {}).get("tpuTopology"),
+            _pool_topology(inputs.get("placementPolicy") or {}, policies),
             bool((inputs.get("queuedProvisioning") or {}).get("enabled")),
             fixed_nodes=int(inputs.get("nodeCount") or inputs.get("initialNodeCount") or 0)))
     return tuple(templates)
+
+
+def _pool_topology(placement: Mapping, policies: Mapping[str, Mapping]) -> str | None:
+    """A multi-host pool's slice topology, where GKE reads it: the pool's own (v5e, v5p, v6e), or the accelerator
+    topology of the workload policy the pool names (TPU7x). None: a single-host pool."""
+    if placement.get("tpuTopology"):
+        return placement["tpuTopology"]
+    if placement.get("policyName"):
+        return policies[placement["policyName"]]["workloadPolicy"]["acceleratorTopology"]
+    return None
 
 
 def _template(pool: str, node_config: Mapping, zone: str, autoscaling: Mapping | None, topology: str | None,

@@ -82,9 +82,9 @@ def judged_in_order(kube: Kube, timeout: float = 30.0) -> Callable[[Step], None]
     return hook
 
 
-def dev_rayjob(name: str | None = None, queue: str | None = None) -> dict:
-    """A copy of the dev stack's first RayJob, optionally renamed and queued elsewhere."""
-    (template,) = [m for m in plan_for().kubernetes_manifests() if m["kind"] == "RayJob"][:1]
+def dev_rayjob(name: str | None = None, queue: str | None = None, stack: str = "dev") -> dict:
+    """A copy of the dev stack's first RayJob (`stack`: another stack's), optionally renamed and queued elsewhere."""
+    (template,) = [m for m in plan_for(stack).kubernetes_manifests() if m["kind"] == "RayJob"][:1]
     job = copy.deepcopy(template)
     if name:
         job["metadata"]["name"] = name

@@ -46,6 +46,7 @@ CLIENT_PACKAGE = "google-api-python-client"
 # update this table and the README's pinned versions together.
 PINNED_REVISIONS: Mapping[str, str] = MappingProxyType({
     "cloudresourcemanager.v1": "20261107",
+    "compute.v1": "20261106",
     "container.v1": "20261027",
     "iam.v1": "20261023",
     "monitoring.v1": "20260903",
@@ -166,6 +167,11 @@ REQUESTS: Mapping[str, ApiRequest] = MappingProxyType({
         url={"parent": "projects/{project}/locations/{location}/clusters/{cluster}"},
         deviations={"nodeConfig": Renamed("config", "a pool's node_config is NodePool.config (meta.yaml)")},
         ref=f"{_META}/container/resource_container_node_pool_meta.yaml"),
+    # TPU7x's workload policy (infra/tpu_pool.py). The region is only the URL's: ResourcePolicy.region is output-only.
+    "gcp:compute/resourcePolicy:ResourcePolicy": ApiRequest(
+        "compute.v1", "resourcePolicies.insert", "",
+        url={"project": "{project}", "region": "{region}"},
+        ref=f"{_META}/compute/resource_compute_resource_policy_meta.yaml"),
     "gcp:projects/service:Service": ApiRequest(
         "serviceusage.v1", "services.batchEnable", "",
         url={"parent": "projects/{project}"},
@@ -263,6 +269,9 @@ PROSE_RULES: Mapping[tuple[str, str], ProseRule] = MappingProxyType({
     ("container.v1", "MonitoringComponentConfig.enableComponents"): ProseRule(
         "An empty set would disable all monitoring.", "at least one component (SYSTEM_COMPONENTS keeps GKE's "
         "system metrics)", lambda value: isinstance(value, list) and len(value) > 0),
+    ("compute.v1", "ResourcePolicy.name"): ProseRule(
+        "the name must be 1-63 characters long and match the regular\nexpression `[a-z]([-a-z0-9]*[a-z0-9])?`",
+        "1-63 characters matching [a-z]([-a-z0-9]*[a-z0-9])?", _fullmatch(r"[a-z]([-a-z0-9]*[a-z0-9])?", 63)),
     ("iam.v1", "CreateServiceAccountRequest.accountId"): ProseRule(
         "must be 6-30 characters long, and match the regular expression `[a-z]([-a-z0-9]*[a-z0-9])`",
         "6-30 characters matching [a-z]([-a-z0-9]*[a-z0-9])",

@@ -38,6 +38,11 @@ CONFIGS: dict[str, tuple[str, dict | None]] = {
     "shortest-cluster-name": ("dev", {"clusterName": "a"}),
     "deletion-protection": ("dev", {"deletionProtection": True}),
     "own-workload-namespace": ("dev", {"workloads": {"namespace": "team-a"}}),
+    # TPU7x: the workload policy's longest name (the longest cluster name and topology), and a single host (no policy).
+    "tpu7x-longest-policy-name": ("ironwood-us-central1-c", {
+        "clusterName": "a" * 39 + "b", "tpu": {"machineType": "tpu7x-standard-4t", "topology": "8x16x16"},
+        "workloads": {"trainingArgs": ["--batch-size", "4096"]}}),  # 2048 chips: 4096 JAX devices
+    "tpu7x-single-host": ("ironwood-us-central1-c", {"tpu": {"machineType": "tpu7x-standard-4t", "topology": "2x2x1"}}),
     "spot-graceful-termination-120s": ("dev", {"gkeVersion": "1.35.0-gke.1171000",
                                                "spot": {"maxSlices": 1, "gracefulTermination": "120s"}}),
 }
@@ -253,8 +258,16 @@ def test_enum_values_the_program_sets_are_the_ones_gke_allows():
         # The shipped platform stack has a reservation rung and a Spot rung (Pulumi.platform-us-east5-b.yaml).
         "NodeTaint.effect": {"NO_SCHEDULE"},
         "ReservationAffinity.consumeReservationType": {"NO_RESERVATION", "SPECIFIC_RESERVATION"},
+        "ResourcePolicyWorkloadPolicy.type": {"HIGH_THROUGHPUT"},  # TPU7x's workload policy (infra/tpu_pool.py)
         "WorkloadMetadataConfig.mode": {"GKE_METADATA"},
     }
+
+
+def test_workload_policy_names_fit_compute_s_rule():
+    """The longest cluster name and TPU7x topology still make a valid resource policy name (RFC 1035, 63)."""
+    policy = planned("tpu7x-longest-policy-name").only("gcp:compute/resourcePolicy:ResourcePolicy")
+    assert policy.inputs["name"] == "a" * 39 + "b-tpu7x-8x16x16-c"
+    assert PROSE_RULES["compute.v1", "ResourcePolicy.name"].accepts(policy.inputs["name"])
 
 
 def test_cluster_name_rule_agrees_with_gkes():

@@ -68,6 +68,18 @@ def test_the_dev_plan_s_pools_become_templates_with_what_gke_puts_on_their_nodes
     assert on_demand.labels["tpu-fallback/capacity"] == "on-demand"  # the pool's own nodeConfig.labels
 
 
+def test_tpu7x_pools_take_their_slice_from_the_workload_policy_they_name():
+    """No topology on a TPU7x pool: GKE reads the slice from its workload policy (2x2x2: 2 VMs of 4 chips)."""
+    templates = {t.pool: t for t in gke.node_templates(plan_for("ironwood-us-central1-c"))}
+    assert set(templates) == {"default-pool", "reserved-pool", "on-demand-pool", "spot-pool", "dws-pool"}
+    for name in ("reserved-pool", "on-demand-pool", "spot-pool", "dws-pool"):
+        pool = templates[name]
+        assert (pool.hosts, pool.max_nodes) == (2, 2)
+        assert pool.labels[catalogue.ACCELERATOR_LABEL_KEY] == "tpu7x"
+        assert pool.labels[catalogue.TOPOLOGY_LABEL_KEY] == "2x2x2"
+        assert pool.allocatable[TPU] == "4"
+
+
 def test_a_spot_pool_carries_gke_s_spot_label_and_only_the_taint_it_declares():
     templates = {t.pool: t for t in gke.node_templates(plan_for("platform-us-east5-b"))}
     spot = templates["spot-pool"]

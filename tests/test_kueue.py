@@ -410,3 +410,17 @@ def test_an_own_namespace_gets_the_whole_chain_of_local_queues(crd_schemas):
                       for r in plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue")}
     for local_queue in plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue"):
         assert cluster_queues[local_queue.inputs["spec"]["clusterQueue"]] in local_queue.dependencies
+
+
+def test_tpu7x_quotas_flavors_and_chips_come_from_its_catalogue_row():
+    """Ironwood, one 2x2x2 slice per rung: 2 tpu7x-standard-4t VMs (224 vCPUs, 960 GB, 4 chips each)."""
+    plan = plan_for("ironwood-us-central1-c")
+    slice_quota = {"cpu": "448", "memory": "1920Gi", "google.com/tpu": "8"}
+    got = capacity(plan)
+    assert {flavor: got[flavor] for flavor in ("reservation", "on-demand", "spot", "dws")} == {
+        flavor: slice_quota for flavor in ("reservation", "on-demand", "spot", "dws")}
+    assert plan.outputs["tpuChips"] == {"reservation": 8, "onDemand": 8, "spot": 8, "flexStart": 8}
+    assert plan.outputs["tpuQuota"] == {"reserved": 8, "onDemand": 8, "preemptible": 16}
+    flavors = of_kind(plan, "ResourceFlavor")
+    assert {name: flavors[name]["spec"]["nodeLabels"] for name in ("on-demand", "dws")} == {
+        "on-demand": {"tpu-fallback/capacity": "on-demand"}, "dws": {"tpu-fallback/capacity": "dws"}}

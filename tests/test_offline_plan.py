@@ -45,6 +45,17 @@ def test_offline_command_writes_plan_and_manifests(stack, tmp_path, capsys):
     assert {"ClusterQueue", "LocalQueue", "ResourceFlavor", "Namespace"} <= kinds
 
 
+def test_the_ironwood_plan_prints_its_workload_policy_and_the_pools_after_it(tmp_path, capsys):
+    """TPU7x: one resource policy (high throughput, 2x2x2), which every rung's pool names and is created after."""
+    assert offline_main(["ironwood-us-central1-c", "--out", str(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("+ gcp:compute/resourcePolicy:ResourcePolicy tpu-workload-policy") == 1
+    assert "type: HIGH_THROUGHPUT" in printed and "acceleratorTopology: 2x2x2" in printed
+    pools = [line for line in printed.splitlines() if "gcp:container/nodePool:NodePool" in line]
+    assert len(pools) == 4 and all("tpu-workload-policy)" in line for line in pools)
+    assert printed.count("policyName: ironwood-tpu7x-2x2x2-c") == 4 and "tpuTopology" not in printed
+
+
 def test_secrets_never_reach_the_plan():
     assert "gke-gcloud-auth-plugin" not in render_tree(plan_for("dev"))
 

@@ -279,3 +279,39 @@ def _platform(overrides: dict):
     platform = read_platform_settings(reader, StubConfig({"project": "example-project"}))
     assert reader.problems == []
     return platform
+
+
+# --- TPU7x (Ironwood): what GKE refuses, each naming its key and source, all in one pass -----------------------------
+IRONWOOD = "ironwood-us-central1-c"
+
+
+def _stack_problems(stack: str, overrides: dict) -> list[str]:
+    with pytest.raises(SettingsError) as raised:
+        OfflineEngine().run(config_with(overrides, stack))
+    return raised.value.problems
+
+
+def test_the_ironwood_stack_passes_tpu7x_s_gke_version_gate():
+    plan = plan_for(IRONWOOD)
+    version = plan.only("gcp:container/cluster:Cluster").inputs["minMasterVersion"]
+    assert gke_version_at_least(version, "1.34.0-gke.2201000")
+
+
+def test_tpu7x_refusals_name_their_keys_and_sources_in_one_pass():
+    """An older GKE, a zone without TPU7x (so without its flex-start either): three problems, one run."""
+    problems = _stack_problems(IRONWOOD, {"zone": "us-east5-b", "gkeVersion": "1.34.0-gke.2200000"})
+    ironwood, zones = ("https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood",
+                       "https://cloud.google.com/tpu/docs/types-zones")
+    assert [p for p in problems if p.startswith("tpu-fallback:gkeVersion: ")] == [
+        f"tpu-fallback:gkeVersion: 1.34.0-gke.2200000 is older than TPU tpu7x's 1.34.0-gke.2201000 ({ironwood})"]
+    zone_problems = [p for p in problems if p.startswith("tpu-fallback:zone: ")]
+    assert len(zone_problems) == 2 and all(zones in p and "us-central1-c" in p for p in zone_problems)
+    assert "offers no TPU tpu7x" in zone_problems[0] and "offers no flex-start TPU tpu7x" in zone_problems[1]
+
+
+@pytest.mark.parametrize("machine_type, topology", [("tpu7x-standard-4t", "4x4"), ("tpu7x-standard-1t", "2x2x2"),
+                                                    ("tpu7x-standard-4t", "2x2x3")])
+def test_tpu7x_topologies_are_the_catalogue_s(machine_type, topology):
+    problems = _stack_problems(IRONWOOD, {"tpu": {"machineType": machine_type, "topology": topology}})
+    assert any(p.startswith(f"tpu-fallback:tpu.topology: topology {topology!r} is not valid for {machine_type}")
+               for p in problems), problems

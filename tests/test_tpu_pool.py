@@ -98,3 +98,42 @@ def test_spot_pool_keeps_gkes_graceful_shutdown_unless_extended():
         expected = ({"shutdownGracePeriodSeconds": 120, "shutdownGracePeriodCriticalPodsSeconds": 15}
                     if name in spot else None)
         assert pool["nodeConfig"].get("kubeletConfig") == expected, name
+
+
+# --- TPU7x (Ironwood): multi-host pools placed by one workload policy -----------------------------------------------
+IRONWOOD = "ironwood-us-central1-c"
+RESOURCE_POLICY = "gcp:compute/resourcePolicy:ResourcePolicy"
+
+
+def test_a_tpu7x_slice_has_one_high_throughput_workload_policy_with_its_topology():
+    policy = plan_for(IRONWOOD).only(RESOURCE_POLICY)
+    assert policy.inputs["workloadPolicy"] == {"type": "HIGH_THROUGHPUT", "acceleratorTopology": "2x2x2"}
+    assert (policy.inputs["region"], policy.inputs["name"]) == ("us-central1", "ironwood-tpu7x-2x2x2-c")
+    assert policy.parent.endswith("tpu-fallback:infra:TpuWorkloadPolicy::tpu-workload-policy")
+
+
+@pytest.mark.parametrize("slices", [1, 2])
+def test_every_rung_s_tpu7x_pools_name_the_one_policy_and_no_topology(slices):
+    plan = plan_for(IRONWOOD, {"onDemand": {"maxSlices": slices}})
+    policy = plan.only(RESOURCE_POLICY)
+    pools = pools_by_name(plan)
+    on_demand = [f"on-demand-pool-{i}" for i in range(1, slices + 1)] if slices > 1 else ["on-demand-pool"]
+    assert set(pools) == {"reserved-pool", *on_demand, "spot-pool", "dws-pool"}
+    for pool in pools.values():
+        assert pool["placementPolicy"] == {"type": "COMPACT", "policyName": "ironwood-tpu7x-2x2x2-c"}
+        assert pool["nodeConfig"]["machineType"] == "tpu7x-standard-4t"
+        assert pool["autoscaling"]["maxNodeCount"] == 2  # the 2 VMs of a 2x2x2 slice (8 chips, 4 per VM)
+    # Each pool takes the policy's name as an input: Pulumi creates the policy first and deletes it last.
+    for pool in plan.of_type(NODE_POOL):
+        assert policy.urn in pool.dependencies
+
+
+def test_a_single_host_tpu7x_slice_needs_no_workload_policy():
+    plan = plan_for(IRONWOOD, {"tpu": {"machineType": "tpu7x-standard-4t", "topology": "2x2x1"}})
+    assert plan.of_type(RESOURCE_POLICY) == []
+    assert all("placementPolicy" not in pool for pool in pools_by_name(plan).values())
+
+
+def test_other_generations_keep_their_topology_and_no_policy():
+    assert plan_for().of_type(RESOURCE_POLICY) == []
+    assert pools_by_name(plan_for())["on-demand-pool"]["placementPolicy"] == {"type": "COMPACT", "tpuTopology": "4x4"}

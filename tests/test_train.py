@@ -172,6 +172,33 @@ def test_tpu_trainer_config_is_accepted_by_ray(accelerator_type, topology, hosts
             argv[:6] + [str(hosts + 1)] + argv[7:])))
 
 
+def _catalogue_shapes():
+    from infra.tpu import MACHINE_TYPES
+
+    return [(m.name, t) for m in MACHINE_TYPES.values() for t in m.topologies()]
+
+
+@pytest.mark.parametrize("machine_type, topology", _catalogue_shapes())
+def test_every_catalogue_slice_is_a_trainer_ray_accepts_and_reserves(machine_type, topology):
+    """Each slice of infra/tpu.py as the RayJob's flags give it (one worker per host, its chips): Ray's ScalingConfig
+    takes it, and Ray's slice reservation (SlicePlacementGroup, which JaxTrainer makes on a TPU) knows its topology
+    exactly where the catalogue says the training jobs can run there (tpu7x-standard-1t's 1x1x1: not in Ray 2.60)."""
+    from ray._private.accelerators.tpu import TPUAcceleratorManager
+    from ray.util.tpu import get_tpu_version_from_type
+
+    from infra.tpu import lookup_slice
+
+    tpu = lookup_slice(machine_type, topology)
+    argv = ["--use-tpu", "--topology", topology, "--accelerator-type", tpu.generation.ray_accelerator_type,
+            "--num-workers", str(tpu.hosts), "--chips-per-host", str(tpu.chips_per_host),
+            "--storage-path", "gs://bucket/ray", "--run-name", "r1", "--run-id", "r1-x7k2p"]
+    scaling = train.make_trainer(train.resolve_config(train.build_parser().parse_args(argv))).scaling_config
+    assert (scaling.num_workers, scaling.resources_per_worker) == (tpu.hosts, {"TPU": tpu.chips_per_host})
+    version = get_tpu_version_from_type(tpu.generation.ray_accelerator_type)
+    reservable = TPUAcceleratorManager.is_valid_tpu_accelerator_topology(version, topology)
+    assert reservable == (tpu.is_multi_host or tpu.machine_type.ray_trains_single_host)
+
+
 # The file a downwardAPI volume of `metadata.annotations` holds: one `key="value"` line per annotation, keys sorted,
 # each value quoted as Go's %q does (kubernetes pkg/fieldpath/fieldpath.go FormatMap).
 ANNOTATIONS_FILE = ('kubectl.kubernetes.io/last-applied="{\\"a\\": 1}"\n'

@@ -23,6 +23,7 @@ from workloads.jobs import checkpoint_bucket_name, script_configmap_name
 from workloads.rayjob import RUNTIME_REQUIREMENTS, SCRIPT_PATH, runtime_pins
 from tests.conftest import config_with, plan_for
 from tests.k8s_schema import validation_errors
+from tests.test_tpu import ALL_SHAPES
 
 RAYJOB = "kubernetes:ray.io/v1:RayJob"
 # Kueue 0.19.2 allows 18 pod sets, the head's included (jobframework.MaxPodSets; the Workload CRD's podSets
@@ -118,6 +119,65 @@ def test_runtime_pins_must_be_exact(tmp_path):
     with pytest.raises(ValueError, match="not pinned"):
         runtime_pins(loose)
     assert RUNTIME_REQUIREMENTS.exists()
+
+
+class _Config(dict):
+    """Raw config values by key, read through `get` as pulumi.Config reads them."""
+
+
+def _dev_settings():
+    """The dev stack's platform and workload settings, read as the program reads them."""
+    from infra.settings import ConfigReader, read_platform_settings
+    from workloads.settings import read_workload_settings
+
+    reader = ConfigReader(_Config({key.split(":", 1)[1]: value for key, value in config_with({}).items()
+                                   if key.startswith("tpu-fallback:")}))
+    platform = read_platform_settings(reader, _Config({"project": "example-project"}))
+    workloads = read_workload_settings(reader, platform)
+    assert reader.problems == []
+    return platform, workloads
+
+
+@pytest.mark.parametrize("machine_type, topology", ALL_SHAPES)
+def test_every_slice_gives_train_py_a_peak_per_jax_device(machine_type, topology):
+    """train.py splits the batch over jax.device_count() devices and divides the model's FLOP/s by it (a TensorCore on
+    TPU7x, two per chip): the peak the entrypoint passes is per device too, so a slice at its chips' peak is MFU 1."""
+    import dataclasses
+
+    from infra.tpu import lookup_slice
+
+    platform, workloads = _dev_settings()
+    tpu = lookup_slice(machine_type, topology)
+    platform = dataclasses.replace(platform, tpu=tpu)
+    args = train.build_parser().parse_args(shlex.split(rayjob.entrypoint(platform, workloads, "job", "bucket"))[2:])
+    assert (args.num_workers, args.chips_per_host) == (tpu.hosts, tpu.chips_per_host)
+    assert args.accelerator_type == tpu.generation.ray_accelerator_type
+    devices = tpu.chips * tpu.generation.devices_per_chip  # what JAX counts on the slice
+    assert devices == tpu.devices
+    slice_peak_flops = tpu.chips * tpu.generation.peak_bf16_tflops_per_chip * 1e12  # Google's per-chip figure
+    mfu = slice_peak_flops / 1.0 / devices / 1e12 / args.peak_tflops_per_device  # train.py's, one second a step
+    assert mfu == pytest.approx(1.0)
+
+
+def test_tpu7x_batch_must_split_over_its_tensorcores():
+    """A 2x2x2 TPU7x slice is 8 chips but 16 JAX devices: --batch-size 8 leaves half the cores without a row."""
+    with pytest.raises(SettingsError) as raised:
+        OfflineEngine().run(config_with({"workloads": {"trainingArgs": ["--batch-size", "8"]}}, "ironwood-us-central1-c"))
+    assert raised.value.problems == ["tpu-fallback:workloads.trainingArgs: --batch-size 8 is not a multiple of the slice's 16 JAX "
+                        "devices (8 chips)"]
+
+
+def test_a_slice_ray_cannot_reserve_is_refused_while_jobs_run_there():
+    """tpu7x-standard-1t (1x1x1): Ray's slice reservation has no such v7x slice; the platform alone is fine."""
+    single = {"tpu": {"machineType": "tpu7x-standard-1t", "topology": "1x1x1"},
+              "workloads": {"trainingArgs": ["--batch-size", "2"]}}
+    with pytest.raises(SettingsError) as raised:
+        OfflineEngine().run(config_with(single, "ironwood-us-central1-c"))
+    assert [p for p in raised.value.problems if p.startswith("tpu-fallback:tpu.machineType: ")] == [
+        "tpu-fallback:tpu.machineType: tpu7x-standard-1t (1x1x1): Ray's TPU slice reservation, which the training "
+        "jobs' JaxTrainer makes, has no TPU-V7X 1x1x1 slice (Ray 2.60, ray/_private/accelerators/tpu.py "
+        "VALID_TPU_TOPOLOGY); use another machine type, or set workloads.jobs to 0"]
+    assert plan_for("ironwood-us-central1-c", {**single, "workloads": {"jobs": 0}}).of_type(RAYJOB) == []
 
 
 def test_entrypoint_flags_are_derived_and_accepted_by_train_py():
@@ -468,3 +528,15 @@ def test_job_names_say_what_runs_unless_the_stack_names_them():
     assert plan_for("team-b-us-east5-a").outputs["trainingJobs"] == ["rayjob-tpu-v6e-2x4-1", "rayjob-tpu-v6e-2x4-2"]
     named = plan_for("team-c-us-west4-a", {"workloads": {"namePrefix": "llm-pretrain"}})
     assert named.outputs["trainingJobs"] == ["llm-pretrain-1", "llm-pretrain-2"]
+
+
+def test_tpu7x_workers_one_per_host_of_the_slice_with_its_labels():
+    job = next(iter(rayjobs(plan_for("ironwood-us-central1-c")).values()))
+    group = worker_group(job)
+    assert group["numOfHosts"] == 2  # a 2x2x2 slice: 8 chips on two 4-chip VMs
+    spec = group["template"]["spec"]
+    assert spec["nodeSelector"] == {"cloud.google.com/gke-tpu-accelerator": "tpu7x",
+                                    "cloud.google.com/gke-tpu-topology": "2x2x2"}
+    assert spec["containers"][0]["resources"]["limits"]["google.com/tpu"] == "4"
+    args = train.build_parser().parse_args(shlex.split(job["spec"]["entrypoint"])[2:])
+    assert (args.accelerator_type, args.topology, args.peak_tflops_per_device) == ("TPU-V7X", "2x2x2", 1153.5)

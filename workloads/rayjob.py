@@ -87,7 +87,8 @@ def entrypoint(platform: PlatformSettings, settings: WorkloadSettings, job_name:
     flags = [
         "--use-tpu", "--topology", tpu.topology, "--accelerator-type", tpu.generation.ray_accelerator_type,
         "--num-workers", str(tpu.hosts), "--chips-per-host", str(tpu.chips_per_host),
-        "--peak-tflops-per-device", f"{tpu.generation.peak_bf16_tflops_per_chip:g}",
+        # Per JAX device: train.py divides the model's FLOP/s by the devices JAX counts (a TensorCore on TPU7x).
+        "--peak-tflops-per-device", f"{tpu.generation.peak_bf16_tflops_per_device:g}",
         # A fixed run name and storage: a RayJob retry (a new RayCluster) resumes from the checkpoints.
         "--run-name", job_name, "--storage-path", f"gs://{bucket}/ray", "--checkpoint-dir", f"{run}/orbax",
         "--checkpoint-every", str(settings.checkpoint_every),

@@ -77,9 +77,10 @@ def _check_training_args(reader: ConfigReader, args: list[str], platform: Platfo
         return
     if platform is None:
         return  # the slice is unreadable (reported under its own key): nothing to compare the batch with
-    chips = platform.tpu.chips  # one JAX device per chip: the global batch is split evenly across them
-    reader.check("workloads.trainingArgs", parsed.batch_size % chips == 0,
-                 f"--batch-size {parsed.batch_size} is not a multiple of the slice's {chips} chips")
+    tpu = platform.tpu  # the global batch is split evenly across the slice's JAX devices (2 per chip on TPU7x)
+    unit = "chips" if tpu.generation.devices_per_chip == 1 else f"JAX devices ({tpu.chips} chips)"
+    reader.check("workloads.trainingArgs", parsed.batch_size % tpu.devices == 0,
+                 f"--batch-size {parsed.batch_size} is not a multiple of the slice's {tpu.devices} {unit}")
 
 
 def default_name_prefix(platform: PlatformSettings | None) -> str:
@@ -113,6 +114,13 @@ def read_workload_settings(reader: ConfigReader, platform: PlatformSettings | No
             unit, host = ("vCPUs" if field.endswith("Cpu") else "GiB"), host_machine.name
             reader.check(f"workloads.{field}", 0 < amount <= capacity,
                          f"{raw[field]} does not fit one {host} ({capacity} {unit})")
+    if platform is not None and raw["enabled"] and raw["jobs"] > 0:
+        tpu = platform.tpu
+        reader.check("tpu.machineType", tpu.machine_type.ray_trains_single_host or tpu.is_multi_host,
+                     f"{tpu.machine_type.name} ({tpu.topology}): Ray's TPU slice reservation, which the training jobs' "
+                     f"JaxTrainer makes, has no {tpu.generation.ray_accelerator_type} {tpu.topology} slice (Ray "
+                     "2.60, ray/_private/accelerators/tpu.py VALID_TPU_TOPOLOGY); use another machine type, or "
+                     "set workloads.jobs to 0")
     args = raw["trainingArgs"]
     if reader.check("workloads.trainingArgs", all(isinstance(a, str) for a in args),
                     "must be a list of strings, e.g. [\"--steps\", \"200\"]"):

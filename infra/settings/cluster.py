@@ -17,7 +17,7 @@ from infra.settings.formats import (CHART_REPOSITORY, CLUSTER_NAME, GKE_VERSION,
 from infra.settings.keys import DEFAULTS
 from infra.settings.reader import ConfigReader, lookup_or_fail
 from infra.settings.rungs import PlanSettings
-from infra.tpu import MACHINE_TYPES, ZONES_AS_OF, TpuGeneration, TpuSlice, lookup_slice
+from infra.tpu import MACHINE_TYPES, TpuGeneration, TpuSlice, lookup_slice
 
 
 @dataclass(frozen=True)
@@ -74,8 +74,9 @@ def read_tpu(reader: ConfigReader, zone: str) -> tuple[TpuSlice | None, TpuGener
     generation = MACHINE_TYPES[raw["machineType"]].generation
     if not raw["allowUnlistedZone"]:
         reader.check("zone", zone in generation.zones,
-                     f"{zone} offers no TPU {generation.name} per the catalogue ({ZONES_AS_OF}); zones: "
-                     f"{', '.join(sorted(generation.zones))}. A zone added since: set tpu.allowUnlistedZone")
+                     f"{zone} offers no TPU {generation.name} per the catalogue ({generation.zones_as_of}, "
+                     f"{generation.zones_source}); zones: {', '.join(sorted(generation.zones))}. A zone added since: "
+                     "set tpu.allowUnlistedZone")
     tpu = lookup_or_fail(reader, "tpu.topology", lambda topology: lookup_slice(raw["machineType"], topology),
                          raw["topology"])
     return tpu, generation, raw["allowUnlistedZone"]
@@ -90,7 +91,8 @@ def check_versions_and_zones(reader: ConfigReader, plans: tuple[PlanSettings, ..
                  f"{gke_version} is older than the Ray Operator add-on's {MIN_GKE_FOR_RAY_OPERATOR}")
     if generation is not None:
         reader.check("gkeVersion", gke_version_at_least(gke_version, generation.min_gke_version),
-                     f"{gke_version} is older than TPU {generation.name}'s {generation.min_gke_version}")
+                     f"{gke_version} is older than TPU {generation.name}'s {generation.min_gke_version} "
+                     f"({generation.source})")
     for plan in plans:  # the enabled rungs: a Spot rung that is off sends nothing to GKE
         if plan.shutdown is not None:
             reader.check(f"{plan.config_key}.gracefulTermination",
@@ -105,8 +107,8 @@ def check_versions_and_zones(reader: ConfigReader, plans: tuple[PlanSettings, ..
     if generation is not None and not allow_unlisted_zone:
         reader.check("zone", zone in generation.flex_start_zones,
                      f"{zone} offers no flex-start TPU {generation.name} per the catalogue "
-                     f"({ZONES_AS_OF}); zones: {', '.join(sorted(generation.flex_start_zones))}. A zone "
-                     "added since: set tpu.allowUnlistedZone")
+                     f"({generation.zones_as_of}, {generation.zones_source}); zones: "
+                     f"{', '.join(sorted(generation.flex_start_zones))}. A zone added since: set tpu.allowUnlistedZone")
 
 
 def read_kueue(reader: ConfigReader) -> tuple[str, str]:

@@ -104,9 +104,10 @@ _ROUTES = (
         S("machineType", STRING, "its machine type", "n2-standard-16",
           rule="a predefined n2, n2d, e2, c3 or n4 shape, <family>-<standard|highmem|highcpu>-<vCPUs>"),
         S("nodeCount", INTEGER, "its nodes", 3, bounds=Bounds(MIN_SYSTEM_NODES, MAX_SYSTEM_NODES)))),
-    S("tpu", OBJECT, "The slice shape every rung shares (infra/tpu.py: v6e, v5e, v5p).", fields=(
+    S("tpu", OBJECT, "The slice shape every rung shares (infra/tpu.py: v6e, v5e, v5p, TPU7x).", fields=(
         S("machineType", STRING, "the TPU VM's machine type", "ct6e-standard-4t", choices=tuple(MACHINE_TYPES)),
-        S("topology", STRING, "the slice's topology", "4x4", rule="one the machine type offers (infra/tpu.py)"),
+        S("topology", STRING, "the slice's topology", "4x4",
+          rule="one the machine type offers (infra/tpu.py); a multi-host TPU7x slice gets a workload policy"),
         S("allowUnlistedZone", BOOLEAN, "accept a zone the catalogue does not list yet", False))),
     S("reservation", OBJECT, "Rung: TPUs you reserved (DWS calendar mode included), tried first by default; its pools "
                              "consume them with SPECIFIC_RESERVATION. Off while the list is empty.", fields=(

@@ -34,7 +34,7 @@ WORKLOADS = S("workloads", OBJECT, "The training RayJobs (workloads/).", stacks=
       ["--steps", "500", "--dtype", "bfloat16", "--lr", "1e-3", "--vocab", "8192", "--seq-len", "1024",
        "--d-model", "1024", "--layers", "8", "--heads", "16", "--batch-size", "256"],
       rule="flags train.py knows, none it derives from the platform (slice, bucket, job name, --checkpoint-every); "
-           "--batch-size a multiple of the slice's chips"),
+           "--batch-size a multiple of the slice's JAX devices (its chips; twice as many on TPU7x)"),
     S("maxRunDuration", INTEGER, "seconds a DWS request may run (plan B: DWS nodes run for up to seven days)", 86400,
       bounds=Bounds(1, 7 * 24 * 3600)),
     S("backoffLimit", INTEGER, "RayJob retries, each resuming from the checkpoint", 2, bounds=Bounds(1, 10)),

@@ -20,6 +20,7 @@ import yaml
 
 from infra.settings.constants import NAMESPACE
 from infra.settings.keys import KEYS
+from infra.tpu import MACHINE_TYPES, Placement, TpuGeneration
 from infra.settings.schema import (BOOLEAN, FLEET, INTEGER, JOBS, OBJECT, OBJECTS, REGION, REQUIRED, STRING,
                                    STRINGS, TEAM, Setting)
 
@@ -189,7 +190,50 @@ def configuration_markdown() -> str:
         for key in KEYS:
             if key.stacks == stacks:
                 lines += _markdown_rows(key)
+    lines += catalogue_markdown()
     return "\n".join(lines) + "\n"
+
+
+# --- the TPU catalogue (infra/tpu.py), in the same page ---
+
+def _generations() -> list[TpuGeneration]:
+    return list(dict.fromkeys(machine.generation for machine in MACHINE_TYPES.values()))
+
+
+def catalogue_markdown() -> list[str]:
+    """The `tpu` key's choices: one row per generation of infra/tpu.py, then what TPU7x does differently."""
+    lines = ["", "## TPU slices (`tpu`)", "",
+             "What `tpu.machineType` and `tpu.topology` accept, from the catalogue `infra/tpu.py`, which every pool, "
+             "quota, selector and worker derives from. Zones outside these lists need `tpu.allowUnlistedZone`.", "",
+             "| Generation | Machine types (chips per VM) | Topologies | Zones | Flex-start zones | GKE | "
+             "JAX devices per chip | Peak bf16 TFLOP/s per chip | Multi-host placement |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for generation in _generations():
+        machines = [m for m in MACHINE_TYPES.values() if m.generation is generation]
+        topologies = dict.fromkeys(t for m in machines for t in m.topologies())
+        placement = ("a workload policy" if generation.placement is Placement.WORKLOAD_POLICY
+                     else "the pool's TPU topology")
+        cells = (generation.name, ", ".join(f"`{m.name}` ({m.chips_per_host})" for m in machines),
+                 ", ".join(topologies), ", ".join(sorted(generation.zones)),
+                 ", ".join(sorted(generation.flex_start_zones)), f"{generation.min_gke_version} or later",
+                 str(generation.devices_per_chip), f"{generation.peak_bf16_tflops_per_chip:g}", placement)
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += [
+        "", "### TPU7x (Ironwood)", "",
+        "A multi-host TPU7x slice (2x2x2 and up) is placed by a Compute Engine workload policy, not by a TPU topology "
+        "on the pool: the stack creates one resource policy of type high throughput with the slice's topology, in the "
+        "cluster's region, named `<clusterName>-tpu7x-<topology>-<zone letter>`, and every rung's pools name it "
+        "(`placementPolicy.policyName`, no `tpuTopology`). Pulumi creates it before the pools and deletes it after "
+        "them. A single-host slice (2x2x1, or `tpu7x-standard-1t`) has none; `tpu7x-standard-1t` runs no training jobs (Ray has "
+        "no 1x1x1 TPU7x slice). Each chip is two JAX devices (its two "
+        "TensorCores): `--batch-size` in `workloads.trainingArgs` must be a multiple of twice the slice's chips, and "
+        "MFU is reported against half a chip's peak per device. Kueue's quotas, the node selectors and the workers' "
+        "`google.com/tpu` requests still count chips. What could not be confirmed is in [limits.md](limits.md#tpu7x-ironwood).",
+        "",
+        "Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/tpu-ironwood, "
+        "https://cloud.google.com/tpu/docs/tpu7x",
+    ]
+    return lines
 
 
 # --- the command ---
