@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import os
 import sys
 import time
@@ -33,6 +34,7 @@ GRACE_SECONDS = 4  # through stack config, as a user would set it
 # every scenario passes on the watches and the times a decision asks to be looked at again, or fails (issue 43).
 RESYNC_SECONDS = 3600
 NAMESPACE = "default"
+LOOK_LABEL = "tpu-fallback-test/look"  # FailoverTier.looked_at: a Workload change nothing reads
 
 
 def platform_plan(grace: int = GRACE_SECONDS, overrides: dict | None = None, stack: str = "dev") -> Plan:
@@ -219,6 +221,22 @@ class FailoverTier:
         return len({p["metadata"]["labels"]["ray.io/cluster"] for p in self.kube.list("v1", "Pod", namespace=NAMESPACE)
                     if (p["metadata"].get("labels") or {}).get("ray.io/cluster", "").startswith(f"{job}-")
                     and not p["metadata"].get("deletionTimestamp")})
+
+    def looked_at(self, job: str, timeout: float = 60) -> None:
+        """Wait for the sign that the controller looked at the job as the cluster is from now on, and decided: two of
+        its reconciles end after this call (a key is never in two workers, so the second began after the first
+        ended). With the resync an hour away nothing else may come, so each look first touches a label on the job's
+        Workload, a change its watch queues and nothing reads. Then a test may assert that nothing happened."""
+        workload = jobs.workload_of(self.kube, NAMESPACE, job)["metadata"]["name"]
+        before, touches = self.metric("tpu_fallback_reconciles_total"), itertools.count()
+
+        def looked() -> bool:
+            if self.metric("tpu_fallback_reconciles_total") >= before + 2:
+                return True
+            self.kube.patch(*jobs.WORKLOAD, workload, {"metadata": {"labels": {LOOK_LABEL: str(next(touches))}}},
+                            namespace=NAMESPACE)
+            return False
+        wait_for(looked, timeout, f"two reconciles of {job}'s Workload", interval=0.3)
 
     def moves_recorded(self, job: str) -> list[dict]:
         return [e for e in self.kube.list("v1", "Event", namespace=NAMESPACE)

@@ -20,7 +20,7 @@ from failover.regional import decisions
 from infra import kueue as stack_kueue
 from infra.tpu_pool import PLAN_LABEL_KEY
 from testbed import jobs
-from testbed.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS, RESYNC_SECONDS,
+from testbed.failover_tier import (GRACE_SECONDS, NAMESPACE, PODS_READY_TIMEOUT_SECONDS,
                                    controller_running, start_failover_tier)
 from ops.status import jobs as status_jobs
 from ops.status.render import report_dict
@@ -120,7 +120,7 @@ def test_timeout_path_moves_a_stocked_out_job_to_plan_b(clean):
     # last rung. Passes keep seeing the same Evicted condition (a repeated event): still one move, one Event.
     wait_for(lambda: jobs.workload_of(tier.kube, NAMESPACE, "stockout-timeout")["status"].get("requeueState"),
              PODS_READY_TIMEOUT_SECONDS + 15, "the eviction from dws")
-    time.sleep(3 * RESYNC_SECONDS)
+    tier.looked_at("stockout-timeout")
     assert tier.queues_of("stockout-timeout") == ("user-queue-dws", "user-queue-dws")
     assert tier.move_of("stockout-timeout") == move
     assert len(tier.moves_recorded("stockout-timeout")) == 1
@@ -223,7 +223,7 @@ def test_a_job_outside_the_chain_is_left_alone(clean):
         tier.submit("outside", queue="outside-queue")
         wait_for(lambda: jobs.workload_of(tier.kube, NAMESPACE, "outside")["status"].get("requeueState"),
                  PODS_READY_TIMEOUT_SECONDS + 15, "the PodsReady eviction")
-        time.sleep(3 * RESYNC_SECONDS)
+        tier.looked_at("outside")
         assert tier.queues_of("outside") == ("outside-queue", "outside-queue")
         assert tier.move_of("outside") is None
     finally:
@@ -285,7 +285,7 @@ def test_a_job_that_fails_is_retried_in_place_shown_failed_and_never_moved(clean
     workload = wait_for(lambda: (w := jobs.workload_of(tier.kube, NAMESPACE, "fails")) and condition(
         w, "Finished") == "True" and w, REACTION_TIMEOUT, "the Workload Finished")
     assert jobs.tpu_flavor(workload) == "on-demand"  # every retry ran on the rung it was admitted on
-    time.sleep(3 * RESYNC_SECONDS)
+    tier.looked_at("fails")
     assert tier.move_of("fails") is None and tier.queues_of("fails") == ("user-queue", "user-queue")
     assert not tier.moves_recorded("fails")
 
