@@ -371,7 +371,8 @@ def play(story: stories.Story, setup: stories.Setup, dev_recovery: dict[str, flo
 
 def report(story: stories.Story, plays: list[Play]) -> None:
     k = story.compression
-    print(f"\nstory {story.name}: {story.jobs} jobs of {round(story.work / 60, 1):g} min, "
+    jobs_of = f"{story.jobs} job{'s' if story.jobs > 1 else ''} of {round(story.work / 60, 1):g} min"
+    print(f"\nstory {story.name}: {jobs_of}, "
           f"horizon {round(story.horizon / 60, 1):g} min, "
           f"played {k:g}x faster (1 story minute = {60 / k:g} s on the tier); "
           f"{datetime.date.today()}, {platform.node()} ({platform.machine()}, Python {platform.python_version()})")
