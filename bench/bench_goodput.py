@@ -197,7 +197,7 @@ class Play:
                           None)
             if victim is None:
                 if fault.rung in self.rungs:
-                    print(f"  {fault.kind} fault at {t / 60:.0f}m: no job running on {fault.rung}; skipped")
+                    print(f"  {fault.kind} fault at {t / 60:.1f}m: no job running on {fault.rung}; skipped")
                 continue
             slice_id = running[victim.name][1]
             if fault.kind == "spot":
