@@ -202,6 +202,7 @@ class Account:
     running: float = 0.0
     avoidable: float = 0.0
     idle_chip_seconds: float = 0.0
+    idle_waiting_chip_seconds: float = 0.0  # bench/bench_goodput.py's docstring: idle while a job waited elsewhere
     first_step: list[float] = field(default_factory=list)
     moves: int = 0
 
