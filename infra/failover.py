@@ -17,10 +17,11 @@ import pulumi_kubernetes as k8s
 
 from failover.api import TPU_RESOURCE, Chain, Rung
 from failover.api.climbs import ClimbPolicy
+from failover.api.names import CONTROLLER_NAME as NAME, CONTROLLER_NAMESPACE as NAMESPACE
 from failover.api.probes import Probes, ProbeShape
 from failover.config import RegionalConfig
 from failover.maintenance import Policy
-from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, plan_flavor, rungs_with_admission_check, tolerate_no_schedule
+from infra.kueue import NODE_POOL_LABEL, Kueue, plan_flavor, rungs_with_admission_check, tolerate_no_schedule
 from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY
 from infra.rungs import RESERVATION
 from infra.settings import PlatformSettings
@@ -37,8 +38,6 @@ PYTHON_IMAGE = "python:3.11.14-slim"
 # The capacity probes' image (failover/api/probes.py): they only have to be placed, so they run Kubernetes' pause
 # container, pinned. Ref: https://github.com/kubernetes/kubernetes/blob/master/build/pause/CHANGELOG.md
 PROBE_IMAGE = "registry.k8s.io/pause:3.10"
-NAMESPACE = "tpu-fallback-system"
-NAME = "failover-controller"
 CODE_MOUNT = "/opt/failover"
 DEPS_DIR = "/tmp/deps"  # pip installs here at start: the root filesystem stays untouched, the user unprivileged
 HEALTH_PORT = 8080
@@ -212,7 +211,7 @@ def controller_deployment(settings: PlatformSettings, name: str, module: str, co
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "serviceAccountName": name,
-                    "nodeSelector": {NODEPOOL_LABEL_KEY: settings.system_pool.name},
+                    "nodeSelector": {NODE_POOL_LABEL: settings.system_pool.name},
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
                     "containers": [container],
                     "volumes": [code_volume(configmap, files)],

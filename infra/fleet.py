@@ -22,6 +22,7 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from failover.api import ClimbPolicy, Ladder, Step
+from failover.api.names import FLEET_LADDER_NAME as LADDER_NAME, FLEET_WATCH_NAME as WATCH_NAME, MULTIKUEUE_CONTROLLER
 from failover.config import FleetRenewerConfig, FleetWatchConfig, LadderConfig, MemberAccess
 from failover.credentials import inline_kubeconfig
 from infra import failover
@@ -45,7 +46,6 @@ MIN_STEP_WAIT, MAX_STEP_WAIT = 5, 3600
 MIN_MAX_WAIT, MAX_MAX_WAIT = 60, 720 * 3600
 DISPATCHERS = {"AllAtOnce": "kueue.x-k8s.io/multikueue-dispatcher-all-at-once",
                "Incremental": "kueue.x-k8s.io/multikueue-dispatcher-incremental"}
-MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
 ADMISSION_CHECK = "fleet-multikueue"
 MULTIKUEUE_CONFIG = "fleet"
 FLAVOR = "fleet"
@@ -62,8 +62,7 @@ MIN_MEMBERS, MAX_MEMBERS = 2, 20
 # after a short partition (README "Plan C"); the tests use seconds.
 MIN_WORKER_LOST_SECONDS, MAX_WORKER_LOST_SECONDS = 10, 24 * 3600
 MANAGER_PODS_READY_SECONDS = MAX_PODS_READY_TIMEOUT_SECONDS  # the longest a member may have
-# The fleet watch (failover/watch/): says on each job where it really runs; runs from the failover package.
-WATCH_NAME = "fleet-watch"
+# The fleet watch (failover/watch/, WATCH_NAME): says on each job where it really runs; runs from the failover package.
 WATCH_SECONDS = 10  # how often the watch (and the ladder) read the members' kubeconfigs again and ask each member
 WATCH_RESYNC_SECONDS = 300  # every job evaluated again, the safety net for anything a watch missed
 WATCH_RULES = (
@@ -77,8 +76,7 @@ WATCH_RULES = (
 )
 # The ladder controller (failover/ladder/): moves a fleet job down the ladder's steps (route D on the manager).
 # Only in the fleet's namespace: its Workloads (deactivate, repoint), its RayJobs (relabel, the move's record, the
-# Suspended mark that lets Kueue finish an eviction) and Events there.
-LADDER_NAME = "fleet-ladder"
+# Suspended mark that lets Kueue finish an eviction) and Events there. Its name: LADDER_NAME.
 LADDER_RESYNC_SECONDS = 60  # every job evaluated again, the safety net
 LADDER_WORKERS = 2  # jobs handled at once
 LADDER_RULES = (

@@ -14,7 +14,7 @@ from failover.api import CheckpointRequest, Move, WorkloadView
 from failover.api.climbs import CAPACITY_LABEL, CHECKPOINTING, CLIMB_BACK, NODE_POOL_LABEL, ClimbPolicy
 from failover.regional import climb, decisions, free_slices
 from failover.regional.climb import Climb, JobFacts, Need, NotYet, Sample
-from infra.kueue import NODEPOOL_LABEL_KEY
+from infra import kueue
 from infra.tpu_pool import PLAN_LABEL_KEY
 
 CHAIN = api.Chain.from_json(json.dumps([
@@ -112,7 +112,7 @@ def test_a_tpu_node_is_usable_when_ready_not_going_and_schedulable():
 
 
 def test_the_labels_read_are_the_ones_the_stack_writes():
-    assert (CAPACITY_LABEL, NODE_POOL_LABEL) == (PLAN_LABEL_KEY, NODEPOOL_LABEL_KEY)
+    assert (CAPACITY_LABEL, NODE_POOL_LABEL) == (PLAN_LABEL_KEY, kueue.NODE_POOL_LABEL)
 
 
 def test_a_capacity_failure_is_a_move_down_for_a_stockout_a_timeout_or_a_slice_not_back():

@@ -6,6 +6,8 @@ them, so a bound is written once.
 
 from __future__ import annotations
 
+from failover.api.names import CONTROLLER_NAMESPACE, KUEUE_NAMESPACE
+
 NAMESPACE = "tpu-fallback"  # the Pulumi config namespace of every key here (the project's name)
 
 # --- Versions ---
@@ -95,8 +97,8 @@ SUBMITTER_CPU, SUBMITTER_MEMORY_GIB = 0.5, 200 / 1024  # what Kueue counts for K
 # controller's (their objects and RBAC would be editable by the team's groups), and `default`, where the platform's
 # own chain keeps its LocalQueues under the same names a team's get.
 # Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/gke-managed-namespaces (GKE-managed namespaces)
-SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease", "kueue-system",
-                               "tpu-fallback-system", "gmp-system", "gmp-public"})
+SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease", KUEUE_NAMESPACE,
+                               CONTROLLER_NAMESPACE, "gmp-system", "gmp-public"})
 SYSTEM_NAMESPACE_PREFIXES = ("kube-", "gke-")
 # GKE Google Groups for RBAC reads group membership through a group of exactly this name in the domain.
 # Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac
