@@ -51,7 +51,7 @@ MULTIKUEUE_CONFIG = "fleet"
 FLAVOR = "fleet"
 CLUSTER_QUEUE = "fleet-cluster-queue"
 # The manager's RayJob CRD must have `spec.managedBy` (KubeRay >= 1.3): Kueue's webhook sets it so that the
-# manager's KubeRay leaves the job to MultiKueue. The same version as the tier's CRDs (tests/controlplane/versions.py).
+# manager's KubeRay leaves the job to MultiKueue. The same version as the tier's CRDs (testbed/versions.py).
 # Ref: https://kueue.sigs.k8s.io/docs/tasks/run/multikueue/kuberay/
 KUBERAY_VERSION = "1.6.2"
 KUBERAY_CHART = {"chart": "kuberay-operator", "repository_opts": {"repo": "https://ray-project.github.io/kuberay-helm/"}}
@@ -74,7 +74,8 @@ WATCH_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
-# The ladder controller (failover/ladder/): moves a fleet job down the ladder's steps (route D on the manager).
+# The ladder controller (failover/ladder/): moves a fleet job down the ladder's steps (route D on the manager:
+# deactivate, repoint, reactivate; docs/ladder-and-failover.md "Route D").
 # Only in the fleet's namespace: its Workloads (deactivate, repoint), its RayJobs (relabel, the move's record, the
 # Suspended mark that lets Kueue finish an eviction) and Events there. Its name: LADDER_NAME.
 LADDER_RESYNC_SECONDS = 60  # every job evaluated again, the safety net

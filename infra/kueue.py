@@ -1,4 +1,4 @@
-"""Kueue: the Helm release and the queue objects that try plan A (on-demand) before plan B (DWS).
+"""Kueue: the Helm release and the queue chain that admits a job on the first rung of the ladder with room.
 
 The objects are built by small functions returning plain manifests, so tests validate them against the
 upstream CRDs and the offline plan prints them, exactly as they are sent.
