@@ -7,11 +7,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra.settings.constants import (CLIMB_BACK_RUNGS, CLIMB_WAITS, FLEET_CLIMB_BACK_RUNGS, MAX_SAVE_TIMEOUT_SECONDS,
-                                      MIN_SAVE_TIMEOUT_SECONDS)
-from infra.settings.formats import duration_seconds, short_duration
+from infra.settings.constants import CLIMB_BACK_RUNGS, FLEET_CLIMB_BACK_RUNGS
+from infra.settings.formats import duration_seconds
 from infra.settings.keys import DEFAULTS
-from infra.settings.reader import ConfigReader, read_duration
+from infra.settings.reader import ConfigReader, read_bounded_duration
 
 _CLIMB_BACK = DEFAULTS["fallback"]["climbBack"]
 
@@ -43,24 +42,16 @@ def read_climb_back_settings(reader: ConfigReader, given: dict) -> ClimbBackSett
                         f"{to!r}: use rung config keys without an admission check ({', '.join(CLIMB_BACK_RUNGS)}), "
                         "each once (DWS provisions on request: it has no free slice to climb to)"):
         to = list(defaults.to)
-    waits = _read_waits(reader, "fallback.climbBack", raw,
-                        {field: (attribute, *CLIMB_WAITS[field][:2]) for field, attribute in _FIELDS})
+    waits = _read_waits(reader, "fallback.climbBack", raw, dict(_FIELDS))
     return ClimbBackSettings(tuple(to), **{attribute: waits.get(attribute, getattr(defaults, attribute))
                                            for _field, attribute in _FIELDS}, probe=raw["probe"])
 
 
-def _read_waits(reader: ConfigReader, key: str, raw: Mapping, fields: Mapping[str, tuple[str, int, int]]
-                ) -> dict[str, int]:
-    """{attribute: seconds} of the durations within their bounds (`fields`: field -> (attribute, low, high)); one
-    unreadable or out of range is a problem that names it, and left out."""
-    waits = {}
-    for field, (attribute, low, high) in fields.items():
-        name = f"{key}.{field}"
-        seconds = read_duration(reader, name, raw[field])
-        if seconds is not None and reader.check(name, low <= seconds <= high, f"{raw[field]} is out of range; use "
-                                                f"{short_duration(low)} to {short_duration(high)}"):
-            waits[attribute] = seconds
-    return waits
+def _read_waits(reader: ConfigReader, key: str, raw: Mapping, fields: Mapping[str, str]) -> dict[str, int]:
+    """{attribute: seconds} of the durations within the table's ranges (`fields`: field -> attribute); one unreadable
+    or out of range is a problem that names it, and left out."""
+    return {attribute: seconds for field, attribute in fields.items()
+            if (seconds := read_bounded_duration(reader, f"{key}.{field}", raw[field])) is not None}
 
 
 @dataclass(frozen=True)
@@ -75,8 +66,7 @@ class FleetClimbBackSettings:
     save_timeout_seconds: int
 
 
-_FLEET_FIELDS = {**{field: (attribute, *CLIMB_WAITS[field][:2]) for field, attribute in _FIELDS},
-                 "saveTimeout": ("save_timeout_seconds", MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS)}
+_FLEET_FIELDS = {**dict(_FIELDS), "saveTimeout": "save_timeout_seconds"}
 
 
 def read_fleet_climb_back(reader: ConfigReader, given: dict | None, defaults: Mapping) -> FleetClimbBackSettings:
@@ -91,5 +81,5 @@ def read_fleet_climb_back(reader: ConfigReader, given: dict | None, defaults: Ma
         to = list(defaults["to"])
     waits = _read_waits(reader, "fleet.climbBack", raw, _FLEET_FIELDS)
     chosen = {attribute: waits.get(attribute, duration_seconds(defaults[field]))
-              for field, (attribute, _low, _high) in _FLEET_FIELDS.items()}
+              for field, attribute in _FLEET_FIELDS.items()}
     return FleetClimbBackSettings(tuple(to), **chosen)

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from infra.settings.constants import (DEFAULT_RUNG, MAINTENANCE_ACTIONS, MAX_MAINTENANCE_LEAD_SECONDS,
-                                      MAX_PODS_READY_TIMEOUT_SECONDS, MAX_RECOVERY_WAIT_SECONDS,
-                                      MAX_SAVE_TIMEOUT_SECONDS, MIN_MAINTENANCE_LEAD_SECONDS,
-                                      MIN_PODS_READY_TIMEOUT_SECONDS, MIN_RECOVERY_WAIT_SECONDS,
-                                      MIN_SAVE_TIMEOUT_SECONDS)
-from infra.settings.formats import HTTPS_URL, PINNED_IMAGE, duration_seconds, short_duration
+from infra.settings.constants import (DEFAULT_RUNG, MAINTENANCE_ACTIONS, MAX_PODS_READY_TIMEOUT_SECONDS,
+                                      MIN_PODS_READY_TIMEOUT_SECONDS)
+from infra.settings.formats import HTTPS_URL, PINNED_IMAGE, duration_seconds
 from infra.settings.climb_back import ClimbBackSettings, read_climb_back_settings
 from infra.settings.keys import DEFAULTS
-from infra.settings.reader import ConfigReader, read_duration, read_per_rung_durations
+from infra.settings.reader import ConfigReader, read_bounded_duration, read_duration, read_per_rung_durations
 
 
 _MAINTENANCE = DEFAULTS["fallback"]["maintenance"]
@@ -71,8 +68,7 @@ def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:
                  f"{raw['stockoutGracePeriod']} is not shorter than podsReadyTimeout {raw['podsReadyTimeout']}; "
                  "by then Kueue has already evicted the job, so the early failover would never act")
     recovery = read_per_rung_durations(reader, "fallback.sliceRecoveryWait", raw["sliceRecoveryWait"],
-                                       DEFAULTS["fallback"]["sliceRecoveryWait"], MIN_RECOVERY_WAIT_SECONDS,
-                                       MAX_RECOVERY_WAIT_SECONDS)
+                                       DEFAULTS["fallback"]["sliceRecoveryWait"])
     maintenance = read_maintenance_settings(reader, raw["maintenance"])
     climb_back = read_climb_back_settings(reader, raw["climbBack"])
     return FallbackSettings(timeout, grace, tuple(sorted(recovery)), maintenance,  # one order, whatever the config's
@@ -85,14 +81,8 @@ def read_maintenance_settings(reader: ConfigReader, given: dict) -> MaintenanceS
     raw = reader.fields("fallback.maintenance", given, _MAINTENANCE)
     reader.check("fallback.maintenance.action", raw["action"] in MAINTENANCE_ACTIONS,
                  f"{raw['action']!r} is not an action; use {', '.join(MAINTENANCE_ACTIONS)}")
-    bounded = {}
-    for field, low, high in (("leadTime", MIN_MAINTENANCE_LEAD_SECONDS, MAX_MAINTENANCE_LEAD_SECONDS),
-                             ("saveTimeout", MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS)):
-        name = f"fallback.maintenance.{field}"
-        seconds = read_duration(reader, name, raw[field])
-        if seconds is not None and reader.check(name, low <= seconds <= high, f"{raw[field]} is out of range; use "
-                                                f"{short_duration(low)} to {short_duration(high)}"):
-            bounded[field] = seconds
+    bounded = {field: seconds for field in ("leadTime", "saveTimeout")
+               if (seconds := read_bounded_duration(reader, f"fallback.maintenance.{field}", raw[field])) is not None}
     defaults = MaintenanceSettings()
     lead = bounded.get("leadTime", defaults.lead_seconds)
     save = bounded.get("saveTimeout", defaults.save_timeout_seconds)
