@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 from failover import api
 from failover.api.probes import PROBE_LABEL
+from failover.runtime.manager import LOG_LEVEL_VARIABLE
 from infra import failover as stack_failover
 from infra.offline import Plan
 from testbed import jobs
@@ -33,6 +35,9 @@ GRACE_SECONDS = 4  # through stack config, as a user would set it
 # the controller polled, so these scenarios prove the moves, and its watch-only section (a resync ten minutes away) the watches.
 RESYNC_SECONDS = 1
 NAMESPACE = "default"
+# The controller's DEBUG line per key it reconciled (failover/runtime/workqueue.py work; the tier turns DEBUG on),
+# stamped by logging's `%(asctime)s` (local time, milliseconds): "2026-12-07 20:50:01,234 DEBUG ns/name: reconciled: 0".
+RECONCILED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) DEBUG ([^/\s]+)/(\S+): reconciled: ", re.MULTILINE)
 
 
 def platform_plan(grace: int = GRACE_SECONDS, overrides: dict | None = None) -> Plan:
@@ -65,7 +70,8 @@ class FailoverTier:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {item["name"]: item["value"] for item in container["env"] if item["name"].startswith("FAILOVER_")}
         kubeconfig = self.plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
-        return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(resync), "KUBECONFIG": str(kubeconfig)}
+        return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(resync), "KUBECONFIG": str(kubeconfig),
+                LOG_LEVEL_VARIABLE: "DEBUG"}  # a line per reconciled key: `looked_at`
 
     def start_controller(self, resync: float = RESYNC_SECONDS, environ: dict[str, str] | None = None) -> Process:
         """The controller with the Deployment's environment (`environ`: another, such as a bench's clock)."""
@@ -218,10 +224,38 @@ class FailoverTier:
                     if (p["metadata"].get("labels") or {}).get("ray.io/cluster", "").startswith(f"{job}-")
                     and not p["metadata"].get("deletionTimestamp")})
 
+    def reconciles_ended_since(self, workload: str, since: float, namespace: str = NAMESPACE) -> int:
+        """How many reconciles of the Workload the controller's log shows ending at `since` (time.time()) or later."""
+        text = self.controller.log.read_text(errors="replace") if self.controller else ""
+        return sum(1 for line in RECONCILED.finditer(text) if (line[3], line[4]) == (namespace, workload)
+                   and time.mktime(time.strptime(line[1], "%Y-%m-%d %H:%M:%S")) + int(line[2]) / 1000 >= since)
+
+    def looked_at(self, job: str, timeout: float, since: float | None = None) -> None:
+        """Wait until the controller has reconciled the job's Workload in a pass that began at `since` (time.time(),
+        now by default) or later: the sign that it looked at the cluster as it is from then on, and decided. Two
+        reconciles ending after `since`: the second began after the first ended (a key is never in two workers)."""
+        since = time.time() if since is None else since
+        workload = jobs.workload_of(self.kube, NAMESPACE, job)["metadata"]["name"]
+        wait_for(lambda: self.reconciles_ended_since(workload, since) >= 2, max(since - time.time(), 0) + timeout,
+                 f"a reconcile of {job}'s Workload begun after {time.strftime('%H:%M:%S', time.localtime(since))}")
+
     def moves_recorded(self, job: str) -> list[dict]:
         return [e for e in self.kube.list("v1", "Event", namespace=NAMESPACE)
                 if e["involvedObject"].get("kind") == "RayJob" and e["involvedObject"]["name"] == job
                 and e["reason"] == "MovedToNextRung"]
+
+
+class Runs:
+    """The job's runs (RayClusters with pods) seen, poll by poll, while waiting: the most at once (never two)."""
+
+    def __init__(self, tier: FailoverTier, job: str, timeout: float, interval: float = 0.1):
+        self.tier, self.job, self.timeout, self.interval, self.most = tier, job, timeout, interval, 0
+
+    def wait(self, probe, what: str, timeout: float | None = None):
+        def polled():
+            self.most = max(self.most, self.tier.runs_of(self.job))
+            return probe()
+        return wait_for(polled, self.timeout if timeout is None else timeout, what, interval=self.interval)
 
 
 @contextlib.contextmanager
