@@ -29,10 +29,9 @@ from infra import failover
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_CLUSTER_ROLE, STOCKOUT_READER_ROLE
 from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
                          install_release, values_for)
-from infra.rungs import RUNG_KINDS
 from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIMEOUT_SECONDS, ConfigReader,
                             PlatformSettings, duration_seconds, key_default)
-from infra.settings.climb_back import FleetClimbBackSettings, read_fleet_climb_back
+from infra.settings.climb_back import read_fleet_climb_back
 
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = key_default(FLEET_KEY)  # the table's (infra/settings/keys_roles.py): one default a knob
@@ -112,7 +111,8 @@ class FleetSettings:
     rung_order: tuple[str, ...]  # config keys, the order of the ladder's rungs
     step_wait_seconds: int  # how long a job may wait at a step before the last without being admitted
     max_wait_seconds: int  # how long a job may wait with no member admitting it before it is given up; 0: never
-    climb_back: FleetClimbBackSettings  # when a job climbs back to an earlier step (failover/ladder/climb.py)
+    # fleet.climbBack as the ladder reads it: when a job climbs back to an earlier step (failover/ladder/climb.py)
+    climb_back: ClimbPolicy
 
     @property
     def cluster_names(self) -> tuple[str, ...]:
@@ -373,17 +373,7 @@ def ladder_config(fleet: FleetSettings, steps: Sequence[FleetStep]) -> LadderCon
                         datetime.timedelta(seconds=fleet.max_wait_seconds) if fleet.max_wait_seconds else None,
                         {c: kubeconfig_secret_name(c) for c in read_members(steps)}, KUEUE_NAMESPACE,
                         datetime.timedelta(seconds=WATCH_SECONDS), datetime.timedelta(seconds=LADDER_RESYNC_SECONDS),
-                        LADDER_WORKERS, failover.HEALTH_PORT, failover.METRICS_PORT, fleet_climb_policy(fleet))
-
-
-def fleet_climb_policy(fleet: FleetSettings) -> ClimbPolicy:
-    """fleet.climbBack as the ladder reads it: the rungs by their members' flavor (a member's flavor of a rung is the
-    rung's, infra/rungs.py), each one's free quota its capacity (reservations only)."""
-    climb, seconds = fleet.climb_back, lambda value: datetime.timedelta(seconds=value)
-    flavors = tuple(RUNG_KINDS[key].flavor for key in climb.to)
-    return ClimbPolicy(flavors, flavors, seconds(climb.settle_seconds), seconds(climb.min_interval_seconds),
-                       seconds(climb.min_runtime_seconds), seconds(climb.run_end_margin_seconds),
-                       seconds(climb.save_timeout_seconds))
+                        LADDER_WORKERS, failover.HEALTH_PORT, failover.METRICS_PORT, fleet.climb_back)
 
 
 def ladder_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str,
