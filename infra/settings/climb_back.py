@@ -26,12 +26,9 @@ def read_climb_back(reader: ConfigReader, raw: Mapping, defaults: Mapping, rungs
     rungs by their flavors (only those on in this stack, `rungs_on`), the reservation's marked as the rung whose free
     quota is its capacity, the waits, and the save's wait of fallback.maintenance. The default where a value is
     unreadable (a problem names it)."""
-    to = raw["to"]
-    known = all(rung in CLIMB_BACK_RUNGS for rung in to) and len(set(to)) == len(to)
-    if not reader.check("fallback.climbBack.to", known,
-                        f"{to!r}: use rung config keys without an admission check ({', '.join(CLIMB_BACK_RUNGS)}), "
-                        "each once (DWS provisions on request: it has no free slice to climb to)"):
-        to = defaults["to"]
+    to = _read_to(reader, "fallback.climbBack", raw, defaults, CLIMB_BACK_RUNGS,
+                  f"use rung config keys without an admission check ({', '.join(CLIMB_BACK_RUNGS)}), each once (DWS "
+                  "provisions on request: it has no free slice to climb to)")
     on = {kind.key: kind for kind in rungs_on}
     return ClimbPolicy(to=tuple(on[key].flavor for key in to if key in on),
                        reserved=tuple(kind.flavor for kind in on.values() if kind == RESERVATION),
@@ -52,15 +49,20 @@ def read_fleet_climb_back(reader: ConfigReader, given: dict | None, defaults: Ma
     members' flavor (a member's flavor of a rung is the rung's, infra/rungs.py), each one whose free quota is
     its capacity. The default where a value is unreadable (a problem names it)."""
     raw = reader.fields("fleet.climbBack", given, defaults)
-    to = raw["to"]
-    known = all(rung in FLEET_CLIMB_BACK_RUNGS for rung in to) and len(set(to)) == len(to)
-    if not reader.check("fleet.climbBack.to", known,
-                        f"{to!r}: use {', '.join(FLEET_CLIMB_BACK_RUNGS)}, each once (on-demand and Spot would need "
-                        "an idle slice of a member's nodes, which the fleet's ladder does not read there)"):
-        to = defaults["to"]
+    to = _read_to(reader, "fleet.climbBack", raw, defaults, FLEET_CLIMB_BACK_RUNGS,
+                  f"use {', '.join(FLEET_CLIMB_BACK_RUNGS)}, each once (on-demand and Spot would need an idle slice of "
+                  "a member's nodes, which the fleet's ladder does not read there)")
     flavors = tuple(RUNG_KINDS[key].flavor for key in to)
     waits = _read_waits(reader, "fleet.climbBack", raw, defaults, {**_WAITS, "saveTimeout": "save_timeout"})
     return ClimbPolicy(to=flavors, reserved=flavors, **waits)
+
+
+def _read_to(reader: ConfigReader, key: str, raw: Mapping, defaults: Mapping, allowed: tuple[str, ...],
+             rule: str) -> list[str]:
+    """`to`: rung config keys among `allowed`, each once; else the default, with a problem that says the `rule`."""
+    to = raw["to"]
+    known = all(rung in allowed for rung in to) and len(set(to)) == len(to)
+    return to if reader.check(f"{key}.to", known, f"{to!r}: {rule}") else defaults["to"]
 
 
 def _read_waits(reader: ConfigReader, key: str, raw: Mapping, defaults: Mapping, fields: Mapping[str, str]
