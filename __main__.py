@@ -1,4 +1,4 @@
-"""tpu-fallback: GKE TPU training with on-demand capacity first (plan A) and DWS flex-start second (plan B).
+"""tpu-fallback: GKE TPU training on a ladder of capacity (reservation, on-demand, Spot, DWS flex-start), with failover.
 
 A table of contents: a stack has one role, picked from its config.
 - platform (roles/platform.py): the cluster, TPU pools, Kueue, failover controller, monitoring, and (one team)

@@ -16,11 +16,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from failover.api import TPU_RESOURCE, Chain, Rung
-from failover.api.climbs import ClimbPolicy
+from failover.api.names import CONTROLLER_NAME as NAME, CONTROLLER_NAMESPACE as NAMESPACE
 from failover.api.probes import Probes, ProbeShape
 from failover.config import RegionalConfig
 from failover.maintenance import Policy
-from infra.kueue import NODEPOOL_LABEL_KEY, Kueue, plan_flavor, rungs_with_admission_check, tolerate_no_schedule
+from infra.kueue import NODE_POOL_LABEL, Kueue, plan_flavor, rungs_with_admission_check, tolerate_no_schedule
 from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY
 from infra.rungs import RESERVATION
 from infra.settings import PlatformSettings
@@ -37,8 +37,6 @@ PYTHON_IMAGE = "python:3.11.14-slim"
 # The capacity probes' image (failover/api/probes.py): they only have to be placed, so they run Kubernetes' pause
 # container, pinned. Ref: https://github.com/kubernetes/kubernetes/blob/master/build/pause/CHANGELOG.md
 PROBE_IMAGE = "registry.k8s.io/pause:3.10"
-NAMESPACE = "tpu-fallback-system"
-NAME = "failover-controller"
 CODE_MOUNT = "/opt/failover"
 DEPS_DIR = "/tmp/deps"  # pip installs here at start: the root filesystem stays untouched, the user unprivileged
 HEALTH_PORT = 8080
@@ -113,19 +111,7 @@ def regional_config(kueue: Kueue, settings: PlatformSettings) -> RegionalConfig:
                           datetime.timedelta(seconds=RESYNC_SECONDS), WORKERS, HEALTH_PORT, METRICS_PORT,
                           Policy(maintenance.action, datetime.timedelta(seconds=maintenance.lead_seconds),
                                  datetime.timedelta(seconds=maintenance.save_timeout_seconds)),
-                          climb_back=climb_policy(settings), probes=probes(kueue, settings))
-
-
-def climb_policy(settings: PlatformSettings) -> ClimbPolicy:
-    """fallback.climbBack as the controller reads it: the rungs by their flavors (only those on in this stack), the
-    reservation's marked as the rung whose free quota is its capacity, and the save's wait of fallback.maintenance."""
-    climb, seconds = settings.fallback.climb_back, lambda value: datetime.timedelta(seconds=value)
-    flavors = {plan.config_key: plan.flavor for plan in settings.plans}
-    return ClimbPolicy(tuple(flavors[key] for key in climb.to if key in flavors),
-                       tuple(plan.flavor for plan in settings.plans if plan.config_key == RESERVATION.key),
-                       seconds(climb.settle_seconds), seconds(climb.min_interval_seconds),
-                       seconds(climb.min_runtime_seconds), seconds(climb.run_end_margin_seconds),
-                       seconds(settings.fallback.maintenance.save_timeout_seconds))
+                          climb_back=settings.fallback.climb_back, probes=probes(kueue, settings))
 
 
 def probes(kueue: Kueue, settings: PlatformSettings) -> Probes:
@@ -133,7 +119,7 @@ def probes(kueue: Kueue, settings: PlatformSettings) -> Probes:
     whose capacity only a try shows (no admission check, not a reservation, not the last rung), shaped as the job's
     TPU workers are there: the slice's accelerator and topology (workloads/rayjob.py), the rung's ResourceFlavor
     labels and tolerations (which Kueue adds to an admitted job's pods), one host's chips. None with probing off."""
-    if not settings.fallback.climb_back.probe:
+    if not settings.fallback.probe:
         return Probes(NAMESPACE, PROBE_IMAGE)
     checked = rungs_with_admission_check(settings)
     by_flavor = {plan.flavor: plan for plan in settings.plans}
@@ -212,7 +198,7 @@ def controller_deployment(settings: PlatformSettings, name: str, module: str, co
                 "metadata": {"labels": {"app": name}},
                 "spec": {
                     "serviceAccountName": name,
-                    "nodeSelector": {NODEPOOL_LABEL_KEY: settings.system_pool.name},
+                    "nodeSelector": {NODE_POOL_LABEL: settings.system_pool.name},
                     "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532},
                     "containers": [container],
                     "volumes": [code_volume(configmap, files)],

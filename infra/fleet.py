@@ -22,16 +22,16 @@ import pulumi_gcp as gcp
 import pulumi_kubernetes as k8s
 
 from failover.api import ClimbPolicy, Ladder, Step
+from failover.api.names import FLEET_LADDER_NAME as LADDER_NAME, FLEET_WATCH_NAME as WATCH_NAME, MULTIKUEUE_CONTROLLER
 from failover.config import FleetRenewerConfig, FleetWatchConfig, LadderConfig, MemberAccess
 from failover.credentials import inline_kubeconfig
 from infra import failover
 from infra.fleet_member import FLEET_LOCAL_QUEUE, FLEET_NAMESPACE, MANAGER_CLUSTER_ROLE, STOCKOUT_READER_ROLE
 from infra.kueue import (COVERED_RESOURCES, KUEUE_API_VERSION, MANAGER_CONFIG_BASE, NAMESPACE as KUEUE_NAMESPACE,
                          install_release, values_for)
-from infra.rungs import RUNG_KINDS
 from infra.settings import (DNS_LABEL, FULLY_QUALIFIED_STACK, MAX_PODS_READY_TIMEOUT_SECONDS, ConfigReader,
                             PlatformSettings, duration_seconds, key_default)
-from infra.settings.climb_back import FleetClimbBackSettings, read_fleet_climb_back
+from infra.settings.climb_back import read_fleet_climb_back
 
 FLEET_KEY = "fleet"
 FLEET_DEFAULTS: Mapping = key_default(FLEET_KEY)  # the table's (infra/settings/keys_roles.py): one default a knob
@@ -45,13 +45,12 @@ MIN_STEP_WAIT, MAX_STEP_WAIT = 5, 3600
 MIN_MAX_WAIT, MAX_MAX_WAIT = 60, 720 * 3600
 DISPATCHERS = {"AllAtOnce": "kueue.x-k8s.io/multikueue-dispatcher-all-at-once",
                "Incremental": "kueue.x-k8s.io/multikueue-dispatcher-incremental"}
-MULTIKUEUE_CONTROLLER = "kueue.x-k8s.io/multikueue"
 ADMISSION_CHECK = "fleet-multikueue"
 MULTIKUEUE_CONFIG = "fleet"
 FLAVOR = "fleet"
 CLUSTER_QUEUE = "fleet-cluster-queue"
 # The manager's RayJob CRD must have `spec.managedBy` (KubeRay >= 1.3): Kueue's webhook sets it so that the
-# manager's KubeRay leaves the job to MultiKueue. The same version as the tier's CRDs (tests/controlplane/versions.py).
+# manager's KubeRay leaves the job to MultiKueue. The same version as the tier's CRDs (testbed/versions.py).
 # Ref: https://kueue.sigs.k8s.io/docs/tasks/run/multikueue/kuberay/
 KUBERAY_VERSION = "1.6.2"
 KUBERAY_CHART = {"chart": "kuberay-operator", "repository_opts": {"repo": "https://ray-project.github.io/kuberay-helm/"}}
@@ -62,8 +61,7 @@ MIN_MEMBERS, MAX_MEMBERS = 2, 20
 # after a short partition (README "Plan C"); the tests use seconds.
 MIN_WORKER_LOST_SECONDS, MAX_WORKER_LOST_SECONDS = 10, 24 * 3600
 MANAGER_PODS_READY_SECONDS = MAX_PODS_READY_TIMEOUT_SECONDS  # the longest a member may have
-# The fleet watch (failover/watch/): says on each job where it really runs; runs from the failover package.
-WATCH_NAME = "fleet-watch"
+# The fleet watch (failover/watch/, WATCH_NAME): says on each job where it really runs; runs from the failover package.
 WATCH_SECONDS = 10  # how often the watch (and the ladder) read the members' kubeconfigs again and ask each member
 WATCH_RESYNC_SECONDS = 300  # every job evaluated again, the safety net for anything a watch missed
 WATCH_RULES = (
@@ -75,10 +73,10 @@ WATCH_RULES = (
     {"apiGroups": ["ray.io"], "resources": ["rayjobs/status"], "verbs": ["patch"]},
     {"apiGroups": [""], "resources": ["events"], "verbs": ["create"]},
 )
-# The ladder controller (failover/ladder/): moves a fleet job down the ladder's steps (route D on the manager).
+# The ladder controller (failover/ladder/): moves a fleet job down the ladder's steps (route D on the manager:
+# deactivate, repoint, reactivate; docs/ladder-and-failover.md "Route D").
 # Only in the fleet's namespace: its Workloads (deactivate, repoint), its RayJobs (relabel, the move's record, the
-# Suspended mark that lets Kueue finish an eviction) and Events there.
-LADDER_NAME = "fleet-ladder"
+# Suspended mark that lets Kueue finish an eviction) and Events there. Its name: LADDER_NAME.
 LADDER_RESYNC_SECONDS = 60  # every job evaluated again, the safety net
 LADDER_WORKERS = 2  # jobs handled at once
 LADDER_RULES = (
@@ -113,7 +111,8 @@ class FleetSettings:
     rung_order: tuple[str, ...]  # config keys, the order of the ladder's rungs
     step_wait_seconds: int  # how long a job may wait at a step before the last without being admitted
     max_wait_seconds: int  # how long a job may wait with no member admitting it before it is given up; 0: never
-    climb_back: FleetClimbBackSettings  # when a job climbs back to an earlier step (failover/ladder/climb.py)
+    # fleet.climbBack as the ladder reads it: when a job climbs back to an earlier step (failover/ladder/climb.py)
+    climb_back: ClimbPolicy
 
     @property
     def cluster_names(self) -> tuple[str, ...]:
@@ -374,17 +373,7 @@ def ladder_config(fleet: FleetSettings, steps: Sequence[FleetStep]) -> LadderCon
                         datetime.timedelta(seconds=fleet.max_wait_seconds) if fleet.max_wait_seconds else None,
                         {c: kubeconfig_secret_name(c) for c in read_members(steps)}, KUEUE_NAMESPACE,
                         datetime.timedelta(seconds=WATCH_SECONDS), datetime.timedelta(seconds=LADDER_RESYNC_SECONDS),
-                        LADDER_WORKERS, failover.HEALTH_PORT, failover.METRICS_PORT, fleet_climb_policy(fleet))
-
-
-def fleet_climb_policy(fleet: FleetSettings) -> ClimbPolicy:
-    """fleet.climbBack as the ladder reads it: the rungs by their members' flavor (a member's flavor of a rung is the
-    rung's, infra/rungs.py), each one's free quota its capacity (reservations only)."""
-    climb, seconds = fleet.climb_back, lambda value: datetime.timedelta(seconds=value)
-    flavors = tuple(RUNG_KINDS[key].flavor for key in climb.to)
-    return ClimbPolicy(flavors, flavors, seconds(climb.settle_seconds), seconds(climb.min_interval_seconds),
-                       seconds(climb.min_runtime_seconds), seconds(climb.run_end_margin_seconds),
-                       seconds(climb.save_timeout_seconds))
+                        LADDER_WORKERS, failover.HEALTH_PORT, failover.METRICS_PORT, fleet.climb_back)
 
 
 def ladder_deployment(settings: PlatformSettings, fleet: FleetSettings, configmap: str,

@@ -1,4 +1,4 @@
-"""Kueue: the Helm release and the queue objects that try plan A (on-demand) before plan B (DWS).
+"""Kueue: the Helm release and the queue chain that admits a job on the first rung of the ladder with room.
 
 The objects are built by small functions returning plain manifests, so tests validate them against the
 upstream CRDs and the offline plan prints them, exactly as they are sent.
@@ -15,39 +15,29 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from failover.api import TPU_RESOURCE
+from failover.api.names import (CLUSTER_QUEUE, DEFAULT_FLAVOR, DWS_ADMISSION_CHECK as ADMISSION_CHECK,
+                                KUEUE_API_VERSION, KUEUE_NAMESPACE as NAMESPACE, KUEUE_RELEASE as RELEASE_NAME,
+                                LOCAL_QUEUE, MANAGER_CONFIG_KEY, MANAGER_CONFIG_MAP, NODE_POOL_LABEL, PROVISIONING_CLASS,
+                                PROVISIONING_CONTROLLER)
 from infra.rungs import SPOT_LABEL_KEY
 from infra.settings import PlanSettings, PlatformSettings
 from infra.tpu_pool import PLAN_LABEL_KEY
 
-KUEUE_API_VERSION = "kueue.x-k8s.io/v1beta2"
 # The chart's name in its repository (`kueue.chartRepository`, registry.k8s.io's OCI path by default).
 # Ref: https://kueue.sigs.k8s.io/docs/installation/#install-by-helm
 CHART_NAME = "kueue"
-# Another release name makes the controller crash-loop (kubernetes-sigs/kueue#6797).
-RELEASE_NAME = "kueue"
-NAMESPACE = "kueue-system"
-# The chart's manager ConfigMap (`<fullname>-manager-config`) and its key: the configuration Kueue runs with.
-# Ref: https://github.com/kubernetes-sigs/kueue/blob/v0.19.2/charts/kueue/templates/manager/manager-config.yaml
-MANAGER_CONFIG_MAP = f"{RELEASE_NAME}-manager-config"
-MANAGER_CONFIG_KEY = "controller_manager_config.yaml"
+# The release, its namespace and its manager ConfigMap are named in failover/api/names.py (`ops status` reads them).
 VALUES_CONFIG_KEY = "controllerManagerConfigYaml"  # the chart value that the ConfigMap's key is rendered from
 # Beta and on since 0.18; set so older allowed charts behave the same. Never ProvisioningACC: removed in 0.15,
 # the manager exits on an unknown gate.
 FEATURE_GATES = ({"name": "ElasticJobsViaWorkloadSlices", "enabled": True},)
 
-# The seed's object names, so its kubectl commands keep working.
-DEFAULT_FLAVOR = "default-cpu"
-CLUSTER_QUEUE = "cluster-queue"
-LOCAL_QUEUE = "user-queue"
+# The seed's object names (DEFAULT_FLAVOR, CLUSTER_QUEUE, LOCAL_QUEUE: failover/api/names.py) keep its kubectl commands.
 LOCAL_QUEUE_NAMESPACE = "default"
 # Every ClusterQueue of the chain is in this cohort, so a queue can borrow the quota another one holds.
 # Ref: https://kueue.sigs.k8s.io/docs/concepts/cohort/
 COHORT = "tpu-fallback"
-ADMISSION_CHECK = "dws-prov"
 PROVISIONING_CONFIG = "dws-config"
-PROVISIONING_CLASS = "queued-provisioning.gke.io"
-PROVISIONING_CONTROLLER = "kueue.x-k8s.io/provisioning-request"  # the AdmissionCheck controller of DWS checks
-NODEPOOL_LABEL_KEY = "cloud.google.com/gke-nodepool"
 QUEUED_TAINT_KEY = "cloud.google.com/gke-queued"
 COVERED_RESOURCES = ("cpu", "memory", TPU_RESOURCE)
 
@@ -155,7 +145,7 @@ def values_for(configuration: dict) -> dict:
 
 def default_flavor(settings: PlatformSettings) -> dict:
     return _manifest("ResourceFlavor", DEFAULT_FLAVOR,
-                     {"nodeLabels": {NODEPOOL_LABEL_KEY: settings.system_pool.name}})
+                     {"nodeLabels": {NODE_POOL_LABEL: settings.system_pool.name}})
 
 
 def plan_flavor(plan: PlanSettings, shared: bool = False) -> dict:

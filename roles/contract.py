@@ -15,6 +15,7 @@ from infra.cpu import lookup_cpu_machine
 from infra.rungs import RUNG_KINDS
 from infra.settings import (FallbackSettings, NodeShutdown, PlanSettings, PlatformSettings, ReservedSlices,
                             SystemPoolSettings)
+from infra.settings.climb_back import table_climb_back
 from infra.tpu import lookup_slice
 from workloads.jobs import TeamNamespace
 
@@ -79,7 +80,8 @@ def settings_from_output(published: Mapping[str, Any]) -> PlatformSettings:
         kueue_version=str(kueue["version"]), kueue_chart_repository=str(kueue["chartRepository"]),
         fallback=FallbackSettings(int(fallback["podsReadyTimeoutSeconds"]),
                                   int(fallback["stockoutGracePeriodSeconds"]),
-                                  _recovery_waits(fallback["sliceRecoveryWaitSeconds"])),
+                                  _recovery_waits(fallback["sliceRecoveryWaitSeconds"]),
+                                  climb_back=table_climb_back(plan.kind for plan in plans)),
     )
 
 

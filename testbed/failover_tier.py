@@ -10,6 +10,7 @@ import contextlib
 import datetime
 import itertools
 import os
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 from failover import api
 from failover.api.probes import PROBE_LABEL
+from failover.runtime.manager import LOG_LEVEL_VARIABLE
 from infra import failover as stack_failover
 from infra.offline import Plan
 from testbed import jobs
@@ -35,6 +37,9 @@ GRACE_SECONDS = 4  # through stack config, as a user would set it
 RESYNC_SECONDS = 3600
 NAMESPACE = "default"
 LOOK_LABEL = "tpu-fallback-test/look"  # FailoverTier.looked_at: a Workload change nothing reads
+# The controller's DEBUG line per key it reconciled (failover/runtime/workqueue.py work; the tier turns DEBUG on),
+# stamped by logging's `%(asctime)s` (local time, milliseconds): "2026-12-07 20:50:01,234 DEBUG ns/name: reconciled: 0".
+RECONCILED = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),(\d{3}) DEBUG ([^/\s]+)/(\S+): reconciled: ", re.MULTILINE)
 
 
 def platform_plan(grace: int = GRACE_SECONDS, overrides: dict | None = None, stack: str = "dev") -> Plan:
@@ -69,7 +74,8 @@ class FailoverTier:
         (container,) = deployment["spec"]["template"]["spec"]["containers"]
         env = {item["name"]: item["value"] for item in container["env"] if item["name"].startswith("FAILOVER_")}
         kubeconfig = self.plane.kubeconfig_for_service_account(stack_failover.NAMESPACE, stack_failover.NAME)
-        return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(resync), "KUBECONFIG": str(kubeconfig)}
+        return {**os.environ, **env, "FAILOVER_RESYNC_SECONDS": str(resync), "KUBECONFIG": str(kubeconfig),
+                LOG_LEVEL_VARIABLE: "DEBUG"}  # a line per reconciled key: `looked_at`
 
     def start_controller(self, resync: float = RESYNC_SECONDS, environ: dict[str, str] | None = None) -> Process:
         """The controller with the Deployment's environment (`environ`: another, such as a bench's clock)."""
@@ -222,26 +228,49 @@ class FailoverTier:
                     if (p["metadata"].get("labels") or {}).get("ray.io/cluster", "").startswith(f"{job}-")
                     and not p["metadata"].get("deletionTimestamp")})
 
-    def looked_at(self, job: str, timeout: float = 60) -> None:
-        """Wait for the sign that the controller looked at the job as the cluster is from now on, and decided: two of
-        its reconciles end after this call (a key is never in two workers, so the second began after the first
-        ended). With the resync an hour away nothing else may come, so each look first touches a label on the job's
-        Workload, a change its watch queues and nothing reads. Then a test may assert that nothing happened."""
+    def reconciles_ended_since(self, workload: str, since: float, namespace: str = NAMESPACE) -> int:
+        """How many reconciles of the Workload the controller's log shows ending at `since` (time.time()) or later."""
+        text = self.controller.log.read_text(errors="replace") if self.controller else ""
+        return sum(1 for line in RECONCILED.finditer(text) if (line[3], line[4]) == (namespace, workload)
+                   and time.mktime(time.strptime(line[1], "%Y-%m-%d %H:%M:%S")) + int(line[2]) / 1000 >= since)
+
+    def looked_at(self, job: str, timeout: float = 60, since: float | None = None) -> None:
+        """Wait until the controller has reconciled the job's Workload in a pass that began at `since` (time.time(),
+        now by default) or later: the sign that it looked at the cluster as it is from then on, and decided. Two
+        reconciles ending after `since`: the second began after the first ended (a key is never in two workers).
+        With the resync an hour away nothing else may come, so while it waits it touches a label on the Workload,
+        a change its watch queues and nothing reads. Then a test may assert that nothing happened."""
+        since = time.time() if since is None else since
         workload = jobs.workload_of(self.kube, NAMESPACE, job)["metadata"]["name"]
-        before, touches = self.metric("tpu_fallback_reconciles_total"), itertools.count()
+        touches = itertools.count()
 
         def looked() -> bool:
-            if self.metric("tpu_fallback_reconciles_total") >= before + 2:
+            if self.reconciles_ended_since(workload, since) >= 2:
                 return True
             self.kube.patch(*jobs.WORKLOAD, workload, {"metadata": {"labels": {LOOK_LABEL: str(next(touches))}}},
                             namespace=NAMESPACE)
             return False
-        wait_for(looked, timeout, f"two reconciles of {job}'s Workload", interval=0.3)
+        wait_for(looked, max(since - time.time(), 0) + timeout,
+                 f"a reconcile of {job}'s Workload begun after {time.strftime('%H:%M:%S', time.localtime(since))}",
+                 interval=0.3)
 
     def moves_recorded(self, job: str) -> list[dict]:
         return [e for e in self.kube.list("v1", "Event", namespace=NAMESPACE)
                 if e["involvedObject"].get("kind") == "RayJob" and e["involvedObject"]["name"] == job
                 and e["reason"] == "MovedToNextRung"]
+
+
+class Runs:
+    """The job's runs (RayClusters with pods) seen, poll by poll, while waiting: the most at once (never two)."""
+
+    def __init__(self, tier: FailoverTier, job: str, timeout: float, interval: float = 0.1):
+        self.tier, self.job, self.timeout, self.interval, self.most = tier, job, timeout, interval, 0
+
+    def wait(self, probe, what: str, timeout: float | None = None):
+        def polled():
+            self.most = max(self.most, self.tier.runs_of(self.job))
+            return probe()
+        return wait_for(polled, self.timeout if timeout is None else timeout, what, interval=self.interval)
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from ops.status.render import move_words
 from ops.status.report import build_report
 from ops.status.snapshot import ClusterReader
 from testbed import jobs
-from testbed.failover_tier import NAMESPACE, controller_running, start_failover_tier
+from testbed.failover_tier import NAMESPACE, Runs, controller_running, start_failover_tier
 from testbed.kube import condition, wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -51,19 +51,6 @@ def tier(request):
 def clean(tier):
     yield tier
     tier.delete_all_jobs()
-
-
-class Runs:
-    """The job's runs (RayClusters with pods) seen, poll by poll: it never runs twice at once."""
-
-    def __init__(self, tier, job: str):
-        self.tier, self.job, self.most = tier, job, 0
-
-    def wait(self, probe, what: str, timeout: float = REACTION):
-        def polled():
-            self.most = max(self.most, self.tier.runs_of(self.job))
-            return probe()
-        return wait_for(polled, timeout, what, interval=0.1)
 
 
 def reserved_chips(tier, flavor: str) -> int:
@@ -93,7 +80,7 @@ def test_a_job_on_spot_climbs_back_to_the_freed_reservation_after_its_save_once(
     tier.submit("holder")
     wait_for(lambda: tier.running_on("holder", "reservation"), REACTION, "the holder running on the reservation")
     tier.submit("climber")
-    runs = Runs(tier, "climber")
+    runs = Runs(tier, "climber", REACTION)
     runs.wait(lambda: tier.running_on("climber", "spot"), "the climber running on Spot")
     jobs.wait_pods_ready(tier.kube, NAMESPACE, "climber", REACTION)
     down = tier.move_of("climber")
@@ -149,8 +136,8 @@ def test_a_job_on_spot_climbs_back_to_the_freed_reservation_after_its_save_once(
     (view,) = [j for j in report.jobs if j.name == "climber"]
     assert move_words(view.moves[-1]).startswith(f"climbed back from spot to reservation at {climb.at} (")
 
-    # Once: on its first rung now, and counted once; a few more passes change nothing.
-    time.sleep(3)
+    # Once: on its first rung now, and counted once; the controller's next pass over it changes nothing.
+    tier.looked_at("climber", REACTION)
     assert tier.move_of("climber") == done and len(climb_events(tier, "climber")) == 1
     assert tier.metric("tpu_fallback_climbs_total", from_flavor="spot", to_flavor="reservation") == 1
     print(f"\nclimb back: started {started:.1f} s after the reservation's release (settle {SETTLE_SECONDS} s); "
@@ -176,7 +163,7 @@ def test_a_job_climbs_to_an_idle_on_demand_slice_and_not_again_within_min_interv
         tier.submit("holder-o")
         wait_for(lambda: tier.running_on("holder-o", "on-demand"), REACTION, "holder-o on on-demand")
         tier.submit("climber-2")  # the reservation and on-demand full: Kueue admits it on Spot from user-queue
-        runs = Runs(tier, "climber-2")
+        runs = Runs(tier, "climber-2", REACTION)
         runs.wait(lambda: tier.running_on("climber-2", "spot"), "the climber running on Spot")
         jobs.wait_pods_ready(tier.kube, NAMESPACE, "climber-2", REACTION)
         assert tier.move_of("climber-2") is None and tier.queues_of("climber-2") == ("user-queue", "user-queue")
@@ -203,7 +190,8 @@ def test_a_job_climbs_to_an_idle_on_demand_slice_and_not_again_within_min_interv
         # The reservation frees too; within minInterval the job stays where it climbed to.
         tier.kube.delete(*jobs.RAYJOB, "holder-r", NAMESPACE, propagation="Background")
         wait_for(lambda: reserved_chips(tier, "reservation") == 0, REACTION, "the reservation's quota released")
-        time.sleep(SETTLE_SECONDS + CLIMB_SLACK_SECONDS + 1)
+        # Looked at once the settle time and the bound after it have passed: only minInterval holds it.
+        tier.looked_at("climber-2", REACTION, since=time.time() + SETTLE_SECONDS + CLIMB_SLACK_SECONDS + 1)
         assert tier.move_of("climber-2") == done and len(climb_events(tier, "climber-2")) == 1
         assert tier.metric("tpu_fallback_climbs_total", from_flavor="on-demand", to_flavor="reservation") == 0
         assert tier.running_on("climber-2", "on-demand")
@@ -231,7 +219,7 @@ def test_a_job_waiting_below_with_no_quota_climbs_to_the_freed_reservation_at_on
     wait_for(lambda: (m := tier.move_of("waiter")) and m.state == api.MOVED and m.to_flavor == "spot"
              and condition(jobs.workload_of(tier.kube, NAMESPACE, "waiter"), "QuotaReserved") == "False",
              REACTION, "the waiter pending in Spot's queue", interval=0.1)
-    time.sleep(1)  # a pass or two: nothing moves it while the reservation is held
+    tier.looked_at("waiter", REACTION)  # a pass over it: nothing moves it while the reservation is held
     assert tier.move_of("waiter").reason == api.STOCKOUT
 
     tier.kube.delete(*jobs.RAYJOB, "holder-w", NAMESPACE, propagation="Background")
@@ -246,8 +234,8 @@ def test_a_job_waiting_below_with_no_quota_climbs_to_the_freed_reservation_at_on
     wait_for(lambda: tier.running_on("waiter", "reservation"), REACTION, "the waiter running on the reservation")
     assert wait_for(lambda: (m := tier.move_of("waiter")) and m.state == api.MOVED and m, REACTION, "its climb done"
                     ) == climb.done()
-    # The job running on Spot does not climb: the reservation is taken.
-    time.sleep(SETTLE_SECONDS + CLIMB_SLACK_SECONDS)
+    # The job running on Spot does not climb: the reservation is taken. Looked at past its settle time and bound.
+    tier.looked_at("on-spot", REACTION, since=time.time() + SETTLE_SECONDS + CLIMB_SLACK_SECONDS)
     assert tier.running_on("on-spot", "spot") and tier.move_of("on-spot").reason == api.STOCKOUT
     (event,) = wait_for(lambda: climb_events(tier, "waiter"), REACTION, "the ClimbedBack Event")
     assert event["message"] == decisions.move_message(climb, "user-queue-spot")
@@ -282,7 +270,8 @@ def test_a_job_waiting_for_dws_climbs_once_a_probe_finds_on_demand_again(clean):
         probe = standing["on-demand"]
         assert not probe["spec"].get("nodeName")
         wait_for(lambda: tier.gke.reported.get(probe["metadata"]["uid"]), REACTION, "the stockout reported on it")
-        time.sleep(SETTLE_SECONDS)  # past the settle after the job's own stockouts: only capacity holds it now
+        # Looked at past the settle after the job's own stockouts: only capacity holds it now.
+        tier.looked_at("waiter-p", REACTION, since=time.time() + SETTLE_SECONDS)
         assert tier.move_of("waiter-p").to_flavor == "dws"
 
         for pool in tier.pools_of("on-demand"):

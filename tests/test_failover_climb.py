@@ -14,7 +14,7 @@ from failover.api import CheckpointRequest, Move, WorkloadView
 from failover.api.climbs import CAPACITY_LABEL, CHECKPOINTING, CLIMB_BACK, NODE_POOL_LABEL, ClimbPolicy
 from failover.regional import climb, decisions, free_slices
 from failover.regional.climb import Climb, JobFacts, Need, NotYet, Sample
-from infra.kueue import NODEPOOL_LABEL_KEY
+from infra import kueue
 from infra.tpu_pool import PLAN_LABEL_KEY
 
 CHAIN = api.Chain.from_json(json.dumps([
@@ -115,7 +115,7 @@ def test_a_tpu_node_is_usable_when_ready_not_going_without_maintenance_ahead_and
 
 
 def test_the_labels_read_are_the_ones_the_stack_writes():
-    assert (CAPACITY_LABEL, NODE_POOL_LABEL) == (PLAN_LABEL_KEY, NODEPOOL_LABEL_KEY)
+    assert (CAPACITY_LABEL, NODE_POOL_LABEL) == (PLAN_LABEL_KEY, kueue.NODE_POOL_LABEL)
 
 
 def test_a_capacity_failure_is_a_move_down_for_a_stockout_a_timeout_or_a_slice_not_back():
@@ -302,13 +302,21 @@ def test_a_bad_climb_back_setting_is_refused_by_its_key(given, key):
     assert any(problem.startswith(f"tpu-fallback:{key}:") for problem in refused.value.problems), refused.value
 
 
-def test_climb_back_fields_merge_over_the_defaults():
-    from infra.settings import ConfigReader
-    from infra.settings.climb_back import ClimbBackSettings, read_climb_back_settings
+def test_climb_back_fields_merge_over_the_defaults_into_the_controllers_policy():
+    """The reader's result is the controller's own ClimbPolicy, built by keyword: the table's defaults under what is
+    given, the rungs by their flavors among those on in this stack, and the save's wait of fallback.maintenance."""
+    from infra.rungs import ON_DEMAND, RESERVATION, SPOT
+    from infra.settings import DEFAULTS, ConfigReader
+    from infra.settings.climb_back import read_climb_back
 
-    reader = ConfigReader(None)
-    assert read_climb_back_settings(reader, {"settle": "90s"}) == ClimbBackSettings(("reservation",), 90, 3600, 600,
-                                                                                    1800)
+    reader, table, minute = ConfigReader(None), DEFAULTS["fallback"]["climbBack"], datetime.timedelta(minutes=1)
+    raw = reader.fields("fallback.climbBack", {"settle": "90s"}, table)
+    assert read_climb_back(reader, raw, table, (RESERVATION, ON_DEMAND, SPOT), 120) == ClimbPolicy(
+        to=("reservation",), reserved=("reservation",), settle=datetime.timedelta(seconds=90),
+        min_interval=60 * minute, min_runtime=10 * minute, run_end_margin=30 * minute, save_timeout=2 * minute)
+    raw = reader.fields("fallback.climbBack", {"to": ["reservation", "onDemand"]}, table)
+    off = read_climb_back(reader, raw, table, (ON_DEMAND, SPOT), 120)  # no reservation in this stack: skipped
+    assert (off.to, off.reserved) == (("on-demand",), ())
     assert not reader.problems
 
 

@@ -380,3 +380,29 @@ def test_every_program_s_deployment_probes_healthz_on_the_port_it_serves(stack, 
     assert env[f"{prefix}_HEALTH_PORT"] == str(ports["health"])
     assert env[f"{prefix}_METRICS_PORT"] == str(ports["metrics"])
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+
+
+def test_the_programs_log_level_is_info_unless_set_and_a_level_that_is_none_ends_the_program(monkeypatch, capsys):
+    """manager.configured: FAILOVER_LOG_LEVEL=DEBUG shows each reconciled key (the tier tests set it); a misspelt
+    level is refused at start, exit status 2, naming the variable, as any configuration it cannot read."""
+    import logging
+
+    from failover.runtime.manager import LOG_LEVEL_VARIABLE, PROGRAMS_LOGGER, configured
+
+    programs = logging.getLogger(PROGRAMS_LOGGER)
+    kept = programs.level
+    try:
+        monkeypatch.delenv(LOG_LEVEL_VARIABLE, raising=False)
+        assert configured("program", lambda environ: "read") == "read"
+        assert logging.getLogger("tpu-fallback.failover").getEffectiveLevel() == logging.INFO
+        monkeypatch.setenv(LOG_LEVEL_VARIABLE, "DEBUG")
+        configured("program", lambda environ: "read")
+        assert logging.getLogger("tpu-fallback.failover").getEffectiveLevel() == logging.DEBUG
+        monkeypatch.setenv(LOG_LEVEL_VARIABLE, "LOUD")
+        with pytest.raises(SystemExit) as exited:
+            configured("program", lambda environ: "read")
+        assert exited.value.code == 2
+        assert capsys.readouterr().err == ("program: FAILOVER_LOG_LEVEL='LOUD' is not a log level (DEBUG, INFO, "
+                                           "WARNING, ERROR)\n")
+    finally:
+        programs.setLevel(kept)

@@ -94,3 +94,32 @@ def test_a_worker_requeues_each_failure_after_its_delay_and_counts_the_real_ones
     assert sorted(seen) == sorted(outcomes) and len(errors) == 2
     assert {key: round(due, 1) for key, due in queue._due.items()} == {
         ("ns", "gone"): 0.2, ("ns", "refused"): 1.0, ("ns", "broken"): 5.0}
+
+
+def test_a_worker_logs_each_key_it_reconciled_with_what_the_reconcile_returned(caplog):
+    """The DEBUG line per reconciled key (runtime/workqueue.py work): the tier tests' sign that the controller looked
+    at a job and decided; a failed reconcile has its own warning instead."""
+    import logging
+
+    from kubernetes.client import ApiException
+
+    from failover.runtime.workqueue import work
+
+    queue, stopping = WorkQueue(), threading.Event()
+    returned = {("ns", "looked-at"): 0, "on-demand": 1, ("ns", "refused"): ApiException(status=500)}
+
+    def reconcile(key):
+        if key == ("ns", "refused"):
+            stopping.set()
+            raise returned[key]
+        return returned[key]
+
+    queue.add(("ns", "looked-at"))
+    queue.add("on-demand", delay=0.02)  # a probe's key: its flavor
+    queue.add(("ns", "refused"), delay=0.05)
+    with caplog.at_level(logging.DEBUG, logger="test.worker"):
+        work(queue, reconcile, stopping, logging.getLogger("test.worker"))
+    assert [(r.levelname, r.getMessage()) for r in caplog.records if r.levelname == "DEBUG"] == [
+        ("DEBUG", "ns/looked-at: reconciled: 0"), ("DEBUG", "on-demand: reconciled: 1")]
+    assert [r.getMessage() for r in caplog.records if r.levelname == "WARNING"] == [
+        "ns/refused: (500)\nReason: None\n; queued again"]

@@ -25,7 +25,7 @@ from failover import api, slices
 from failover.regional import decisions
 from failover.api import LOSS_EVENT_REASON, RECOVERY_EVENT_REASON
 from testbed import jobs
-from testbed.failover_tier import NAMESPACE, controller_running, start_failover_tier
+from testbed.failover_tier import NAMESPACE, Runs, controller_running, start_failover_tier
 from testbed.kube import wait_for
 
 pytestmark = pytest.mark.controlplane
@@ -69,19 +69,6 @@ def events_of(tier, job: str, reason: str) -> list[dict]:
     return wait_for(found, REACTION, f"a {reason} Event on {job}")
 
 
-class Runs:
-    """The job's runs (RayClusters with pods) seen, poll by poll: it never runs twice at once."""
-
-    def __init__(self, tier, job: str):
-        self.tier, self.job, self.most = tier, job, 0
-
-    def wait(self, probe, what: str, timeout: float = REACTION):
-        def polled():
-            self.most = max(self.most, self.tier.runs_of(self.job))
-            return probe()
-        return wait_for(polled, timeout, what, interval=0.2)
-
-
 def seconds_between(later: str, earlier: datetime.datetime | str) -> float:
     earlier = api.parse_time(earlier) if isinstance(earlier, str) else earlier
     return (api.parse_time(later) - earlier).total_seconds()
@@ -98,7 +85,7 @@ def played(tier, job: str, disruption) -> tuple[float, datetime.datetime]:
 def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothing(clean):
     tier, job = clean, "lost-spot"
     tier.submit(job, queue="user-queue-spot")
-    runs = Runs(tier, job)
+    runs = Runs(tier, job, REACTION, interval=0.2)
     runs.wait(lambda: tier.running_on(job, "spot"), "running on a Spot slice")
     jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
 
@@ -133,7 +120,7 @@ def test_a_spot_preemption_with_capacity_back_runs_again_on_spot_and_moves_nothi
 def test_a_failed_host_without_capacity_back_moves_the_job_once_at_the_rungs_wait(clean):
     tier, job = clean, "lost-on-demand"
     tier.submit(job)
-    runs = Runs(tier, job)
+    runs = Runs(tier, job, REACTION, interval=0.2)
     runs.wait(lambda: tier.running_on(job, "on-demand"), "running on an on-demand slice")
     jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
 
@@ -168,7 +155,7 @@ def test_the_end_of_a_dws_run_requeues_the_job_on_dws_for_a_new_slice(clean):
     for a new slice; once provisioned, the job runs there again."""
     tier, job = clean, "lost-dws"
     tier.submit(job, queue="user-queue-dws")
-    runs = Runs(tier, job)
+    runs = Runs(tier, job, REACTION, interval=0.2)
     first = jobs.wait_provisioning_request(tier.kube, NAMESPACE, job, REACTION)
     jobs.mark_provisioned(tier.kube, first, "tier-resize-lost-1")
     runs.wait(lambda: tier.running_on(job, "dws"), "running on a DWS slice")
@@ -204,7 +191,7 @@ def test_a_maintenance_ahead_asks_for_a_checkpoint_then_moves_the_job_before_its
     quota: the job runs there before the window starts, one RayCluster at a time."""
     tier, job = clean, "maintained"
     tier.submit(job)
-    runs = Runs(tier, job)
+    runs = Runs(tier, job, REACTION, interval=0.2)
     runs.wait(lambda: tier.running_on(job, "on-demand"), "running on an on-demand slice")
     jobs.wait_pods_ready(tier.kube, NAMESPACE, job, REACTION)
     slice_id, workers = tier.slice_of_job(job)

@@ -148,11 +148,11 @@ def test_a_record_of_another_admission_does_not_count():
 
 def test_the_settings_are_read_over_their_defaults_and_the_save_fits_in_the_lead():
     reader = ConfigReader({})
-    assert read_fallback_settings(reader).maintenance == MaintenanceSettings("checkpoint", 900, 120)
+    assert read_fallback_settings(reader, ()).maintenance == MaintenanceSettings("checkpoint", 900, 120)
     reader = ConfigReader({"fallback": '{"maintenance": {"action": "move", "leadTime": "1h"}}'})
-    assert read_fallback_settings(reader).maintenance == MaintenanceSettings("move", 3600, 120)
+    assert read_fallback_settings(reader, ()).maintenance == MaintenanceSettings("move", 3600, 120)
     reader = ConfigReader({"fallback": '{"maintenance": {"leadTime": "2m", "saveTimeout": "2m"}}'})
-    read_fallback_settings(reader)
+    read_fallback_settings(reader, ())
     assert [p for p in reader.problems if "fallback.maintenance.saveTimeout" in p and "not shorter" in p], \
         reader.problems
 

@@ -123,7 +123,7 @@ def test_stockout_grace_message_says_why_it_must_be_shorter():
 ])
 def test_fallback_durations_are_read_as_seconds(fallback, seconds):
     reader = ConfigReader(StubConfig({"fallback": json.dumps(fallback)}))
-    settings = read_fallback_settings(reader)
+    settings = read_fallback_settings(reader, ())
     assert reader.problems == []
     assert (settings.pods_ready_timeout_seconds, settings.stockout_grace_period_seconds) == seconds
 

@@ -123,7 +123,7 @@ def test_each_default_has_the_kind_and_range_the_table_states(entry):
 
 def test_an_empty_stack_reads_the_table_defaults():
     reader = ConfigReader(StubConfig())
-    fallback, monitoring = read_fallback_settings(reader), read_monitoring_settings(reader)
+    fallback, monitoring = read_fallback_settings(reader, ()), read_monitoring_settings(reader)
     assert reader.problems == []
     table = DEFAULTS["fallback"]
     assert fallback.pods_ready_timeout_seconds == duration_seconds(table["podsReadyTimeout"])

@@ -14,7 +14,7 @@ from pathlib import Path
 import yaml
 
 from failover.api import TPU_RESOURCE
-from infra.kueue import NODEPOOL_LABEL_KEY, QUEUED_TAINT_KEY, tolerate_no_schedule
+from infra.kueue import NODE_POOL_LABEL, QUEUED_TAINT_KEY, tolerate_no_schedule
 from infra.settings import NodeShutdown, PlatformSettings
 from infra.tpu import ACCELERATOR_LABEL_KEY, TOPOLOGY_LABEL_KEY
 from workloads.settings import WorkloadSettings
@@ -165,10 +165,10 @@ def one_slice_affinity() -> dict:
     return {
         "podAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": workers, "matchLabelKeys": [RAY_CLUSTER_LABEL, RAY_REPLICA_LABEL],
-            "topologyKey": NODEPOOL_LABEL_KEY}]},
+            "topologyKey": NODE_POOL_LABEL}]},
         "podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [{
             "labelSelector": workers, "mismatchLabelKeys": [RAY_CLUSTER_LABEL],
-            "topologyKey": NODEPOOL_LABEL_KEY}]},
+            "topologyKey": NODE_POOL_LABEL}]},
     }
 
 
@@ -198,7 +198,7 @@ def rayjob_manifest(platform: PlatformSettings, settings: WorkloadSettings, job_
         "rayStartParams": {},
         "template": {"spec": {
             "serviceAccountName": service_account,
-            "nodeSelector": {NODEPOOL_LABEL_KEY: platform.system_pool.name},
+            "nodeSelector": {NODE_POOL_LABEL: platform.system_pool.name},
             "containers": [{
                 "name": "ray-head",
                 "image": pins.image(settings.ray_image_repository),

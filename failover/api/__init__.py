@@ -22,6 +22,10 @@ from failover.api.moves import (DISRUPTION_AHEAD, MEMBER_EVICTED, MEMBER_NOT_REA
                                 MEMBER_STOCKOUT, MOVED, MOVING, PODS_READY_TIMEOUT, REACTIVATE, SLICE_LOST, STEP_BUSY,
                                 STOCKOUT, WAIT_FOR_BACKOFF_RESET, FinishMove, Move, StartMove, move_history,
                                 reactivation_step, with_move_recorded)
+from failover.api.names import (CLUSTER_QUEUE, CONTROLLER_NAME, CONTROLLER_NAMESPACE, DEFAULT_FLAVOR,
+                                DWS_ADMISSION_CHECK, FLEET_LADDER_NAME, FLEET_WATCH_NAME, KUEUE_API_VERSION,
+                                KUEUE_NAMESPACE, KUEUE_RELEASE, LOCAL_QUEUE, MANAGER_CONFIG_KEY, MANAGER_CONFIG_MAP,
+                                MULTIKUEUE_CONTROLLER, PROVISIONING_CLASS, PROVISIONING_CONTROLLER)
 from failover.api.goodput import STATES, Account, JobTimes, Segment, account, clipped
 from failover.api.queues import Chain, Ladder, Rung, Step
 from failover.api.records import GAVE_UP, GIVING_UP, LOST, RECOVERED, GiveUp, LostSlice
@@ -43,6 +47,9 @@ __all__ = [
     "DISRUPTION_AHEAD", "MEMBER_EVICTED", "MEMBER_NOT_READY", "MEMBER_SLICE_LOST", "MEMBER_STOCKOUT", "MOVED", "MOVING",
     "PODS_READY_TIMEOUT", "REACTIVATE", "SLICE_LOST", "STEP_BUSY", "STOCKOUT", "WAIT_FOR_BACKOFF_RESET",
     "FinishMove", "Move", "StartMove", "move_history", "reactivation_step", "with_move_recorded",
+    "CLUSTER_QUEUE", "CONTROLLER_NAME", "CONTROLLER_NAMESPACE", "DEFAULT_FLAVOR", "DWS_ADMISSION_CHECK",
+    "FLEET_LADDER_NAME", "FLEET_WATCH_NAME", "KUEUE_API_VERSION", "KUEUE_NAMESPACE", "KUEUE_RELEASE", "LOCAL_QUEUE",
+    "MANAGER_CONFIG_KEY", "MANAGER_CONFIG_MAP", "MULTIKUEUE_CONTROLLER", "PROVISIONING_CLASS", "PROVISIONING_CONTROLLER",
     "STATES", "Account", "JobTimes", "Segment", "account", "clipped",
     "Chain", "Ladder", "Rung", "Step",
     "GAVE_UP", "GIVING_UP", "LOST", "RECOVERED", "GiveUp", "LostSlice",

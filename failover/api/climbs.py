@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from failover.api.moves import Move
+from failover.api.names import NODE_POOL_LABEL
 from failover.api.times import parse_time
 
 # A Move's reason when the controller moves a job up the chain, not down (from_flavor below to_flavor): a running
@@ -24,9 +25,8 @@ CLIMBS = frozenset({CLIMB_BACK, CLIMB_BACK_WAITING})
 CHECKPOINTING = "checkpointing"
 CLIMB_EVENT_REASON = "ClimbedBack"  # the Event on the RayJob once a climb is done (a move down: MovedToNextRung)
 # On a TPU node: the rung (Kueue flavor) its pool serves, as the stack labels every TPU pool (infra/tpu_pool.py
-# PLAN_LABEL_KEY, which each rung's ResourceFlavor selects), and GKE's label of its node pool.
+# PLAN_LABEL_KEY, which each rung's ResourceFlavor selects); GKE's label of its node pool is NODE_POOL_LABEL.
 CAPACITY_LABEL = "tpu-fallback/capacity"
-NODE_POOL_LABEL = "cloud.google.com/gke-nodepool"
 
 
 @dataclass(frozen=True)

@@ -25,6 +25,9 @@ from failover.runtime.workqueue import work
 log = logging.getLogger("tpu-fallback.runtime")
 C = TypeVar("C")
 LOOP_SECONDS = 1.0  # the main loop's beat at most: the liveness tick, due resyncs and ticks
+# The level of the programs' own loggers (`tpu-fallback.*`), INFO unless set: DEBUG adds a line per reconciled key
+# (workqueue.work), which the tier tests set to see that a controller looked at a job. Ref: docs/testbed.md
+LOG_LEVEL_VARIABLE, PROGRAMS_LOGGER = "FAILOVER_LOG_LEVEL", "tpu-fallback"
 
 
 class Manager:
@@ -130,6 +133,12 @@ def configured(program: str, read: Callable[[Mapping[str, str]], C]) -> C:
     """Logging as every program logs, and the program's configuration read from its environment (failover/config.py
     `from_env`): one that cannot be read ends the program, exit status 2, with a line that names the variable."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s", stream=sys.stdout)
+    level = os.environ.get(LOG_LEVEL_VARIABLE, "INFO")
+    if level not in logging.getLevelNamesMapping():
+        print(f"{program}: {LOG_LEVEL_VARIABLE}={level!r} is not a log level (DEBUG, INFO, WARNING, ERROR)",
+              file=sys.stderr)
+        raise SystemExit(2)
+    logging.getLogger(PROGRAMS_LOGGER).setLevel(level)
     try:
         return read(os.environ)
     except ValueError as error:  # failover/config.py's ConfigError

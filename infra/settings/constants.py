@@ -6,6 +6,8 @@ them, so a bound is written once.
 
 from __future__ import annotations
 
+from failover.api.names import CONTROLLER_NAMESPACE, KUEUE_NAMESPACE
+
 NAMESPACE = "tpu-fallback"  # the Pulumi config namespace of every key here (the project's name)
 
 # --- Versions ---
@@ -63,17 +65,11 @@ MIN_MAINTENANCE_LEAD_SECONDS, MAX_MAINTENANCE_LEAD_SECONDS = 60, 7 * 24 * 3600
 MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS = 10, 10 * 60
 MAINTENANCE_ACTIONS = ("checkpoint", "move", "none")  # failover.api.ACTIONS, the default first
 # Climbing back (fallback.climbBack): the rungs it may go to (a DWS rung has no free slice to see: it provisions on
-# request), and each wait's (lowest, highest, default). The lows are the test bed's clock; the defaults GKE's: a freed
-# slice's nodes stay about 10 min, so a 5 min settle still sees an idle on-demand or Spot slice; a climb costs a
-# restart from the checkpoint, so one an hour at most, and none in a job's first 10 min on a rung.
+# request); its waits' ranges and defaults are the table's (infra/settings/keys_roles.py climb_wait).
 CLIMB_BACK_RUNGS = ("reservation", "onDemand", "spot")
 # A fleet's (fleet.climbBack): a reservation only, whose free quota in a member is itself a free slice; on-demand and
 # Spot would also need an idle slice of the member's nodes, which the fleet's ladder does not read there.
 FLEET_CLIMB_BACK_RUNGS = ("reservation",)
-# fleet.climbBack.saveTimeout's default: fallback.maintenance.saveTimeout's value (a fleet stack has no fallback).
-DEFAULT_SAVE_TIMEOUT = "2m"
-CLIMB_WAITS = {"settle": (1, 24 * 3600, "5m"), "minInterval": (60, 7 * 24 * 3600, "1h"),
-               "minRuntime": (0, 24 * 3600, "10m"), "runEndMargin": (0, 24 * 3600, "30m")}
 # The goodput alert's window: a few scrapes at least, and a day at most, as the waits'.
 MIN_GOODPUT_WINDOW_SECONDS, MAX_GOODPUT_WINDOW_SECONDS = 30 * 60, 24 * 3600
 
@@ -95,8 +91,8 @@ SUBMITTER_CPU, SUBMITTER_MEMORY_GIB = 0.5, 200 / 1024  # what Kueue counts for K
 # controller's (their objects and RBAC would be editable by the team's groups), and `default`, where the platform's
 # own chain keeps its LocalQueues under the same names a team's get.
 # Ref: https://cloud.google.com/kubernetes-engine/docs/concepts/gke-managed-namespaces (GKE-managed namespaces)
-SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease", "kueue-system",
-                               "tpu-fallback-system", "gmp-system", "gmp-public"})
+SYSTEM_NAMESPACES = frozenset({"default", "kube-system", "kube-public", "kube-node-lease", KUEUE_NAMESPACE,
+                               CONTROLLER_NAMESPACE, "gmp-system", "gmp-public"})
 SYSTEM_NAMESPACE_PREFIXES = ("kube-", "gke-")
 # GKE Google Groups for RBAC reads group membership through a group of exactly this name in the domain.
 # Ref: https://cloud.google.com/kubernetes-engine/docs/how-to/google-groups-rbac

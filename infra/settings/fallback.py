@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
-from infra.settings.constants import (DEFAULT_RUNG, MAINTENANCE_ACTIONS, MAX_MAINTENANCE_LEAD_SECONDS,
-                                      MAX_PODS_READY_TIMEOUT_SECONDS, MAX_RECOVERY_WAIT_SECONDS,
-                                      MAX_SAVE_TIMEOUT_SECONDS, MIN_MAINTENANCE_LEAD_SECONDS,
-                                      MIN_PODS_READY_TIMEOUT_SECONDS, MIN_RECOVERY_WAIT_SECONDS,
-                                      MIN_SAVE_TIMEOUT_SECONDS)
-from infra.settings.formats import HTTPS_URL, PINNED_IMAGE, duration_seconds, short_duration
-from infra.settings.climb_back import ClimbBackSettings, read_climb_back_settings
+from failover.api.climbs import ClimbPolicy
+from infra.rungs import RungKind
+
+from infra.settings.constants import (DEFAULT_RUNG, MAINTENANCE_ACTIONS, MAX_PODS_READY_TIMEOUT_SECONDS,
+                                      MIN_PODS_READY_TIMEOUT_SECONDS)
+from infra.settings.formats import HTTPS_URL, PINNED_IMAGE, duration_seconds
+from infra.settings.climb_back import read_climb_back
 from infra.settings.keys import DEFAULTS
-from infra.settings.reader import ConfigReader, read_duration, read_per_rung_durations
+from infra.settings.reader import ConfigReader, read_bounded_duration, read_duration, read_per_rung_durations
 
 
 _MAINTENANCE = DEFAULTS["fallback"]["maintenance"]
+_CLIMB_BACK = DEFAULTS["fallback"]["climbBack"]
 
 
 @dataclass(frozen=True)
@@ -39,7 +41,10 @@ class FallbackSettings:
     # again before it moves on (failover/slices.py)
     slice_recovery_wait: tuple[tuple[str, int], ...]
     maintenance: MaintenanceSettings = MaintenanceSettings()  # the regional controller's only: not published
-    climb_back: ClimbBackSettings = ClimbBackSettings()  # likewise (infra/settings/climb_back.py)
+    # fallback.climbBack as the controller reads it (infra/settings/climb_back.py); likewise (a team stack holds the
+    # table's: table_climb_back)
+    climb_back: ClimbPolicy | None = None
+    probe: bool = _CLIMB_BACK["probe"]  # fallback.climbBack.probe (infra/failover.py probes)
 
     def recovery_seconds(self, rung: str) -> int:
         """The recovery wait of a rung (its config key): its own, or the default."""
@@ -56,8 +61,9 @@ class ControllerRuntime:
     pip_index_url: str = DEFAULTS["failoverController"]["pipIndexUrl"]
 
 
-def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:
-    """`fallback` in seconds, or None when a duration is unreadable (`reader.problems` says why)."""
+def read_fallback_settings(reader: ConfigReader, rungs_on: Iterable[RungKind]) -> FallbackSettings | None:
+    """`fallback` in seconds, or None when a duration is unreadable (`reader.problems` says why); the climb back's
+    rungs among `rungs_on`, the rungs on in this stack."""
     raw = reader.obj("fallback", DEFAULTS["fallback"])
     timeout = read_duration(reader, "fallback.podsReadyTimeout", raw["podsReadyTimeout"])
     grace = read_duration(reader, "fallback.stockoutGracePeriod", raw["stockoutGracePeriod"])
@@ -71,12 +77,12 @@ def read_fallback_settings(reader: ConfigReader) -> FallbackSettings | None:
                  f"{raw['stockoutGracePeriod']} is not shorter than podsReadyTimeout {raw['podsReadyTimeout']}; "
                  "by then Kueue has already evicted the job, so the early failover would never act")
     recovery = read_per_rung_durations(reader, "fallback.sliceRecoveryWait", raw["sliceRecoveryWait"],
-                                       DEFAULTS["fallback"]["sliceRecoveryWait"], MIN_RECOVERY_WAIT_SECONDS,
-                                       MAX_RECOVERY_WAIT_SECONDS)
+                                       DEFAULTS["fallback"]["sliceRecoveryWait"])
     maintenance = read_maintenance_settings(reader, raw["maintenance"])
-    climb_back = read_climb_back_settings(reader, raw["climbBack"])
+    climb = reader.fields("fallback.climbBack", raw["climbBack"], _CLIMB_BACK)
+    climb_back = read_climb_back(reader, climb, _CLIMB_BACK, rungs_on, maintenance.save_timeout_seconds)
     return FallbackSettings(timeout, grace, tuple(sorted(recovery)), maintenance,  # one order, whatever the config's
-                            climb_back)
+                            climb_back, climb["probe"])
 
 
 def read_maintenance_settings(reader: ConfigReader, given: dict) -> MaintenanceSettings:
@@ -85,14 +91,8 @@ def read_maintenance_settings(reader: ConfigReader, given: dict) -> MaintenanceS
     raw = reader.fields("fallback.maintenance", given, _MAINTENANCE)
     reader.check("fallback.maintenance.action", raw["action"] in MAINTENANCE_ACTIONS,
                  f"{raw['action']!r} is not an action; use {', '.join(MAINTENANCE_ACTIONS)}")
-    bounded = {}
-    for field, low, high in (("leadTime", MIN_MAINTENANCE_LEAD_SECONDS, MAX_MAINTENANCE_LEAD_SECONDS),
-                             ("saveTimeout", MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS)):
-        name = f"fallback.maintenance.{field}"
-        seconds = read_duration(reader, name, raw[field])
-        if seconds is not None and reader.check(name, low <= seconds <= high, f"{raw[field]} is out of range; use "
-                                                f"{short_duration(low)} to {short_duration(high)}"):
-            bounded[field] = seconds
+    bounded = {field: seconds for field in ("leadTime", "saveTimeout")
+               if (seconds := read_bounded_duration(reader, f"fallback.maintenance.{field}", raw[field])) is not None}
     defaults = MaintenanceSettings()
     lead = bounded.get("leadTime", defaults.lead_seconds)
     save = bounded.get("saveTimeout", defaults.save_timeout_seconds)

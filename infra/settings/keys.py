@@ -22,10 +22,9 @@ from infra.settings.constants import (DEFAULT_RUNG, MAX_GOODPUT_WINDOW_SECONDS, 
                                       MIN_RECOVERY_WAIT_SECONDS, MIN_SYSTEM_NODES, SHARE_ORDERS,
                                       SPOT_CRITICAL_PODS_SECONDS, SPOT_GRACE_CHOICES, SPOT_GRACE_SECONDS,
                                       SYSTEM_NAMESPACE_PREFIXES, SYSTEM_NAMESPACES)
-from infra.settings.constants import (MAINTENANCE_ACTIONS, MAX_MAINTENANCE_LEAD_SECONDS, MAX_SAVE_TIMEOUT_SECONDS,
-                                      MIN_MAINTENANCE_LEAD_SECONDS, MIN_SAVE_TIMEOUT_SECONDS)
-from infra.settings.constants import CLIMB_BACK_RUNGS, CLIMB_WAITS
-from infra.settings.keys_roles import FLEET, PLATFORM_STACK, TEAM, WORKLOADS
+from infra.settings.constants import (CLIMB_BACK_RUNGS, MAINTENANCE_ACTIONS, MAX_MAINTENANCE_LEAD_SECONDS,
+                                      MIN_MAINTENANCE_LEAD_SECONDS)
+from infra.settings.keys_roles import FLEET, PLATFORM_STACK, TEAM, WORKLOADS, climb_wait, save_timeout
 from infra.settings.schema import (BOOLEAN, DURATION, INTEGER, OBJECT, OBJECTS, PER_RUNG, REQUIRED, STRING,
                                    STRINGS, UNSET, REGION, Bounds, Setting)
 from infra.tpu import MACHINE_TYPES
@@ -57,11 +56,6 @@ _SPOT_GRACE = S(
     rule=f"{SPOT_GRACE_CHOICES[-1]}s needs gkeVersion {MIN_GKE_FOR_SPOT_GRACE} or later while the rung is on")
 
 
-def _climb_wait(name: str, description: str) -> Setting:
-    low, high, default = CLIMB_WAITS[name]
-    return S(name, DURATION, description, default, bounds=Bounds(low, high, duration=True))
-
-
 # On by default, onto a reservation only: its slices are paid for whether used or not, and held by GCE for the
 # project, so a job on Spot, DWS or on-demand below it gains the most and risks the least (docs/ladder-and-failover.md
 # "Climbing back").
@@ -76,11 +70,11 @@ _CLIMB_BACK = S(
                          "with a free slice whatever this says: it has nothing to lose)", ["reservation"],
           rule=f"rung config keys without an admission check ({', '.join(CLIMB_BACK_RUNGS)}), each once; one that is "
                "off in this stack is skipped"),
-        _climb_wait("settle", "how long the rung must have had a free slice for the job, and no stockout, before it "
+        climb_wait("settle", "how long the rung must have had a free slice for the job, and no stockout, before it "
                               "climbs"),
-        _climb_wait("minInterval", "at most one climb per job in this long"),
-        _climb_wait("minRuntime", "no climb in a job's first this long on a rung"),
-        _climb_wait("runEndMargin", "no climb for a DWS run that ends within this long (its end is a disruption "
+        climb_wait("minInterval", "at most one climb per job in this long"),
+        climb_wait("minRuntime", "no climb in a job's first this long on a rung"),
+        climb_wait("runEndMargin", "no climb for a DWS run that ends within this long (its end is a disruption "
                                     "ahead: fallback.maintenance)"),
         S("probe", BOOLEAN, "while a job waits below a rung whose quota is free for it but that has no slice (a "
                             "stockout, or nothing asked for it since), keep one pending pod shaped like a host of "
@@ -165,10 +159,9 @@ _CONTROLLERS = (
             S("leadTime", DURATION, "how long before the disruption the job is asked to checkpoint", "15m",
               bounds=Bounds(MIN_MAINTENANCE_LEAD_SECONDS, MAX_MAINTENANCE_LEAD_SECONDS, duration=True),
               rule="longer than saveTimeout"),
-            S("saveTimeout", DURATION, "how long after the request the save is taken as done (the job cannot answer "
-                                       "without new rights): the kubelet's refresh of the pods' annotations file (up "
-                                       "to 1 min), the step in progress and the save", "2m",
-              bounds=Bounds(MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS, duration=True)))),
+            save_timeout("how long after the request the save is taken as done (the job cannot answer without new "
+                         "rights): the kubelet's refresh of the pods' annotations file (up to 1 min), the step in "
+                         "progress and the save"))),
         _CLIMB_BACK)),
     S("failoverController", OBJECT, "Where the failover controller's pinned Python packages come from. Default (both "
                                     "empty): PyPI, at each start. Not both.", fields=(

@@ -3,8 +3,7 @@ a fleet stack's and a team stack's (infra/settings/keys.py has the rest and the 
 
 from __future__ import annotations
 
-from infra.settings.constants import (CLIMB_WAITS, DEFAULT_SAVE_TIMEOUT, FLEET_CLIMB_BACK_RUNGS,
-                                      MAX_SAVE_TIMEOUT_SECONDS, MIN_SAVE_TIMEOUT_SECONDS)
+from infra.settings.constants import FLEET_CLIMB_BACK_RUNGS, MAX_SAVE_TIMEOUT_SECONDS, MIN_SAVE_TIMEOUT_SECONDS
 from infra.settings.schema import (BOOLEAN, DURATION, FLEET as FLEET_STACK, INTEGER, JOBS, OBJECT, REQUIRED, STRING,
                                    STRINGS, TEAM as TEAM_STACK, Bounds, Setting)
 
@@ -45,10 +44,27 @@ WORKLOADS = S("workloads", OBJECT, "The training RayJobs (workloads/).", stacks=
 
 
 
+# A climb's waits (fallback.climbBack, fleet.climbBack): each one's range and default, written here once. The lows
+# are the test bed's clock; the defaults GKE's: a freed slice's nodes stay about 10 min, so a 5 min settle still sees
+# an idle on-demand or Spot slice; a climb costs a restart from the checkpoint, so one an hour at most, and none in a
+# job's first 10 min on a rung.
+_CLIMB_WAITS = {"settle": (Bounds(1, 24 * 3600, duration=True), "5m"),
+                "minInterval": (Bounds(60, 7 * 24 * 3600, duration=True), "1h"),
+                "minRuntime": (Bounds(0, 24 * 3600, duration=True), "10m"),
+                "runEndMargin": (Bounds(0, 24 * 3600, duration=True), "30m")}
+
+
 def climb_wait(name: str, description: str) -> Setting:
-    """A climb's wait (fallback.climbBack, fleet.climbBack): its bounds and default from CLIMB_WAITS, one place."""
-    low, high, default = CLIMB_WAITS[name]
-    return S(name, DURATION, description, default, bounds=Bounds(low, high, duration=True))
+    """A climb's wait (fallback.climbBack, fleet.climbBack), with its range and default."""
+    bounds, default = _CLIMB_WAITS[name]
+    return S(name, DURATION, description, default, bounds=bounds)
+
+
+def save_timeout(description: str) -> Setting:
+    """How long after a checkpoint request the save is taken as done (fallback.maintenance.saveTimeout, and
+    fleet.climbBack.saveTimeout, as a fleet stack has no fallback), with its range and default."""
+    return S("saveTimeout", DURATION, description, "2m",
+             bounds=Bounds(MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS, duration=True))
 
 
 # Climbing back in a fleet (failover/ladder/climb.py): the regional key's waits, and the save's wait a fleet has no
@@ -60,17 +76,16 @@ _FLEET_CLIMB_BACK = S(
                          "(no capacity failure there meanwhile); it is asked to checkpoint first (its TPU pods in "
                          "the member running it) and moves `saveTimeout` later by route D (docs/fleet.md "
                          "\"Climbing back\"; fields merged over these defaults)", fields=(
-        S("to", STRINGS, "the rungs a fleet job may climb back to (empty: never climb)", ["reservation"],
+        S("to", STRINGS, "the rungs a fleet job may climb back to (empty: never climb)", list(FLEET_CLIMB_BACK_RUNGS),
           rule=f"{', '.join(FLEET_CLIMB_BACK_RUNGS)}, each once: a rung whose free quota is a free slice"),
         climb_wait("settle", "how long the step's member must have had room for the job, and no capacity failure "
                              "there, before it climbs"),
         climb_wait("minInterval", "at most one climb per job in this long"),
         climb_wait("minRuntime", "no climb in a job's first this long at a step"),
         climb_wait("runEndMargin", "no climb for a DWS run (the last step) that ends within this long"),
-        S("saveTimeout", DURATION, "how long after the checkpoint request the save is taken as done (the job cannot "
-                                   "answer): the kubelet's refresh of the pods' annotations file (up to 1 min), the "
-                                   "step in progress and the save", DEFAULT_SAVE_TIMEOUT,
-          bounds=Bounds(MIN_SAVE_TIMEOUT_SECONDS, MAX_SAVE_TIMEOUT_SECONDS, duration=True))))
+        save_timeout("how long after the checkpoint request the save is taken as done (the job cannot answer): the "
+                     "kubelet's refresh of the pods' annotations file (up to 1 min), the step in progress and the "
+                     "save")))
 
 FLEET = S("fleet", OBJECT, "Makes this stack a fleet (plan C, roles/fleet.py): one queue over the member stacks, Kueue "
                            "MultiKueue on a small manager cluster. A fleet stack also reads zone, clusterName, "

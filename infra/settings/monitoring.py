@@ -5,12 +5,10 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra.settings.constants import (DEFAULT_RUNG, MAX_GOODPUT_WINDOW_SECONDS, MAX_MOVES_PER_HOUR,
-                                      MAX_PENDING_ALERT_SECONDS, MIN_GOODPUT_WINDOW_SECONDS,
-                                      MIN_PENDING_ALERT_SECONDS)
-from infra.settings.formats import NOTIFICATION_CHANNEL, duration_seconds, short_duration
+from infra.settings.constants import DEFAULT_RUNG, MAX_MOVES_PER_HOUR
+from infra.settings.formats import NOTIFICATION_CHANNEL, duration_seconds
 from infra.settings.keys import DEFAULTS
-from infra.settings.reader import ConfigReader, read_duration, read_per_rung_durations
+from infra.settings.reader import ConfigReader, read_bounded_duration, read_per_rung_durations
 
 _ALERTS: Mapping = DEFAULTS["monitoring"]["alerts"]
 
@@ -61,8 +59,7 @@ def read_monitoring_settings(reader: ConfigReader) -> MonitoringSettings:
 
 
 def _read_pending_too_long(reader: ConfigReader, given: dict) -> tuple[tuple[str, int], ...]:
-    return read_per_rung_durations(reader, "monitoring.alerts.pendingTooLong", given, _ALERTS["pendingTooLong"],
-                                   MIN_PENDING_ALERT_SECONDS, MAX_PENDING_ALERT_SECONDS)
+    return read_per_rung_durations(reader, "monitoring.alerts.pendingTooLong", given, _ALERTS["pendingTooLong"])
 
 
 def _read_moves_per_hour(reader: ConfigReader, value: int) -> int:
@@ -79,14 +76,8 @@ def _read_goodput_percent(reader: ConfigReader, value: int) -> int:
 
 
 def _read_goodput_window(reader: ConfigReader, value: str) -> int:
-    name = "monitoring.alerts.goodputBelow.window"
-    seconds = read_duration(reader, name, value)
-    if seconds is not None and not reader.check(
-            name, MIN_GOODPUT_WINDOW_SECONDS <= seconds <= MAX_GOODPUT_WINDOW_SECONDS,
-            f"{value} is out of range; use {short_duration(MIN_GOODPUT_WINDOW_SECONDS)} to "
-            f"{short_duration(MAX_GOODPUT_WINDOW_SECONDS)}"):
-        return AlertSettings.goodput_window_seconds
-    return seconds if seconds is not None else AlertSettings.goodput_window_seconds
+    seconds = read_bounded_duration(reader, "monitoring.alerts.goodputBelow.window", value)
+    return AlertSettings.goodput_window_seconds if seconds is None else seconds
 
 
 def _read_notification_channels(reader: ConfigReader, channels: list) -> tuple[str, ...]:

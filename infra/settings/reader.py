@@ -11,7 +11,8 @@ import pulumi
 
 from infra.rungs import RUNG_KINDS
 from infra.settings.constants import DEFAULT_RUNG, NAMESPACE
-from infra.settings.formats import duration_seconds, short_duration
+from infra.settings.formats import duration_seconds
+from infra.settings.keys import setting
 
 
 class SettingsError(pulumi.RunError, ValueError):
@@ -128,10 +129,21 @@ def read_duration(reader: ConfigReader, name: str, value: str) -> int | None:
     return seconds
 
 
-def read_per_rung_durations(reader: ConfigReader, name: str, given: dict, defaults: Mapping[str, str],
-                            minimum: int, maximum: int) -> tuple[tuple[str, int], ...]:
+def read_bounded_duration(reader: ConfigReader, name: str, value: str, table_name: str | None = None) -> int | None:
+    """The seconds of a duration within the range the table states for `table_name` (`name` by default; a dotted
+    path of infra/settings/keys.py), or None: unreadable or out of range, a problem that names it."""
+    bounds = setting(table_name or name).bounds
+    seconds = read_duration(reader, name, value)
+    if seconds is not None and reader.check(name, seconds in bounds, f"{value} is out of range; use {bounds.text()}"):
+        return seconds
+    return None
+
+
+def read_per_rung_durations(reader: ConfigReader, name: str, given: dict, defaults: Mapping[str, str]
+                            ) -> tuple[tuple[str, int], ...]:
     """A duration per rung config key, or `default`; the given keys over the defaults. A rung that is off in this
-    stack is allowed (its entry waits for it), a name that is no rung is not."""
+    stack is allowed (its entry waits for it), a name that is no rung is not. Each within the table's range of
+    `name`."""
     waits = dict(defaults)
     for rung, value in given.items():
         where = f"{name}.{rung}"
@@ -143,10 +155,7 @@ def read_per_rung_durations(reader: ConfigReader, name: str, given: dict, defaul
             waits[rung] = value
     found = []
     for rung, value in waits.items():
-        seconds = read_duration(reader, f"{name}.{rung}", value)
-        if seconds is None:
-            continue
-        if reader.check(f"{name}.{rung}", minimum <= seconds <= maximum,
-                        f"{value} is out of range; use {short_duration(minimum)} to {short_duration(maximum)}"):
+        seconds = read_bounded_duration(reader, f"{name}.{rung}", value, table_name=name)
+        if seconds is not None:
             found.append((rung, seconds))
     return tuple(found)

@@ -84,7 +84,7 @@ def read_platform_settings(reader: ConfigReader, gcp_config: pulumi.Config) -> P
     tpu, generation, allow_unlisted_zone = read_tpu(reader, zone)
     plans = read_rung_order(reader, {key: read_plan(reader, kind) for key, kind in RUNG_KINDS.items()})
     kueue_version, kueue_chart_repository = read_kueue(reader)
-    fallback = read_fallback_settings(reader)
+    fallback = read_fallback_settings(reader, (plan.kind for plan in plans))
     failover_controller = read_controller_runtime(reader)
     monitoring = read_monitoring_settings(reader)
     teams = read_teams(reader)

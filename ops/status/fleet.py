@@ -8,8 +8,7 @@ import datetime
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from infra.failover import NAMESPACE
-from infra.fleet import LADDER_NAME, MULTIKUEUE_CONTROLLER, WATCH_NAME
+from failover.api import CONTROLLER_NAMESPACE, FLEET_LADDER_NAME, FLEET_WATCH_NAME, MULTIKUEUE_CONTROLLER
 from ops.status.health import ControllerView, controller_view
 from ops.status.objects import changed_at, conditions, name_of
 
@@ -66,10 +65,10 @@ def fleet_view(snapshot) -> FleetView | None:
     if not snapshot.multikueue_clusters and snapshot.fleet_watch is None and snapshot.fleet_ladder is None:
         return None
     watch = controller_view(snapshot.fleet_watch, snapshot.fleet_watch_pods, (), snapshot.readable("fleet_watch"),
-                            name=WATCH_NAME, namespace=NAMESPACE, absent="not deployed",
+                            name=FLEET_WATCH_NAME, namespace=CONTROLLER_NAMESPACE, absent="not deployed",
                             scaled_to_zero="scaled to 0 replicas: no fleet job is watched")
     ladder = controller_view(snapshot.fleet_ladder, snapshot.fleet_ladder_pods, (), snapshot.readable("fleet_ladder"),
-                             name=LADDER_NAME, namespace=NAMESPACE,
+                             name=FLEET_LADDER_NAME, namespace=CONTROLLER_NAMESPACE,
                              absent="not deployed (every fleet stack deploys it: run `pulumi up` on the fleet stack)",
                              scaled_to_zero="scaled to 0 replicas: no fleet job moves to the next step, is requeued "
                                             "after losing its slice, or is given up")

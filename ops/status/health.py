@@ -10,7 +10,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from failover.api import parse_time
-from infra.failover import NAME, NAMESPACE
+from failover.api import CONTROLLER_NAME, CONTROLLER_NAMESPACE
 from ops.status.objects import conditions, is_true, name_of
 
 NOT_DEPLOYED, HEALTHY, DEGRADED, SCALED_TO_ZERO, UNKNOWN = "NotDeployed", "Healthy", "NotReady", "ScaledToZero", "Unknown"
@@ -60,7 +60,7 @@ def restarts(pods: Sequence[Mapping]) -> int:
 
 
 def controller_view(deployment: Mapping | None, pods: Sequence[Mapping], events: Sequence[Mapping],
-                    readable: bool = True, name: str = NAME, namespace: str = NAMESPACE,
+                    readable: bool = True, name: str = CONTROLLER_NAME, namespace: str = CONTROLLER_NAMESPACE,
                     absent: str = "not deployed (a one-rung ladder has none)",
                     scaled_to_zero: str = "scaled to 0 replicas: no job is moved") -> ControllerView:
     """`readable` False: the user may not read the controller's namespace, so its absence proves nothing."""

@@ -20,7 +20,7 @@ from failover import api, maintenance, slices
 from failover.api import (CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, CLIMBS, FAILOVER_ANNOTATION,
                           FLEET_ANNOTATION, PODS_READY_TIMEOUT, QUEUE_LABEL, STOCKOUT, TPU_RESOURCE, Account, JobTimes,
                           Move, WorkloadView, account, move_history, parse_time)
-from infra.kueue import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
+from failover.api import MANAGER_CONFIG_KEY, PROVISIONING_CLASS
 from ops.status.objects import (annotations, changed_at, conditions, created_at, is_true, labels, meta, name_of,
                                 namespace_of, owned_by, quantity)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 
 from failover.api import TPU_RESOURCE, Chain
-from infra.kueue import CLUSTER_QUEUE, DEFAULT_FLAVOR, LOCAL_QUEUE
+from failover.api import CLUSTER_QUEUE, DEFAULT_FLAVOR, LOCAL_QUEUE
 from ops.status.objects import conditions, is_true, name_of, namespace_of, quantity
 
 # The variable the controller reads its chain from (failover/regional/__main__.py; set by infra/failover.py).

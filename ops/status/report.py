@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from failover.api import QUEUE_LABEL
-from infra.kueue import ADMISSION_CHECK, PROVISIONING_CONTROLLER
+from failover.api import DWS_ADMISSION_CHECK, PROVISIONING_CONTROLLER
 from ops.status import jobs as job_states
 from ops.status.fleet import FleetView, fleet_view
 from ops.status.health import ControllerView, controller_view
@@ -190,7 +190,7 @@ def job_view(owner: Mapping, workload: Mapping | None, snapshot: Snapshot, share
 def provisioning_checks(snapshot: Snapshot) -> frozenset[str]:
     """The admission checks that wait for a ProvisioningRequest: from the AdmissionCheck objects, else the stack's."""
     if not snapshot.readable("admission_checks"):
-        return frozenset({ADMISSION_CHECK})
+        return frozenset({DWS_ADMISSION_CHECK})
     return frozenset(name_of(c) for c in snapshot.admission_checks
                      if (c.get("spec") or {}).get("controllerName") == PROVISIONING_CONTROLLER)
 

@@ -22,13 +22,8 @@ from kubernetes import client, dynamic
 from kubernetes.client import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
-from failover.api import MOVE_EVENT_REASON
-from infra.failover import NAME as CONTROLLER_NAME
-from infra.failover import NAMESPACE as CONTROLLER_NAMESPACE
-from infra.fleet import LADDER_NAME as FLEET_LADDER
-from infra.fleet import WATCH_NAME as FLEET_WATCH
-from infra.kueue import KUEUE_API_VERSION, MANAGER_CONFIG_MAP, NODEPOOL_LABEL_KEY
-from infra.kueue import NAMESPACE as KUEUE_NAMESPACE
+from failover.api import (CONTROLLER_NAME, CONTROLLER_NAMESPACE, FLEET_LADDER_NAME, FLEET_WATCH_NAME, KUEUE_API_VERSION,
+                          KUEUE_NAMESPACE, MANAGER_CONFIG_MAP, MOVE_EVENT_REASON, NODE_POOL_LABEL)
 from ops.status.fleet import may_be_a_fleets_manager
 from ops.status.objects import conditions, is_true, namespace_of
 from ops.status.report import Snapshot
@@ -219,7 +214,7 @@ class ClusterReader:
         if snapshot.controller is not None:
             snapshot.controller_pods = listed("controller_pods", POD, CONTROLLER_NAMESPACE,
                                               label_selector=selector_of(snapshot.controller))
-        for field, name in (("fleet_watch", FLEET_WATCH), ("fleet_ladder", FLEET_LADDER)):
+        for field, name in (("fleet_watch", FLEET_WATCH_NAME), ("fleet_ladder", FLEET_LADDER_NAME)):
             deployment = self._get_into(snapshot, field, DEPLOYMENT, name, CONTROLLER_NAMESPACE, matters=fleet)
             setattr(snapshot, field, deployment)
             if deployment is not None:
@@ -237,7 +232,7 @@ class ClusterReader:
         except Unreadable:
             return None
         return {(n.get("metadata") or {}).get("name", ""): ((n.get("metadata") or {}).get("labels") or {}).get(
-            NODEPOOL_LABEL_KEY, "?") for n in nodes or []}
+            NODE_POOL_LABEL, "?") for n in nodes or []}
 
     def _get_into(self, snapshot: Snapshot, field: str, kind: tuple[str, str], name: str,
                   namespace: str, matters: bool = True) -> dict | None:
