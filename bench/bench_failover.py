@@ -12,7 +12,9 @@ Per run, on the dev stack's platform with its failover controller:
   the dws ProvisioningRequest (the controller moves it once `fallback.stockoutGracePeriod` passed since the report);
 - eviction -> next rung: for both paths, Kueue's eviction from on-demand -> all the next run's pods Running on the
   DWS slice, DWS provisioning played at once (on GKE it takes what DWS takes: minutes to days).
-The controller passes every second here (the Deployment: on watch events, resync every 300 s).
+The controller reacts to watch events and the times it asks to look again; its resync is an hour away
+(testbed/failover_tier.py RESYNC_SECONDS; the Deployment's: 300 s). Figures taken before 2026-12-07 had a pass every
+second.
 Binaries must be built (`python -m testbed build`).
 """
 
@@ -91,7 +93,7 @@ def main() -> None:
     finally:
         tier.plane.stop()
     print_medians(f"median of {args.runs} runs (min-max); podsReadyTimeout {args.timeout} s, stockoutGracePeriod "
-                  f"{args.grace} s, slice scale-up {args.scale_up} s, controller pass every {RESYNC_SECONDS} s:",
+                  f"{args.grace} s, slice scale-up {args.scale_up} s, controller resync every {RESYNC_SECONDS} s:",
                   results)
 
 

@@ -242,7 +242,7 @@ def test_a_job_waiting_below_with_no_quota_climbs_to_the_freed_reservation_at_on
     print(f"\na waiting job's climb: started {started:.1f} s after the reservation's release")
 
 
-PROBE_SLACK_SECONDS = 3  # the probe's pass (1 s), the scheduler's bind, the climb's reconcile: a busy machine's share
+PROBE_SLACK_SECONDS = 3  # the probe made and placed, the scheduler's bind, the climb's reconcile: a busy machine's share
 
 
 def test_a_job_waiting_for_dws_climbs_once_a_probe_finds_on_demand_again(clean):
