@@ -1054,7 +1054,7 @@ def build_parser() -> argparse.ArgumentParser:
     a("--accelerator-type", default=None, help='Ray TPU type: "TPU-V6E", "TPU-V5LITEPOD", "TPU-V5P"')
     a("--chips-per-host", type=int, default=4)
     a("--peak-tflops-per-device", type=float, default=None,
-      help="peak dense bf16 TFLOP/s of one chip, to report MFU")
+      help="peak dense bf16 TFLOP/s of one JAX device (a chip; a TensorCore on TPU7x), to report MFU")
     return p
 
 
