@@ -11,7 +11,9 @@ import pytest
 
 from failover import api
 from failover.api import CheckpointRequest, Move, WorkloadView
-from failover.api.climbs import CAPACITY_LABEL, CHECKPOINTING, CLIMB_BACK, NODE_POOL_LABEL, ClimbPolicy
+from failover.api import checkpoint_moves, climbs
+from failover.api.climbs import CAPACITY_LABEL, CHECKPOINTING, CLIMB_BACK, ClimbPolicy
+from failover.api.names import NODE_POOL_LABEL
 from failover.regional import climb, decisions, free_slices
 from failover.regional.climb import Climb, JobFacts, Need, NotYet, Sample
 from infra import kueue
@@ -70,20 +72,20 @@ def test_a_reservation_is_free_on_its_quota_alone_any_other_rung_also_needs_an_i
 def test_free_since_is_the_start_of_the_last_unbroken_free_stretch():
     samples = [Sample(NOW - 20 * MINUTE, 16, 4), Sample(NOW - 15 * MINUTE, 0, 0), Sample(NOW - 9 * MINUTE, 16, 0),
                Sample(NOW - 3 * MINUTE, 32, 0)]
-    assert climb.free_since(samples, NEED, reserved=True) == NOW - 9 * MINUTE
-    assert climb.free_since(samples, NEED, reserved=False) is None  # no idle slice since the break
-    assert climb.free_since([], NEED, reserved=True) is None
+    assert climbs.free_since(samples, NEED, reserved=True) == NOW - 9 * MINUTE
+    assert climbs.free_since(samples, NEED, reserved=False) is None  # no idle slice since the break
+    assert climbs.free_since([], NEED, reserved=True) is None
 
 
 def test_samples_keep_what_the_rung_had_at_the_horizon_and_only_changes():
     samples: list[Sample] = []
-    assert climb.record(samples, Sample(NOW - 30 * MINUTE, 16, 0), NOW - 20 * MINUTE)
-    assert not climb.record(samples, Sample(NOW - 25 * MINUTE, 16, 0), NOW - 20 * MINUTE)  # nothing changed
-    assert climb.record(samples, Sample(NOW - 18 * MINUTE, 0, 0), NOW - 20 * MINUTE)
-    assert climb.record(samples, Sample(NOW - 10 * MINUTE, 16, 0), NOW - 15 * MINUTE)
+    assert climbs.record(samples, Sample(NOW - 30 * MINUTE, 16, 0), NOW - 20 * MINUTE)
+    assert not climbs.record(samples, Sample(NOW - 25 * MINUTE, 16, 0), NOW - 20 * MINUTE)  # nothing changed
+    assert climbs.record(samples, Sample(NOW - 18 * MINUTE, 0, 0), NOW - 20 * MINUTE)
+    assert climbs.record(samples, Sample(NOW - 10 * MINUTE, 16, 0), NOW - 15 * MINUTE)
     # The sample at -30 is forgotten, the one at -18 stays: it is what the rung had at the horizon (-15).
     assert [s.at for s in samples] == [NOW - 18 * MINUTE, NOW - 10 * MINUTE]
-    assert climb.free_since(samples, NEED, reserved=True) == NOW - 10 * MINUTE
+    assert climbs.free_since(samples, NEED, reserved=True) == NOW - 10 * MINUTE
 
 
 def test_a_rung_s_numbers_count_its_quota_over_every_queue_and_its_idlest_pool():
@@ -217,13 +219,14 @@ def test_a_climb_asks_one_checkpoint_named_after_itself():
 def test_a_climb_asks_first_then_waits_for_the_save_then_moves():
     on_spot = running()
     step = lambda job, now, free=True: climb.next_in_climb(CLIMB, on_spot, job, free, POLICY, now)  # noqa: E731
-    assert step(facts(), NOW) == (climb.ASK, None)
+    assert step(facts(), NOW) == (checkpoint_moves.ASK, None)
     half = facts(checkpoints={"j-w-0": ASKED.value(), "j-w-1": None})
-    assert step(half, NOW) == (climb.ASK, None)
+    assert step(half, NOW) == (checkpoint_moves.ASK, None)
     asked = facts(checkpoints={"j-w-0": ASKED.value(), "j-w-1": ASKED.value()})
-    assert step(asked, NOW + MINUTE) == (climb.SAVING, NOW + 2 * MINUTE)  # never moved during the save
-    assert step(asked, NOW + 2 * MINUTE) == (climb.GO, None)
-    assert step(asked, NOW + 2 * MINUTE, free=False) == (climb.CALL_OFF, None)  # the rung was taken meanwhile
+    assert step(asked, NOW + MINUTE) == (checkpoint_moves.SAVING, NOW + 2 * MINUTE)  # never moved during the save
+    assert step(asked, NOW + 2 * MINUTE) == (checkpoint_moves.GO, None)
+    # the rung was taken meanwhile
+    assert step(asked, NOW + 2 * MINUTE, free=False) == (checkpoint_moves.CALL_OFF, None)
 
 
 @pytest.mark.parametrize("view, job", [
@@ -234,12 +237,12 @@ def test_a_climb_asks_first_then_waits_for_the_save_then_moves():
     (running(finished=True), facts()),
 ])
 def test_a_climb_is_called_off_when_the_job_no_longer_runs_where_it_climbs_from(view, job):
-    assert climb.next_in_climb(CLIMB, view, job, True, POLICY, NOW + 5 * MINUTE) == (climb.CALL_OFF, None)
+    assert climb.next_in_climb(CLIMB, view, job, True, POLICY, NOW + 5 * MINUTE) == (checkpoint_moves.CALL_OFF, None)
 
 
 def test_a_climb_called_off_puts_back_the_record_before_it():
     down = Move("on-demand", "spot", "user-queue-spot", api.STOCKOUT, "2026-12-01T11:00:00Z", "moved")
-    assert climb.restored((down,)) == down and climb.restored(()) is None
+    assert checkpoint_moves.restored((down,)) == down and checkpoint_moves.restored(()) is None
 
 
 def _job(label: str, suspended: bool = False) -> dict:

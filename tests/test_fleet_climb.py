@@ -12,7 +12,7 @@ import json
 import pytest
 
 from failover import api
-from failover.api import CHECKPOINTING, CLIMB_BACK, ClimbPolicy, Move
+from failover.api import CHECKPOINTING, CLIMB_BACK, ClimbPolicy, Move, checkpoint_moves
 from failover.ladder import climb
 from failover.ladder import decisions as ladder_rules
 from failover.ladder.climb import FleetJob, NotYet
@@ -172,15 +172,16 @@ CLIMB = Move(SPOT_W2, RESERVED_W2, RESERVED_W2, CLIMB_BACK, stamp(NOW), CHECKPOI
 def test_a_climb_asks_the_pods_then_waits_the_save_then_goes_if_the_step_is_still_free():
     request = climb.checkpoint_of(CLIMB)
     assert request.id == "climbback-20261201t120000z"
-    assert climb.next_in_climb(LADDER, CLIMB, running(), job(), True, POLICY, NOW) == (climb.ASK, None)
+    assert climb.next_in_climb(LADDER, CLIMB, running(), job(), True, POLICY, NOW) == (checkpoint_moves.ASK, None)
     assert climb.next_in_climb(LADDER, CLIMB, running(), job(checkpoints={}), True, POLICY, NOW) == (
-        climb.ASK, None)  # no pod read yet: asked (again), which finds them
+        checkpoint_moves.ASK, None)  # no pod read yet: asked (again), which finds them
     asked = job(checkpoints={"w-0": request.value(), "w-1": request.value()})
     assert climb.next_in_climb(LADDER, CLIMB, running(), asked, True, POLICY, NOW + MINUTE) == (
-        climb.SAVING, NOW + 2 * MINUTE)
-    assert climb.next_in_climb(LADDER, CLIMB, running(), asked, True, POLICY, NOW + 2 * MINUTE) == (climb.GO, None)
+        checkpoint_moves.SAVING, NOW + 2 * MINUTE)
+    assert climb.next_in_climb(LADDER, CLIMB, running(), asked, True, POLICY, NOW + 2 * MINUTE) == (
+        checkpoint_moves.GO, None)
     assert climb.next_in_climb(LADDER, CLIMB, running(), asked, False, POLICY, NOW + 2 * MINUTE) == (
-        climb.CALL_OFF, None)  # the step above taken meanwhile: the slice it has is kept
+        checkpoint_moves.CALL_OFF, None)  # the step above taken meanwhile: the slice it has is kept
     assert climb.moving(CLIMB).state == api.MOVING
 
 
@@ -189,11 +190,11 @@ def test_a_climb_asks_the_pods_then_waits_the_save_then_goes_if_the_step_is_stil
     running(active=False), running(DWS, cluster="w1")], ids=["not-ready", "another-step", "readmitted",
                                                                "deactivated", "another-member"])
 def test_a_climb_is_called_off_when_the_job_no_longer_runs_where_it_climbs_from(view):
-    assert climb.next_in_climb(LADDER, CLIMB, view, job(), True, POLICY, NOW) == (climb.CALL_OFF, None)
+    assert climb.next_in_climb(LADDER, CLIMB, view, job(), True, POLICY, NOW) == (checkpoint_moves.CALL_OFF, None)
     assert climb.next_in_climb(LADDER, CLIMB, running(), job(losing=True), True, POLICY, NOW) == (
-        climb.CALL_OFF, None)
+        checkpoint_moves.CALL_OFF, None)
     before = Move(ON_DEMAND_W1, SPOT_W2, SPOT_W2, api.STEP_BUSY, stamp(NOW - 40 * MINUTE), "moved")
-    assert climb.restored((before,)) == before and climb.restored(()) is None
+    assert checkpoint_moves.restored((before,)) == before and checkpoint_moves.restored(()) is None
 
 
 def test_route_d_records_the_climb_once_it_is_moving_not_while_it_saved():

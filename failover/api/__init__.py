@@ -15,7 +15,7 @@ from failover.api.annotations import (ACTIVE_MAINTENANCE_LABEL, ADMITTED_FLAVOR_
                                       SCHEDULED_MAINTENANCE_LABEL, SLICE_LOST_ANNOTATION, TPU_RESOURCE)
 from failover.api.checkpoints import CheckpointRequest
 from failover.api.climbs import (CAPACITY_LABEL, CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, CLIMB_EVENT_REASON,
-                                 CLIMBS, NODE_POOL_LABEL, ClimbPolicy)
+                                 CLIMBS, ClimbPolicy)
 from failover.api.events import (AHEAD_EVENT_REASON, LOSS_EVENT_REASON, MOVE_EVENT_REASON, RECOVERY_EVENT_REASON,
                                  SCALE_UP_FAILURE_REASONS, STOCKOUT_MESSAGE, stockout_since)
 from failover.api.moves import (DISRUPTION_AHEAD, MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST,
@@ -25,7 +25,8 @@ from failover.api.moves import (DISRUPTION_AHEAD, MEMBER_EVICTED, MEMBER_NOT_REA
 from failover.api.names import (CLUSTER_QUEUE, CONTROLLER_NAME, CONTROLLER_NAMESPACE, DEFAULT_FLAVOR,
                                 DWS_ADMISSION_CHECK, FLEET_LADDER_NAME, FLEET_WATCH_NAME, KUEUE_API_VERSION,
                                 KUEUE_NAMESPACE, KUEUE_RELEASE, LOCAL_QUEUE, MANAGER_CONFIG_KEY, MANAGER_CONFIG_MAP,
-                                MULTIKUEUE_CONTROLLER, PROVISIONING_CLASS, PROVISIONING_CONTROLLER)
+                                MULTIKUEUE_CONTROLLER, NODE_POOL_LABEL, PROVISIONING_CLASS,
+                                PROVISIONING_CONTROLLER)
 from failover.api.goodput import STATES, Account, JobTimes, Segment, account, clipped
 from failover.api.queues import Chain, Ladder, Rung, Step
 from failover.api.records import GAVE_UP, GIVING_UP, LOST, RECOVERED, GiveUp, LostSlice

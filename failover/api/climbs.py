@@ -11,7 +11,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from failover.api.moves import Move
-from failover.api.names import NODE_POOL_LABEL
 from failover.api.times import parse_time
 
 # A Move's reason when the controller moves a job up the chain, not down (from_flavor below to_flavor): a running

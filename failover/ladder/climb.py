@@ -33,13 +33,14 @@ from dataclasses import dataclass, replace
 
 from failover.api import (MEMBER_EVICTED, MEMBER_NOT_READY, MEMBER_SLICE_LOST, MEMBER_STOCKOUT, MOVED, MOVING,
                           Ladder, Move, Step, format_time, parse_time)
-# The steps a climb's checkpoint takes, as next_in_climb returns them.
-from failover.api.checkpoint_moves import ASK, CALL_OFF, GO, SAVING, checkpoint_of, next_step, restored, saves_asked
+from failover.api.checkpoint_moves import checkpoint_of, next_step, saves_asked
 from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, Climb, ClimbPolicy, NotYet, newest_failures
 from failover.ladder.decisions import LadderView, admitted_at, running_member
 
 # Climbing back off: a controller built without a policy (a test's).
-OFF = ClimbPolicy((), (), *(datetime.timedelta(0),) * 5)
+OFF = ClimbPolicy(to=(), reserved=(), settle=datetime.timedelta(0), min_interval=datetime.timedelta(0),
+                  min_runtime=datetime.timedelta(0), run_end_margin=datetime.timedelta(0),
+                  save_timeout=datetime.timedelta(0))
 # A move down from a step for one of these says the step had no capacity for the job; a climb back to it waits
 # `settle` after the newest one (a StepBusy says only that the step was in use then: what a climb waits to end).
 CAPACITY_FAILURES = frozenset({MEMBER_STOCKOUT, MEMBER_NOT_READY, MEMBER_EVICTED, MEMBER_SLICE_LOST})

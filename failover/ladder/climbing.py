@@ -24,6 +24,7 @@ from kubernetes.client import ApiException
 from failover import maintenance
 from failover.api import (CHECKPOINT_REQUEST_ANNOTATION, FAILOVER_ANNOTATION, MOVES_ANNOTATION, CheckpointRequest, Move,
                           Step, move_history)
+from failover.api import checkpoint_moves
 from failover.api.checkpoints import pods_to_ask
 from failover.api.climbs import CHECKPOINTING, CLIMB_BACK, ClimbPolicy, Need, Sample, free_since, record
 from failover.ladder import climb
@@ -130,10 +131,10 @@ class ClimbingBack:
         _, checkpoints = self._pods(move.member, view)
         job = climb.FleetJob(move, history, checkpoints, losing)
         step, until = climb.next_in_climb(self.ladder, move, view, job, still_free, self.climb_policy, now)
-        if step == climb.SAVING:
+        if step == checkpoint_moves.SAVING:
             self.queue.add(key, delay=max((until - now).total_seconds(), 0.0) + 0.05)
             return 0
-        if step == climb.ASK:
+        if step == checkpoint_moves.ASK:
             request = climb.checkpoint_of(move)
             asked = self._ask(move.member, view.namespace, pods_to_ask(request, checkpoints), request)
             log.info("%s/%s: checkpoint %s asked of %d TPU pods in member %s", key[0], view.rayjob, request.id, asked,
@@ -144,7 +145,7 @@ class ClimbingBack:
                                     again=(view.namespace, view.name))
         if rayjob is None:
             return 0
-        if step == climb.GO:
+        if step == checkpoint_moves.GO:
             log.info("%s/%s: the checkpoint is taken as saved: moving to step %s", key[0], view.rayjob,
                      move.to_flavor)
             workload = self._get(self.workloads, key[1], key[0])
@@ -155,7 +156,7 @@ class ClimbingBack:
             self.moves_started += 1
             self._finish(moving, key[1], key[0], move.member)
             return 1
-        before = climb.restored(history)  # CALL_OFF
+        before = checkpoint_moves.restored(history)  # CALL_OFF
         log.info("%s/%s: climb to step %s called off (the job or the step changed while it saved)", key[0],
                  view.rayjob, move.to_flavor)
         self._patch(self.rayjobs, rayjob, {"metadata": {"annotations": {

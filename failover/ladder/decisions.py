@@ -35,7 +35,7 @@ NEVER = "none"
 # MultiKueue reconciles a Workload one pass at a time, and a pass that reaches a member which stopped answering (the
 # old step's, deleting its copy there in a move) holds that Workload until client-go gives up on the connection:
 # 53 s with client-go's defaults (HTTP/2 health check, 30 s idle + 15 s ping, then a 10 s TLS handshake; the test
-# tier shortens the first two: tests/controlplane/cluster.py KUEUE_CLIENT_ENV). Until MultiKueue has sent
+# tier shortens the first two: testbed/cluster.py KUEUE_CLIENT_ENV). Until MultiKueue has sent
 # the job to the step's member its step wait has not begun (`waiting_since`); after this long it begins anyway, so a
 # step whose member Kueue never reaches is left as a busy one.
 DISPATCH_BOUND = datetime.timedelta(seconds=120)

@@ -34,10 +34,9 @@ from dataclasses import dataclass
 
 from failover.api import (MOVED, MOVING, PODS_READY_TIMEOUT, SLICE_LOST, STOCKOUT, Chain, Move, WorkloadView,
                           format_time, parse_time)
-# The steps a climb's checkpoint takes, as next_in_climb returns them; the signal, as free_slices.py keeps it.
-from failover.api.checkpoint_moves import ASK, CALL_OFF, GO, SAVING, checkpoint_of, next_step, restored, saves_asked
+from failover.api.checkpoint_moves import checkpoint_of, next_step, saves_asked
 from failover.api.climbs import (CHECKPOINTING, CLIMB_BACK, CLIMB_BACK_WAITING, Climb, ClimbPolicy, Need, NotYet,
-                                 Sample, fits, free_since, newest_failures, record)
+                                 Sample, fits, newest_failures)
 
 
 # ---- the signal: Sample, Need, fits, free_since, record are failover/api/climbs.py's (the fleet's climb's too) ---

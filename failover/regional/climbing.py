@@ -13,6 +13,7 @@ import logging
 
 from failover import maintenance
 from failover.api import FAILOVER_ANNOTATION, MOVING, Move, WorkloadView
+from failover.api import checkpoint_moves
 from failover.api.checkpoints import pods_to_ask
 from failover.api.climbs import CHECKPOINTING, ClimbPolicy
 from failover.regional import climb
@@ -82,10 +83,10 @@ class ClimbingBack:
         key = (view.namespace, cached.meta["name"])
         still_free = self.free.free_since(move.to_flavor, need) is not None
         step, until = climb.next_in_climb(move, view, facts, still_free, self.climb_policy, now)
-        if step == climb.SAVING:
+        if step == checkpoint_moves.SAVING:
             self.queue.add(key, delay=max((until - now).total_seconds(), 0.0) + 0.05)
             return 0
-        if step == climb.ASK:
+        if step == checkpoint_moves.ASK:
             request = climb.checkpoint_of(move)
             asked = self._ask_checkpoint(view.namespace, pods_to_ask(request, facts.checkpoints), request)
             log.info("%s/%s: checkpoint %s asked of %d TPU pods", view.namespace, view.rayjob, request.id, asked)
@@ -95,7 +96,7 @@ class ClimbingBack:
                                  again=(view.namespace, view.name))
         if job is None:
             return 0
-        if step == climb.GO:
+        if step == checkpoint_moves.GO:
             log.info("%s/%s: the checkpoint is taken as saved: moving to %s", view.namespace, view.rayjob,
                      move.to_flavor)
             moving = Move(move.from_flavor, move.to_flavor, move.to_local_queue, move.reason, move.at, MOVING,
@@ -103,7 +104,7 @@ class ClimbingBack:
             self._patch(self.rayjobs, job, {"metadata": {"annotations": {FAILOVER_ANNOTATION: moving.to_json()}}})
             self._finish(moving, cached.meta["name"], view.namespace, view.queue_name)
             return 1
-        before = climb.restored(facts.history)  # CALL_OFF
+        before = checkpoint_moves.restored(facts.history)  # CALL_OFF
         log.info("%s/%s: climb to %s called off (the job or the rung changed while it saved)", view.namespace,
                  view.rayjob, move.to_flavor)
         self._patch(self.rayjobs, job, {"metadata": {"annotations": {

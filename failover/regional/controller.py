@@ -67,7 +67,8 @@ class Controller(ClimbingBack, AheadOfDisruptions, GuardedWrites, Reconciler):
         self.seen = Seen(cache, chain, clock, self.metrics)
         # fallback.climbBack (failover/regional/climb.py); off unless given
         zero = datetime.timedelta(0)
-        self.climb_policy = climb_policy or ClimbPolicy((), (), zero, zero, zero, zero, zero)
+        self.climb_policy = climb_policy or ClimbPolicy(to=(), reserved=(), settle=zero, min_interval=zero,
+                                                        min_runtime=zero, run_end_margin=zero, save_timeout=zero)
         self.free = FreeSlices(cache, self.seen, chain, self.climb_policy, clock)
 
     # ---- what the manager runs ---------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from failover.api import Chain, Move
-from failover.api.climbs import CAPACITY_LABEL, NODE_POOL_LABEL, ClimbPolicy
+from failover.api.climbs import CAPACITY_LABEL, ClimbPolicy, free_since, record
+from failover.api.names import NODE_POOL_LABEL
 from failover.regional import climb
 from failover.regional.watches import WATCHED_CLUSTERQUEUES, WATCHED_PODS
 from failover.runtime.cache import Cache, Change, Key
@@ -108,7 +109,7 @@ class FreeSlices:
                                                       lambda name: bool(self.seen.pods.by("node", name)))
                 samples = self._samples[flavor]
                 before = samples[-1] if samples else None
-                if not climb.record(samples, climb.Sample(now, free_chips, idle_hosts),
+                if not record(samples, climb.Sample(now, free_chips, idle_hosts),
                                     now - self.policy.settle - KEPT_BEYOND_SETTLE):
                     continue
                 changed.append(flavor)
@@ -133,7 +134,7 @@ class FreeSlices:
     def free_since(self, flavor: str, need: climb.Need) -> datetime.datetime | None:
         with self._lock:
             samples = list(self._samples.get(flavor, ()))
-        return climb.free_since(samples, need, flavor in self.policy.reserved)
+        return free_since(samples, need, flavor in self.policy.reserved)
 
     def workloads_below(self, flavors: list[str]) -> list[Key]:
         """The Workloads running on a rung below any of `flavors`, or waiting below it (climb.waiting_rung)."""
