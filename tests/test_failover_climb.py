@@ -426,6 +426,53 @@ def test_a_change_of_a_rungs_numbers_is_told_to_the_listeners_and_nothing_else_i
     assert told == [1]  # the same numbers: nobody told
 
 
+def test_jobs_that_climb_at_once_claim_no_more_than_the_rung_has():
+    """Four jobs waiting for DWS once climbed onto one on-demand slice at once, each seeing it free before Kueue
+    admitted any: a climb holds what it takes until its job holds quota on the rung, or CLAIM_KEPT."""
+    from prometheus_client import CollectorRegistry
+
+    from failover.regional.watches import WATCHED_WORKLOADS, Seen
+    from failover.runtime.cache import Cache
+    from failover.runtime.metrics import Metrics
+
+    clock = [NOW]
+    cache = Cache(None)
+    seen = Seen(cache, CHAIN, lambda: clock[0], Metrics(CollectorRegistry()))
+    free = free_slices.FreeSlices(cache, seen, CHAIN, POLICY, lambda: clock[0])
+    free._samples["on-demand"].append(Sample(NOW, 16, 4))  # one idle slice, its quota free
+
+    def workload(name: str, flavor: str | None = None) -> dict:
+        reserved = [{"type": "QuotaReserved", "status": "True", "lastTransitionTime": "2026-12-01T12:00:00Z"}]
+        return {"metadata": {"namespace": "default", "name": name, "resourceVersion": "1",
+                             "ownerReferences": [{"kind": "RayJob", "name": name}]},
+                "spec": {"queueName": "user-queue"},
+                "status": {"conditions": reserved if flavor else [],
+                           **({"admission": {"podSetAssignments": [{"flavors": {api.TPU_RESOURCE: flavor}}]}}
+                              if flavor else {})}}
+    cache.informers[WATCHED_WORKLOADS].on_list([workload("a"), workload("b")])
+    assert free.claim("on-demand", ("default", "a"), NEED)
+    assert not free.claim("on-demand", ("default", "b"), NEED)  # the slice is a's
+    assert free.claim("on-demand", ("default", "a"), NEED)  # a again (a reconcile repeated): still its own
+    assert free.claims_end("on-demand") == NOW + free_slices.CLAIM_KEPT
+    # Kueue reserved a's quota on on-demand: the rung's numbers count it from then on, its claim goes.
+    cache.informers[WATCHED_WORKLOADS].on_event("MODIFIED", workload("a", "on-demand"))
+    assert free.claim("on-demand", ("default", "b"), NEED)  # (the sample is not updated here: b fits what it says)
+    clock[0] = NOW + free_slices.CLAIM_KEPT  # and a claim never outlives CLAIM_KEPT
+    assert free.claim("on-demand", ("default", "c"), NEED)
+
+
+def test_a_job_holding_a_dws_request_lets_a_job_that_holds_nothing_climb_first():
+    on_dws = waiting(queue="user-queue-dws", quota_reserved=True, flavor="dws", recorded_flavor="dws")
+    down = Move("spot", "dws", "user-queue-dws", api.STOCKOUT, api.format_time(NOW - 20 * MINUTE), api.MOVED)
+    decide = lambda others: climb.decide_climb_waiting(  # noqa: E731
+        CHAIN, POLICY, on_dws, facts(history=(down,)), free_for(spot=0), no_failure, NOW, others_hold_nothing=others)
+    assert decide(True) == NotYet(None)  # its request keeps its place in DWS's queue
+    assert decide(False).move.to_flavor == "spot"
+    holds_nothing = climb.decide_climb_waiting(CHAIN, POLICY, waiting(), facts(history=(DOWN,)), free_for(on_demand=0),
+                                               no_failure, NOW, others_hold_nothing=True)
+    assert holds_nothing.move.to_flavor == "on-demand"  # a job holding nothing is never held back
+
+
 def test_idle_chips_beside_count_a_slice_only_while_a_job_that_fits_it_waits():
     idle = Sample(NOW, 16, 4)
     assert climb.idle_chips_beside(idle, [NEED]) == 16

@@ -147,7 +147,7 @@ def waiting_targets(chain: Chain, rung: int) -> list[int]:
 def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, job: JobFacts,
                          free: Callable[[str], datetime.datetime | None],
                          last_failure: Callable[[str], datetime.datetime | None],
-                         now: datetime.datetime) -> Climb | NotYet:
+                         now: datetime.datetime, others_hold_nothing: bool = False) -> Climb | NotYet:
     """Whether a job that waits below its chain's first rung (waiting_rung) goes back up now, to the highest rung
     above it (waiting_targets) that has a free slice for it now. Whatever `fallback.climbBack.to` says: that bounds
     what a running job gives up its slice for. No checkpoint (nothing runs), no minRuntime or minInterval, and no
@@ -158,6 +158,9 @@ def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, 
     (climb.fits): on any other rung a free slice is one of idle nodes that exist now, whatever failed there before.
     Found on a capacity story (issue 43): a job that moved from stocked-out on-demand to DWS waited 203 s beside
     the on-demand slice its probe had made, held by its own stockout until `settle` (5 m) had passed.
+    `others_hold_nothing`: another job waits below the same rungs holding no quota; a job whose DWS request is pending
+    then stays, so the request keeps its place and the other job takes the slice (climbing, the holder would give the
+    request up and the other would start a new one from the back of DWS's queue).
     Also found on the goodput bench: a job moved down to Spot's queue waited there, Spot full, while the reservation
     above it had been free for minutes; and a job waited for DWS to provision while Spot had a slice again (found by
     a probe: failover/api/probes.py)."""
@@ -166,6 +169,10 @@ def decide_climb_waiting(chain: Chain, policy: ClimbPolicy, view: WorkloadView, 
         return never  # a move (or a climb) under way finishes first
     rung = waiting_rung(chain, view, bool(job.history))
     if rung is None:
+        return never
+    if view.quota_reserved and others_hold_nothing:
+        # Its DWS request keeps its place in DWS's queue; a job waiting with nothing takes the slice above instead.
+        # Found on a random story: four jobs climbed onto one slice at once, the request's holder among them.
         return never
     later = []
     for index in waiting_targets(chain, rung):

@@ -36,6 +36,12 @@ class ClimbingBack:
                               {pod: host.checkpoint_request for pod, host in hosts.items()},
                               maintenance.run_end(view, self.chain.rungs[rung]) if rung is not None else None)
 
+    def _others_hold_nothing(self, key) -> bool:
+        """Whether another job waits below its chain's first rung holding no quota (climb.decide_climb_waiting)."""
+        return any(other != key and (cached := self.seen.workloads.get(other)) is not None
+                   and not (cached.view.admitted and cached.view.pods_ready_since) and not cached.view.quota_reserved
+                   for other, _rung in self.free.rungs_below())
+
     def _reconcile_climb(self, cached: CachedWorkload, now: datetime.datetime) -> int:
         """A climb's next step, or whether one starts; the actions taken. The key is queued again for the time the
         rules say to look (the settle time's end, a save's end)."""
@@ -54,9 +60,14 @@ class ClimbingBack:
         if not running and climb.waiting_rung(self.chain, view, bool(seen.history)) is None:
             return 0  # most Workloads: nothing more to read
         facts = self._climb_facts(view, seen)
-        decide = climb.decide_climb if running else climb.decide_climb_waiting
-        decided = decide(self.chain, self.climb_policy, view, facts,
-                         lambda flavor: self.free.free_since(flavor, need), self.free.last_failure, now)
+        free = lambda flavor: self.free.free_since(flavor, need)  # noqa: E731
+        if running:
+            decided = climb.decide_climb(self.chain, self.climb_policy, view, facts, free, self.free.last_failure, now)
+        else:
+            decided = climb.decide_climb_waiting(self.chain, self.climb_policy, view, facts, free,
+                                                 self.free.last_failure, now, self._others_hold_nothing(key))
+            if isinstance(decided, climb.Climb) and not self.free.claim(decided.move.to_flavor, key, need):
+                decided = climb.NotYet(self.free.claims_end(decided.move.to_flavor))  # another climb took it
         if isinstance(decided, climb.NotYet):
             if decided.at is not None:
                 self.queue.add(key, delay=max((decided.at - now).total_seconds(), 0.0) + 0.05)

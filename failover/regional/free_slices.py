@@ -27,6 +27,16 @@ from failover.slices import NodeView
 # The TPU nodes only (every TPU pool carries the label), a store of their own beside the loss rules' view of nodes.
 WATCHED_TPU_NODES = Watched("tpu-nodes", "/api/v1/nodes", label_selector=CAPACITY_LABEL)
 KEPT_BEYOND_SETTLE = datetime.timedelta(minutes=1)  # samples are kept for the settle time and this much more
+# A waiting job's climb holds what it takes of the rung until Kueue reserves its quota there (the rung's numbers then
+# show it), or this long at most: a move takes seconds.
+CLAIM_KEPT = datetime.timedelta(seconds=60)
+
+
+@dataclass(frozen=True)
+class Claim:
+    key: Key
+    need: climb.Need
+    until: datetime.datetime
 
 
 @dataclass(frozen=True)
@@ -76,6 +86,7 @@ class FreeSlices:
         self._samples: dict[str, list[climb.Sample]] = {flavor: [] for flavor in self.flavors}
         # Told after a change moved any rung's numbers (a probe's decision reads them: probing.py)
         self.listeners: list[Callable[[], None]] = []
+        self._claims: dict[str, list[Claim]] = {flavor: [] for flavor in self.flavors}
         for flavor in self.flavors:
             seen.metrics.idle_chips_waiting.labels(flavor).set_function(lambda flavor=flavor: self.idle_chips(flavor))
 
@@ -130,6 +141,38 @@ class FreeSlices:
                    if below > rung and (cached := self.seen.workloads.get(key)) is not None
                    and not (cached.view.admitted and cached.view.pods_ready_since)]
         return climb.idle_chips_beside(self.latest(flavor), waiting)
+
+    def claim(self, flavor: str, key: Key, need: climb.Need) -> bool:
+        """Hold what `need` takes of the rung for a waiting job about to climb there, if the rung's numbers, less what
+        other climbs hold, still fit it: jobs that climb at once take no more slices than the rung has (four jobs once
+        climbed onto one slice, each seeing it free before Kueue admitted any). Decided under one lock, so two
+        workers never hold the same slice."""
+        now = self.clock()
+        with self._lock:
+            samples = self._samples.get(flavor)
+            if not samples:
+                return False
+            held = [c for c in self._claims[flavor] if c.key != key and self._holds(c, flavor, now)]
+            latest = samples[-1]
+            left = climb.Sample(now, latest.free_chips - sum(c.need.chips for c in held),
+                                latest.idle_hosts - sum(c.need.hosts for c in held))
+            if not climb.fits(left, need, flavor in self.policy.reserved):
+                self._claims[flavor] = held
+                return False
+            self._claims[flavor] = [*held, Claim(key, need, now + CLAIM_KEPT)]
+            return True
+
+    def claims_end(self, flavor: str) -> datetime.datetime | None:
+        """When the earliest hold on the rung ends at the latest (a job it held back looks again then)."""
+        with self._lock:
+            return min((c.until for c in self._claims.get(flavor, ())), default=None)
+
+    def _holds(self, claim: Claim, flavor: str, now: datetime.datetime) -> bool:
+        """Whether a claim still holds: not past its time, its job still there and not yet holding quota on the rung
+        (from then on the rung's own numbers count it)."""
+        cached = self.seen.workloads.get(claim.key)
+        return (now < claim.until and cached is not None
+                and not (cached.view.quota_reserved and cached.view.flavor == flavor))
 
     def free_since(self, flavor: str, need: climb.Need) -> datetime.datetime | None:
         with self._lock:
