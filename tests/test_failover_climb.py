@@ -439,7 +439,7 @@ def test_jobs_that_climb_at_once_claim_no_more_than_the_rung_has():
     cache = Cache(None)
     seen = Seen(cache, CHAIN, lambda: clock[0], Metrics(CollectorRegistry()))
     free = free_slices.FreeSlices(cache, seen, CHAIN, POLICY, lambda: clock[0])
-    free._samples["on-demand"].append(Sample(NOW, 16, 4))  # one idle slice, its quota free
+    free._samples["on-demand"].append(Sample(NOW, 32, 4))  # one idle slice; quota for two
 
     def workload(name: str, flavor: str | None = None) -> dict:
         reserved = [{"type": "QuotaReserved", "status": "True", "lastTransitionTime": "2026-12-01T12:00:00Z"}]
@@ -454,9 +454,11 @@ def test_jobs_that_climb_at_once_claim_no_more_than_the_rung_has():
     assert not free.claim("on-demand", ("default", "b"), NEED)  # the slice is a's
     assert free.claim("on-demand", ("default", "a"), NEED)  # a again (a reconcile repeated): still its own
     assert free.claims_end("on-demand") == NOW + free_slices.CLAIM_KEPT
-    # Kueue reserved a's quota on on-demand: the rung's numbers count it from then on, its claim goes.
+    # Kueue reserved a's quota on on-demand: once the rung's numbers show it too, its claim goes.
     cache.informers[WATCHED_WORKLOADS].on_event("MODIFIED", workload("a", "on-demand"))
-    assert free.claim("on-demand", ("default", "b"), NEED)  # (the sample is not updated here: b fits what it says)
+    assert not free.claim("on-demand", ("default", "b"), NEED)  # the ClusterQueue's status not seen yet
+    free._samples["on-demand"].append(Sample(NOW, 16, 4))  # now it is (a's 16 chips), and another idle slice
+    assert free.claim("on-demand", ("default", "b"), NEED)
     clock[0] = NOW + free_slices.CLAIM_KEPT  # and a claim never outlives CLAIM_KEPT
     assert free.claim("on-demand", ("default", "c"), NEED)
 

@@ -37,6 +37,7 @@ class Claim:
     key: Key
     need: climb.Need
     until: datetime.datetime
+    free_chips: int  # the rung's free chips when it was made: a drop says Kueue's reservation shows in the numbers
 
 
 @dataclass(frozen=True)
@@ -152,14 +153,14 @@ class FreeSlices:
             samples = self._samples.get(flavor)
             if not samples:
                 return False
-            held = [c for c in self._claims[flavor] if c.key != key and self._holds(c, flavor, now)]
             latest = samples[-1]
+            held = [c for c in self._claims[flavor] if c.key != key and self._holds(c, flavor, now, latest)]
             left = climb.Sample(now, latest.free_chips - sum(c.need.chips for c in held),
                                 latest.idle_hosts - sum(c.need.hosts for c in held))
             if not climb.fits(left, need, flavor in self.policy.reserved):
                 self._claims[flavor] = held
                 return False
-            self._claims[flavor] = [*held, Claim(key, need, now + CLAIM_KEPT)]
+            self._claims[flavor] = [*held, Claim(key, need, now + CLAIM_KEPT, latest.free_chips)]
             return True
 
     def claims_end(self, flavor: str) -> datetime.datetime | None:
@@ -167,12 +168,14 @@ class FreeSlices:
         with self._lock:
             return min((c.until for c in self._claims.get(flavor, ())), default=None)
 
-    def _holds(self, claim: Claim, flavor: str, now: datetime.datetime) -> bool:
-        """Whether a claim still holds: not past its time, its job still there and not yet holding quota on the rung
-        (from then on the rung's own numbers count it)."""
+    def _holds(self, claim: Claim, flavor: str, now: datetime.datetime, latest: climb.Sample) -> bool:
+        """Whether a claim still holds: not past its time, its job still there, and not yet counted by the rung's own
+        numbers (its job holds quota on the rung, and the rung's free chips dropped since: the ClusterQueue's status
+        comes a moment after the Workload's; a claim let go on the Workload alone let a second job climb)."""
         cached = self.seen.workloads.get(claim.key)
-        return (now < claim.until and cached is not None
-                and not (cached.view.quota_reserved and cached.view.flavor == flavor))
+        counted = (cached is not None and cached.view.quota_reserved and cached.view.flavor == flavor
+                   and latest.free_chips < claim.free_chips)
+        return now < claim.until and cached is not None and not counted
 
     def free_since(self, flavor: str, need: climb.Need) -> datetime.datetime | None:
         with self._lock:
