@@ -299,16 +299,15 @@ def test_a_job_that_fails_is_retried_in_place_shown_failed_and_never_moved(clean
 # With the resync an hour away, both paths still move a stocked-out job, a waiting job climbs onto its probe's slice,
 # and the controller's metrics say what happened. Behaviour tests; the one-second goals live in
 # bench/bench_controller_scale.py, but for the climb onto a probe's slice, whose bound is the issue's (43).
-WATCH_ONLY_RESYNC_SECONDS = 3600  # never reached while these tests run
 
 
 @pytest.fixture
 def watch_only(clean):
-    """The tier's controller replaced by one whose resync is an hour away, with fresh metrics; `clean` starts the
-    usual one again after."""
+    """A fresh controller, its counters from 0 (no resync since its start: the tier's is an hour away,
+    failover_tier.RESYNC_SECONDS); `clean` starts the usual one again after."""
     tier = clean
     tier.stop_controller()
-    tier.start_controller(resync=WATCH_ONLY_RESYNC_SECONDS)
+    tier.start_controller()
     yield tier
     tier.stop_controller()
 
